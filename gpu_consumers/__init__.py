@@ -1,0 +1,1 @@
+"""GPU consumers: the worker that turns requests into token events, and its engines."""

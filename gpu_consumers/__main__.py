@@ -1,0 +1,3 @@
+from gpu_consumers.service import main
+
+main()

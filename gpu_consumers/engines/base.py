@@ -1,0 +1,80 @@
+"""The one interface every engine implements, shaped like TensorRT-LLM's streaming API.
+
+``engine.generate(inp)`` returns a stream; iterating it yields one :class:`StepOutput`
+per engine step with that step's text and token-id deltas; the last one carries the
+finish reason. ``stream.abort()`` stops the sequence within one step: the stream then
+ends with ``finish_reason == "cancelled"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from schemas import ChatMessage, ChatRequest
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_CANCELLED = "cancelled"
+FINISH_ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationInput:
+    request_id: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @classmethod
+    def from_request(cls, request: ChatRequest) -> GenerationInput:
+        return cls(
+            request_id=request.request_id,
+            messages=tuple(request.messages),
+            sampling=SamplingParams(
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
+                stop=tuple(request.stop),
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    text_diff: str
+    token_ids_diff: tuple[int, ...]
+    prompt_tokens: int
+    completion_tokens: int  # cumulative
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class GenerationStream(Protocol):
+    def __aiter__(self) -> AsyncIterator[StepOutput]: ...
+
+    def abort(self) -> None: ...
+
+
+class Engine(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    def generate(self, inp: GenerationInput) -> GenerationStream: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,51 @@
+"""Run one GPU consumer process: the worker plus a small HTTP server for /healthz and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gpu_consumers.engines import load_engine
+from gpu_consumers.settings import WorkerSettings
+from gpu_consumers.worker import GpuWorker
+
+log = logging.getLogger(__name__)
+
+
+def health_app(worker: GpuWorker) -> Starlette:
+    async def healthz(request: Request) -> Response:
+        ready = worker.ready.is_set()
+        body = {"status": "ok" if ready else "starting", "worker_id": worker.settings.worker_id,
+                "model": worker.settings.model, "running": worker.running, "completed": worker.completed}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    return Starlette(routes=[Route("/healthz", healthz)])
+
+
+async def serve_worker(settings: WorkerSettings) -> None:
+    worker = GpuWorker(settings, load_engine(settings.engine))
+    server = uvicorn.Server(
+        uvicorn.Config(health_app(worker), host=settings.host, port=settings.port, log_level="warning", lifespan="off")
+    )
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, worker.stop)
+    http = asyncio.create_task(server.serve())
+    try:
+        await worker.run()
+    finally:
+        server.should_exit = True
+        await http
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(serve_worker(WorkerSettings()))

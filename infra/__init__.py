@@ -1,0 +1,1 @@
+"""The embedded dev stack, the `tokenbus` CLI, and deployment files."""

@@ -1,0 +1,117 @@
+"""The ``tokenbus`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import sys
+import time
+
+from infra.banner import ready_banner
+from infra.broker import BrokerNotFound, broker_binary
+from infra.processes import StartupError
+from infra.redis_server import install_redis_server, redis_answers
+from infra.stack import EmbeddedStack, StackSettings, stop_recorded
+from topics import BusSettings, TopicCatalog, ensure_topics
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in (("engine", args.engine), ("edge_port", args.port)) if v is not None}
+    stack = EmbeddedStack(StackSettings(**overrides))
+    # SIGTERM (e.g. from `kill`) stops the stack the same way Ctrl-C does.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        print("starting the embedded stack ...", flush=True)
+        stack.start()
+        print(ready_banner(stack), flush=True)
+        while all(p.alive() for p in stack.processes.values()):
+            time.sleep(0.5)
+        dead = [name for name, p in stack.processes.items() if not p.alive()]
+        print(f"stopping: {', '.join(dead)} exited; see {stack.run_dir}/", file=sys.stderr)
+        return 1
+    except StartupError as exc:
+        print(f"tokenbus up failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    finally:
+        stack.stop()
+        print("stopped.", flush=True)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = stop_recorded(StackSettings().run_root)
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing to stop")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check (and with --install, fix) what the embedded stack needs beyond Python packages."""
+    ok = True
+    try:
+        print(f"broker   {broker_binary()}")
+    except BrokerNotFound as exc:
+        print(f"broker   MISSING: {exc}")
+        ok = False
+    url = StackSettings().redis_url
+    if redis_answers(url):
+        print(f"redis    answering at {url}")
+    elif shutil.which("redis-server"):
+        print("redis    redis-server installed (started by `tokenbus up`)")
+    elif args.install:
+        print("redis    installing redis-server with apt-get ...")
+        install_redis_server()
+    else:
+        print("redis    MISSING: no Redis answers and redis-server is not installed (`tokenbus doctor --install`)")
+        ok = False
+    return 0 if ok else 1
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    bus = BusSettings()
+    created = asyncio.run(ensure_topics(bus.bootstrap_servers, TopicCatalog(bus).all_topics()))
+    print(f"created: {', '.join(created)}" if created else "all topics exist")
+    return 0
+
+
+def cmd_edge(args: argparse.Namespace) -> int:
+    from sse_edge.service import main
+
+    main()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from gpu_consumers.service import main
+
+    main()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenbus", description="OpenAI-compatible LLM serving on Kafka.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start the embedded stack and wait (Ctrl-C stops it)")
+    up.add_argument("--engine", help="engine of the GPU consumer (default: simulated)")
+    up.add_argument("--port", type=int, help="edge port (default 8700)")
+    up.set_defaults(run=cmd_up)
+    commands.add_parser("down", help="stop the stack a `tokenbus up` started").set_defaults(run=cmd_down)
+    doctor = commands.add_parser("doctor", help="check the broker binary and Redis")
+    doctor.add_argument("--install", action="store_true", help="install what is missing (apt-get)")
+    doctor.set_defaults(run=cmd_doctor)
+    commands.add_parser("topics", help="create missing topics on TOKENBUS_BOOTSTRAP_SERVERS").set_defaults(run=cmd_topics)
+    commands.add_parser("edge", help="run one SSE edge process (TOKENBUS_EDGE_*)").set_defaults(run=cmd_edge)
+    commands.add_parser("worker", help="run one GPU consumer process (TOKENBUS_WORKER_*)").set_defaults(run=cmd_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(args.run(args))

@@ -1,0 +1,115 @@
+"""Child processes of the embedded stack: one log file each, stopped as a group.
+
+Each child runs in its own session (so a terminal's Ctrl-C reaches only the
+supervisor, which stops children in order) and asks the kernel to send it SIGTERM
+if the supervisor dies, so even a killed supervisor leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: `tokenbus down` still stops everything
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive():
+            assert self.popen is not None
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 8.0) -> None:
+        if not self.alive():
+            return
+        assert self.popen is not None
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait(5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check, what: str, process: ManagedProcess | None = None, timeout: float = 60.0) -> None:
+    """Poll ``check()`` until true; fail fast if ``process`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if process is not None and not process.alive():
+            raise StartupError(f"{process.name} exited while waiting for {what}:\n{process.log_tail()}")
+        time.sleep(0.05)
+    tail = process.log_tail() if process else ""
+    raise StartupError(f"timed out after {timeout:.0f}s waiting for {what}\n{tail}")
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,18 @@
+"""Publishing requests to the bus and reading their token streams back."""
+
+from producers.client import TokenbusClient, new_request_id
+from producers.dead_letters import DeadLetterPublisher
+from producers.publisher import RequestPublisher, UnknownRoute
+from producers.replies import ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
+
+__all__ = [
+    "DeadLetterPublisher",
+    "ReplyEvent",
+    "ReplyRouter",
+    "ReplyStream",
+    "ReplyStreamError",
+    "RequestPublisher",
+    "TokenbusClient",
+    "UnknownRoute",
+    "new_request_id",
+]

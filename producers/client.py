@@ -1,0 +1,92 @@
+"""The SDK internal services use to publish requests and read their token streams
+straight from the bus, with no HTTP hop.
+
+    async with TokenbusClient() as client:
+        request = client.new_request("tokenbus-sim", [ChatMessage("user", "Hello")])
+        async for reply in client.stream(request):
+            print(reply.event.text, end="")
+
+Fire-and-forget batch work: ``await client.publish(request)`` at a low tier and read
+the results later from the ``completions`` topic.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiokafka.structs import RecordMetadata
+
+from producers.publisher import RequestPublisher
+from producers.replies import ReplyEvent, ReplyRouter, ReplyStream
+from schemas import AvroCodec, ChatMessage, ChatRequest
+from topics import BusSettings, TopicCatalog, make_producer
+
+
+def new_request_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class TokenbusClient:
+    def __init__(
+        self,
+        settings: BusSettings | None = None,
+        reply_partitions: list[int] | None = None,
+        idle_timeout: float | None = 60.0,
+    ) -> None:
+        self.settings = settings or BusSettings()
+        self.catalog = TopicCatalog(self.settings)
+        self.codec = AvroCodec()
+        self.idle_timeout = idle_timeout
+        self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec)
+        self._producer = make_producer(self.settings)
+        self.publisher = RequestPublisher(self._producer, self.catalog, self.codec)
+
+    async def start(self) -> None:
+        await self._producer.start()
+        await self.router.start()
+
+    async def stop(self) -> None:
+        await self.router.stop()
+        await self._producer.stop()
+
+    async def __aenter__(self) -> TokenbusClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def new_request(self, model: str, messages: list[ChatMessage], tier: str | None = None, **params: Any) -> ChatRequest:
+        """A request whose replies come back to this client's reply partition."""
+        return ChatRequest(
+            request_id=params.pop("request_id", None) or new_request_id(),
+            model=model,
+            tier=tier or self.settings.tiers[-1],
+            messages=messages,
+            reply_topic=self.catalog.tokens,
+            reply_partition=self.router.reply_partition,
+            **params,
+        )
+
+    async def publish(self, request: ChatRequest) -> RecordMetadata:
+        return await self.publisher.publish(request)
+
+    async def submit(self, request: ChatRequest) -> ReplyStream:
+        """Open the reply stream first, then publish: no event can slip past."""
+        stream = self.router.open(request.request_id)
+        try:
+            await self.publisher.publish(request)
+        except BaseException:
+            self.router.close(request.request_id)
+            raise
+        return stream
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyEvent]:
+        stream = await self.submit(request)
+        try:
+            async for reply in stream.events(self.idle_timeout):
+                yield reply
+        finally:
+            self.router.close(request.request_id)

@@ -1,0 +1,26 @@
+"""Avro schemas of every record on the bus, their dataclasses and the codec."""
+
+from schemas.codec import AvroCodec, DecodeError
+from schemas.records import (
+    ChatMessage,
+    ChatRequest,
+    Completion,
+    Control,
+    ControlAction,
+    Record,
+    TokenEvent,
+    now_ms,
+)
+
+__all__ = [
+    "AvroCodec",
+    "ChatMessage",
+    "ChatRequest",
+    "Completion",
+    "Control",
+    "ControlAction",
+    "DecodeError",
+    "Record",
+    "TokenEvent",
+    "now_ms",
+]

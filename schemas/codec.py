@@ -1,0 +1,121 @@
+"""Avro codec with Avro single-object encoding.
+
+Every record on the bus is ``C3 01`` + the 8-byte CRC-64-AVRO fingerprint (little
+endian) of its writer schema + the Avro binary body. A reader looks the fingerprint
+up among the schemas it knows (the current ones in ``avro/`` and every retired
+version in ``avro/history/``) and resolves the writer schema against its own
+reader schema, so old records stay readable after a schema evolves.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fastavro
+from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+from schemas.records import RECORD_TYPES, Record
+
+SCHEMA_DIR = Path(__file__).parent / "avro"
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+HEADER_SIZE = len(SINGLE_OBJECT_MAGIC) + 8
+
+R = TypeVar("R", bound=Record)
+
+
+class DecodeError(ValueError):
+    """The bytes are not a record this codec can read. ``reason`` is a short machine tag."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def schema_fingerprint(parsed_schema: Any) -> bytes:
+    canonical = to_parsing_canonical_form(parsed_schema)
+    return int(fingerprint(canonical, "CRC-64-AVRO"), 16).to_bytes(8, "little")
+
+
+def _load_schema_files(folder: Path) -> list[dict[str, Any]]:
+    if not folder.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.avsc"))]
+
+
+class AvroCodec:
+    """Encodes records with the current schemas and decodes any known schema version."""
+
+    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+        self._readers: dict[str, Any] = {}
+        self._writer_fingerprints: dict[str, bytes] = {}
+        self._writers_by_fingerprint: dict[bytes, Any] = {}
+        for raw in _load_schema_files(schema_dir):
+            parsed = parse_schema(raw, _write_hint=False)
+            name = parsed["name"]
+            self._readers[name] = parsed
+            self._writer_fingerprints[name] = self.register_writer_schema(raw)
+        for raw in _load_schema_files(schema_dir / "history"):
+            self.register_writer_schema(raw)
+        missing = {t.schema_name for t in RECORD_TYPES} - self._readers.keys()
+        if missing:
+            raise RuntimeError(f"no Avro schema file for {sorted(missing)} in {schema_dir}")
+
+    def register_writer_schema(self, schema: dict[str, Any]) -> bytes:
+        """Make records written with ``schema`` (e.g. an older version) readable; returns its fingerprint."""
+        parsed = parse_schema(schema, _write_hint=False)
+        fp = schema_fingerprint(parsed)
+        self._writers_by_fingerprint[fp] = parsed
+        return fp
+
+    def encode(self, record: Record) -> bytes:
+        name = record.schema_name
+        out = io.BytesIO()
+        out.write(SINGLE_OBJECT_MAGIC)
+        out.write(self._writer_fingerprints[name])
+        fastavro.schemaless_writer(out, self._readers[name], record.to_avro())
+        return out.getvalue()
+
+    def encode_with(self, schema: dict[str, Any], data: dict[str, Any]) -> bytes:
+        """Encode a raw dict with an explicit (possibly older) writer schema."""
+        parsed = parse_schema(schema, _write_hint=False)
+        out = io.BytesIO()
+        out.write(SINGLE_OBJECT_MAGIC)
+        out.write(schema_fingerprint(parsed))
+        fastavro.schemaless_writer(out, parsed, data)
+        return out.getvalue()
+
+    def decode(self, data: bytes | None, record_type: type[R]) -> R:
+        """Decode ``data`` as ``record_type``; any problem raises :class:`DecodeError`."""
+        writer = self._writer_for(data)
+        if writer["name"] != record_type.schema_name:
+            raise DecodeError("wrong_schema", f"expected {record_type.schema_name}, got {writer['name']}")
+        payload = self._read_body(data, writer, self._readers[record_type.schema_name])
+        try:
+            return record_type.from_avro(payload)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise DecodeError("invalid_record", str(exc)) from exc
+
+    def _writer_for(self, data: bytes | None) -> Any:
+        if not data or len(data) < HEADER_SIZE:
+            raise DecodeError("truncated", f"{len(data or b'')} bytes")
+        if data[:2] != SINGLE_OBJECT_MAGIC:
+            raise DecodeError("bad_magic", data[:2].hex())
+        writer = self._writers_by_fingerprint.get(bytes(data[2:HEADER_SIZE]))
+        if writer is None:
+            raise DecodeError("unknown_schema", bytes(data[2:HEADER_SIZE]).hex())
+        return writer
+
+    @staticmethod
+    def _read_body(data: bytes, writer: Any, reader: Any) -> dict[str, Any]:
+        body = io.BytesIO(data[HEADER_SIZE:])
+        try:
+            payload = fastavro.schemaless_reader(body, writer, reader)
+        except Exception as exc:  # fastavro raises many types on corrupt input
+            raise DecodeError("corrupt_body", f"{type(exc).__name__}: {exc}") from exc
+        if body.tell() != len(data) - HEADER_SIZE:
+            raise DecodeError("trailing_bytes", f"{len(data) - HEADER_SIZE - body.tell()} left")
+        return payload

@@ -1,0 +1,151 @@
+"""The records that travel on the bus, as dataclasses.
+
+Each class names the Avro schema (``schemas/avro/<name>.avsc``) it is written with.
+Field names and defaults mirror the schema, so ``to_avro`` / ``from_avro`` are plain
+conversions; the codec does the bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+def _messages_from_avro(items: list[dict[str, Any]]) -> list[ChatMessage]:
+    return [ChatMessage(role=m["role"], content=m["content"]) for m in items]
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    schema_name: ClassVar[str] = "tokenbus.ChatRequest"
+
+    request_id: str
+    model: str
+    tier: str
+    messages: list[ChatMessage]
+    reply_topic: str
+    reply_partition: int
+    tenant: str = ""
+    key_id: str = ""
+    conversation_id: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    created_at_ms: int = field(default_factory=now_ms)
+    deadline_ms: int | None = None
+
+    @property
+    def partition_key(self) -> str:
+        """Requests of one conversation share a partition, so they share a GPU consumer's caches."""
+        return self.conversation_id or self.request_id
+
+    def to_avro(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_avro(cls, data: dict[str, Any]) -> ChatRequest:
+        return cls(**{**data, "messages": _messages_from_avro(data["messages"])})
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """One engine step's delta for one request; the final one carries finish_reason and usage."""
+
+    schema_name: ClassVar[str] = "tokenbus.TokenEvent"
+
+    request_id: str
+    seq: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    worker_id: str = ""
+    created_at_ms: int = field(default_factory=now_ms)
+
+    @property
+    def is_final(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_avro(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_avro(cls, data: dict[str, Any]) -> TokenEvent:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class Completion:
+    """Closes a request: the source of transcripts and billing."""
+
+    schema_name: ClassVar[str] = "tokenbus.Completion"
+
+    request_id: str
+    model: str
+    tier: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    created_at_ms: int
+    started_at_ms: int
+    finished_at_ms: int
+    tenant: str = ""
+    key_id: str = ""
+    conversation_id: str | None = None
+    messages: list[ChatMessage] = field(default_factory=list)
+    cancelled: bool = False
+    error: str | None = None
+    worker_id: str = ""
+    first_token_at_ms: int | None = None
+
+    def to_avro(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_avro(cls, data: dict[str, Any]) -> Completion:
+        return cls(**{**data, "messages": _messages_from_avro(data["messages"])})
+
+
+class ControlAction(str, enum.Enum):
+    CANCEL = "CANCEL"
+    # Readers map symbols they do not know (from a newer writer) to UNKNOWN and ignore them.
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass(slots=True)
+class Control:
+    schema_name: ClassVar[str] = "tokenbus.Control"
+
+    request_id: str
+    action: ControlAction
+    reason: str = ""
+    created_at_ms: int = field(default_factory=now_ms)
+
+    def to_avro(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "action": self.action.value}
+
+    @classmethod
+    def from_avro(cls, data: dict[str, Any]) -> Control:
+        return cls(**{**data, "action": ControlAction(data["action"])})
+
+
+Record = ChatRequest | TokenEvent | Completion | Control
+RECORD_TYPES: tuple[type, ...] = (ChatRequest, TokenEvent, Completion, Control)

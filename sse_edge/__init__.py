@@ -1,0 +1,1 @@
+"""The HTTP/SSE edge: OpenAI's chat-completions API in front of the bus."""

@@ -1,0 +1,3 @@
+from sse_edge.service import main
+
+main()

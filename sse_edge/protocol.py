@@ -1,0 +1,144 @@
+"""OpenAI chat-completions protocol: the request model and the response bodies.
+
+Kept apart from the serving logic (as vLLM does): nothing here knows about Kafka.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class TextContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageParam(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The subset of OpenAI's request that tokenbus serves; unknown fields are ignored as OpenAI's SDKs may send them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return value
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ChunkWriter:
+    """Builds the ``chat.completion.chunk`` bodies of one streamed response."""
+
+    def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self.include_usage = include_usage
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage
+        return body
+
+    def role(self) -> dict[str, Any]:
+        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+
+    def delta(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta = {"content": text} if text else {}
+        return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return self._chunk([], usage_body(prompt_tokens, completion_tokens))
+
+
+def completion_body(
+    request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage_body(prompt_tokens, completion_tokens),
+    }
+
+
+def model_list_body(models: list[str], owned_by: str = "tokenbus") -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": m, "object": "model", "created": 0, "owned_by": owned_by} for m in models],
+    }

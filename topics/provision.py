@@ -1,0 +1,38 @@
+"""Create missing topics with their intended partition counts (the broker would auto-create with 4)."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from topics.catalog import TopicSpec
+
+log = logging.getLogger(__name__)
+
+
+async def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[str]:
+    """Create each topic in ``specs`` that does not exist yet; returns the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [spec for spec in specs if spec.name not in existing]
+        if wanted:
+            await admin.create_topics(
+                [NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=1) for spec in wanted]
+            )
+            log.info("created topics: %s", ", ".join(spec.name for spec in wanted))
+        return [spec.name for spec in wanted]
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap_servers: str, names: list[str]) -> None:
+    """The embedded broker has no retention: deleting a topic is how its memory comes back."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.delete_topics(names)
+    finally:
+        await admin.close()

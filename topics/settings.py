@@ -1,0 +1,31 @@
+"""Bus settings shared by every service: where the broker is and how topics are named."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class BusSettings(BaseSettings):
+    """``TOKENBUS_*`` environment variables; defaults fit the embedded stack."""
+
+    model_config = SettingsConfigDict(env_prefix="TOKENBUS_", extra="ignore")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "tokenbus."
+    # Models served, and tiers from highest priority to lowest.
+    models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]
+    tiers: Annotated[list[str], NoDecode] = ["interactive", "standard", "batch"]
+    request_partitions: int = 4
+    token_partitions: int = 8
+    service_partitions: int = 4
+
+    _split_models = field_validator("models", "tiers", mode="before")(split_csv)
