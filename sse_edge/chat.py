@@ -21,9 +21,10 @@ from sse_edge.protocol import ChatCompletionRequest, ChunkWriter, completion_bod
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 
 
-def dumps(body: dict[str, Any]) -> str:
-    # JSON escapes newlines, so content can never break SSE framing.
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+def frame(body: dict[str, Any] | str, event_id: str | None = None) -> ServerSentEvent:
+    """One SSE event; JSON escapes newlines, so content can never break the framing."""
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return ServerSentEvent(data, id=event_id, sep="\n")
 
 
 async def parse_chat_request(request: Request, max_body_bytes: int) -> ChatCompletionRequest:
@@ -91,20 +92,20 @@ async def chat_completions(request: Request) -> Response:
 async def sse_frames(bus: EdgeBus, stream: ReplyStream, writer: ChunkWriter) -> AsyncIterator[ServerSentEvent]:
     """One SSE event per token event, its ``id`` locating the token event in the log."""
     try:
-        yield ServerSentEvent(dumps(writer.role()))
+        yield frame(writer.role())
         async for reply in stream.events(bus.settings.stream_idle_timeout_s):
             event = reply.event
             error = generation_error(event) if event.is_final else None
             if error is not None:
-                yield ServerSentEvent(dumps(error.body()), id=reply.event_id)
+                yield frame(error.body(), reply.event_id)
                 return
             if event.text or event.is_final:
-                yield ServerSentEvent(dumps(writer.delta(event.text, event.finish_reason)), id=reply.event_id)
+                yield frame(writer.delta(event.text, event.finish_reason), reply.event_id)
             if event.is_final and writer.include_usage:
-                yield ServerSentEvent(dumps(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0)))
-        yield ServerSentEvent("[DONE]")
+                yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0))
+        yield frame("[DONE]")
     except ReplyStreamError as exc:
-        yield ServerSentEvent(dumps(ApiError(504, str(exc), type="server_error", code="stream_timeout").body()))
+        yield frame(ApiError(504, str(exc), type="server_error", code="stream_timeout").body())
     finally:
         bus.router.close(stream.request_id)
 

@@ -1,0 +1,106 @@
+"""The worker in-process against the real broker, with the simulated engine."""
+
+import asyncio
+import contextlib
+
+from aiokafka import TopicPartition
+
+from gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
+from gpu_consumers.settings import WorkerSettings
+from gpu_consumers.worker import GpuWorker
+from producers import TokenbusClient
+from producers.dead_letters import HEADER_REASON, HEADER_SOURCE
+from schemas import AvroCodec, ChatMessage, Completion, now_ms
+from tests.conftest import MODEL
+from topics import TopicCatalog, make_consumer, make_producer
+
+codec = AvroCodec()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(bus, **engine_settings):
+    settings = WorkerSettings(bus=bus, model=MODEL, max_num_seqs=8, worker_id="w-test")
+    engine = SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=1000, **engine_settings))
+    worker = GpuWorker(settings, engine)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), 30)
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def read_all(bus, topic: str, expected: int, timeout: float = 10.0) -> list:
+    consumer = make_consumer(bus)
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        await consumer.seek_to_beginning()
+        records = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(records) < expected and loop.time() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def test_requests_stream_back_and_close_with_a_completion(bus):
+    async with running_worker(bus, min_tokens=6, max_tokens=6) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+        requests = [
+            client.new_request(MODEL, [ChatMessage("user", f"question {i}")], tier=tier, tenant="acme")
+            for i, tier in enumerate(["interactive", "standard", "batch"] * 4)
+        ]
+
+        async def collect(request):
+            return [r async for r in client.stream(request)]
+
+        streams = await asyncio.gather(*(collect(r) for r in requests))
+        assert worker.completed == len(requests)
+
+    for stream in streams:
+        assert [r.event.seq for r in stream] == list(range(6))
+        assert stream[-1].event.finish_reason == "stop" and stream[-1].event.completion_tokens == 6
+
+    records = await read_all(bus, TopicCatalog(bus).completions, expected=len(requests))
+    completions = {c.request_id: c for c in (codec.decode(r.value, Completion) for r in records)}
+    assert set(completions) == {r.request_id for r in requests}
+    for request, stream in zip(requests, streams):
+        completion = completions[request.request_id]
+        assert completion.text == "".join(r.event.text for r in stream)
+        assert completion.completion_tokens == 6 and completion.tenant == "acme"
+        assert completion.messages == request.messages
+        assert completion.started_at_ms <= (completion.first_token_at_ms or 0) <= completion.finished_at_ms
+
+
+async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(bus):
+    catalog = TopicCatalog(bus)
+    async with running_worker(bus) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+        producer = make_producer(bus)
+        await producer.start()
+        try:
+            await producer.send_and_wait(catalog.requests(MODEL, "standard"), b"\x00garbage, not an avro record", key=b"k")
+        finally:
+            await producer.stop()
+        request = client.new_request(MODEL, [ChatMessage("user", "still there?")], tier="standard")
+        events = [r.event async for r in client.stream(request)]
+        assert events[-1].finish_reason in {"stop", "length"}
+
+    (dead,) = await read_all(bus, catalog.dlq, expected=1)
+    headers = dict(dead.headers)
+    assert dead.value == b"\x00garbage, not an avro record"
+    assert headers[HEADER_REASON] == b"bad_magic"
+    assert headers[HEADER_SOURCE].startswith(catalog.requests(MODEL, "standard").encode())
+
+
+async def test_request_past_its_deadline_is_not_generated(bus):
+    async with running_worker(bus) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+        request = client.new_request(MODEL, [ChatMessage("user", "too late")], deadline_ms=now_ms() - 1000)
+        events = [r.event async for r in client.stream(request)]
+    assert len(events) == 1
+    assert events[0].finish_reason == "error" and "deadline" in (events[0].error or "")
+    assert events[0].completion_tokens == 0

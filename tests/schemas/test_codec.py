@@ -1,0 +1,141 @@
+import json
+import os
+import random
+
+import pytest
+
+from schemas import AvroCodec, ChatMessage, ChatRequest, Completion, Control, ControlAction, DecodeError, TokenEvent
+from schemas.codec import SCHEMA_DIR, SINGLE_OBJECT_MAGIC
+
+codec = AvroCodec()
+
+
+def sample_request(**overrides) -> ChatRequest:
+    fields = dict(
+        request_id="chatcmpl-1",
+        model="m",
+        tier="standard",
+        messages=[ChatMessage("system", "be brief"), ChatMessage("user", "héllo\ndata: [DONE]")],
+        reply_topic="tokenbus.tokens",
+        reply_partition=3,
+        tenant="acme",
+        conversation_id="conv-9",
+        max_tokens=12,
+        temperature=0.5,
+        top_p=0.9,
+        seed=42,
+        stop=["\n\n"],
+        deadline_ms=123,
+    )
+    return ChatRequest(**{**fields, **overrides})
+
+
+RECORDS = [
+    sample_request(),
+    sample_request(conversation_id=None, max_tokens=None, temperature=None, stop=[]),
+    TokenEvent("chatcmpl-1", 0, "Hi", [5, 6]),
+    TokenEvent("chatcmpl-1", 7, "", [], finish_reason="length", prompt_tokens=3, completion_tokens=7),
+    Completion("chatcmpl-1", "m", "standard", "Hi there", "stop", 3, 2, 1, 2, 3,
+               messages=[ChatMessage("user", "x")], first_token_at_ms=2),
+    Control("chatcmpl-1", ControlAction.CANCEL, "client went away"),
+]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_round_trip(record):
+    data = codec.encode(record)
+    assert data[:2] == SINGLE_OBJECT_MAGIC
+    assert codec.decode(data, type(record)) == record
+
+
+def test_every_record_has_a_schema_file():
+    names = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
+    assert names == {"ChatRequest", "TokenEvent", "Completion", "Control"}
+
+
+def test_newer_reader_reads_older_record():
+    """A v1 ChatRequest (before tenant, key_id, conversation_id, seed, stop, deadline) stays readable."""
+    current = json.loads((SCHEMA_DIR / "chat_request.avsc").read_text())
+    added_later = {"tenant", "key_id", "conversation_id", "seed", "stop", "deadline_ms"}
+    v1 = {**current, "fields": [f for f in current["fields"] if f["name"] not in added_later]}
+    v1_record = {
+        "request_id": "old-1", "model": "m", "tier": "batch",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": None, "temperature": 0.1, "top_p": None,
+        "reply_topic": "tokens", "reply_partition": 1, "created_at_ms": 5,
+    }
+    reader = AvroCodec()
+    data = reader.encode_with(v1, v1_record)
+    with pytest.raises(DecodeError) as unknown:
+        reader.decode(data, ChatRequest)
+    assert unknown.value.reason == "unknown_schema"
+
+    reader.register_writer_schema(v1)
+    decoded = reader.decode(data, ChatRequest)
+    assert decoded.request_id == "old-1" and decoded.temperature == 0.1
+    assert decoded.tenant == "" and decoded.stop == [] and decoded.conversation_id is None
+
+
+def test_unknown_enum_symbol_reads_as_unknown():
+    """A newer writer's control action that this reader does not know maps to UNKNOWN."""
+    current = json.loads((SCHEMA_DIR / "control.avsc").read_text())
+    newer = json.loads(json.dumps(current))
+    newer["fields"][1]["type"]["symbols"] = ["CANCEL", "UNKNOWN", "PAUSE"]
+    reader = AvroCodec()
+    reader.register_writer_schema(newer)
+    data = reader.encode_with(newer, {"request_id": "r", "action": "PAUSE", "reason": "", "created_at_ms": 1})
+    assert reader.decode(data, Control).action is ControlAction.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (None, "truncated"),
+        (b"", "truncated"),
+        (b"\xc3\x01abc", "truncated"),
+        (b"{\"json\": true, \"not\": \"avro\"}", "bad_magic"),
+        (SINGLE_OBJECT_MAGIC + b"\x00" * 8 + b"body", "unknown_schema"),
+    ],
+)
+def test_garbage_raises_typed_error(data, reason):
+    with pytest.raises(DecodeError) as exc:
+        codec.decode(data, ChatRequest)
+    assert exc.value.reason == reason
+
+
+def test_wrong_record_type_is_rejected():
+    with pytest.raises(DecodeError) as exc:
+        codec.decode(codec.encode(RECORDS[2]), ChatRequest)
+    assert exc.value.reason == "wrong_schema"
+
+
+def test_corrupt_and_trailing_bodies_are_rejected():
+    data = codec.encode(RECORDS[0])
+    with pytest.raises(DecodeError) as trailing:
+        codec.decode(data + b"\x00", ChatRequest)
+    assert trailing.value.reason == "trailing_bytes"
+    with pytest.raises(DecodeError) as cut:
+        codec.decode(data[:-5], ChatRequest)
+    assert cut.value.reason == "corrupt_body"
+
+
+def test_random_bytes_after_a_valid_header_never_crash():
+    header = codec.encode(RECORDS[0])[:10]
+    rng = random.Random(1)
+    outcomes = set()
+    for _ in range(2000):
+        body = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 64)))
+        try:
+            codec.decode(header + body, ChatRequest)
+            outcomes.add("decoded")
+        except DecodeError as exc:
+            outcomes.add(exc.reason)
+    assert outcomes <= {"decoded", "corrupt_body", "trailing_bytes", "invalid_record"}
+    assert "corrupt_body" in outcomes
+
+
+def test_random_bytes_never_crash():
+    for seed in range(500):
+        data = os.urandom(random.Random(seed).randrange(0, 80))
+        with pytest.raises(DecodeError):
+            codec.decode(data, TokenEvent)

@@ -1,0 +1,83 @@
+"""Acceptance: the official openai package against the real embedded stack
+(edge -> tansu -> GPU consumer -> tansu -> edge)."""
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.conftest import MODEL
+from tests.expected import expected_output
+
+
+@pytest.fixture
+def client(edge_url):
+    return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def messages_for(i: int) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"Tell me fact number {i}."}]
+
+
+async def stream_one(client, i: int):
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=messages_for(i), seed=i, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    return chunks
+
+
+async def test_32_streams_and_8_plain_completions_are_exact(client):
+    streamed, plain = await asyncio.gather(
+        asyncio.gather(*(stream_one(client, i) for i in range(32))),
+        asyncio.gather(*(client.chat.completions.create(model=MODEL, messages=messages_for(i), seed=i)
+                         for i in range(100, 108))),
+    )
+
+    for i, chunks in enumerate(streamed):
+        expected = await expected_output(messages_for(i), seed=i)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert pieces == expected.pieces, f"stream {i} lost, repeated or reordered tokens"
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finishes == [expected.finish_reason]
+        usage = chunks[-1].usage
+        assert chunks[-1].choices == [] and usage is not None
+        assert usage.completion_tokens == len(pieces) == expected.completion_tokens
+        assert usage.prompt_tokens == expected.prompt_tokens
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        assert len({c.id for c in chunks}) == 1
+
+    for i, completion in zip(range(100, 108), plain):
+        expected = await expected_output(messages_for(i), seed=i)
+        assert completion.object == "chat.completion"
+        assert completion.choices[0].message.content == expected.text
+        assert completion.choices[0].finish_reason == expected.finish_reason
+        assert completion.usage.completion_tokens == expected.completion_tokens
+        assert completion.usage.prompt_tokens == expected.prompt_tokens
+
+
+async def test_max_tokens_limits_the_stream(client):
+    chunks = await client.chat.completions.create(model=MODEL, messages=messages_for(1), seed=1, max_tokens=2, stream=True)
+    chunks = [c async for c in chunks]
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    expected = await expected_output(messages_for(1), seed=1, max_tokens=2)
+    assert pieces == expected.pieces and len(pieces) == 2
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_models_lists_the_served_model(client):
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+async def test_unknown_model_is_not_found(client):
+    with pytest.raises(openai.NotFoundError) as exc:
+        await client.chat.completions.create(model="no-such-model", messages=messages_for(0))
+    assert exc.value.code == "model_not_found"
+
+
+async def test_wrong_type_is_a_bad_request_naming_the_param(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client.chat.completions.create(model=MODEL, messages=messages_for(0), temperature="warm")
+    assert exc.value.param == "temperature"

@@ -1,0 +1,48 @@
+import asyncio
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from topics import BusSettings, TopicCatalog, ensure_topics, topic_safe
+from tests.conftest import unique_prefix
+
+
+def test_names_follow_prefix_model_and_tier():
+    catalog = TopicCatalog(BusSettings(topic_prefix="tb.", models=["org/Model 7B"], tiers=["gold", "bronze"]))
+    assert catalog.requests("org/Model 7B", "gold") == "tb.requests.org_Model_7B.gold"
+    assert catalog.model_request_topics("org/Model 7B") == ["tb.requests.org_Model_7B.gold", "tb.requests.org_Model_7B.bronze"]
+    assert catalog.tier_of("tb.requests.org_Model_7B.bronze", "org/Model 7B") == "bronze"
+    assert catalog.tier_of("tb.tokens", "org/Model 7B") is None
+    assert {catalog.tokens, catalog.control, catalog.completions, catalog.dlq, catalog.ingress} <= {
+        spec.name for spec in catalog.all_topics()
+    }
+
+
+def test_topic_safe_keeps_only_legal_characters():
+    assert topic_safe("a.b/c:d e") == "a_b_c_d_e"
+    assert topic_safe("ok-name_1") == "ok-name_1"
+
+
+def test_settings_read_comma_separated_environment(monkeypatch):
+    monkeypatch.setenv("TOKENBUS_MODELS", "a, b")
+    monkeypatch.setenv("TOKENBUS_TIERS", "hi,lo")
+    settings = BusSettings()
+    assert settings.models == ["a", "b"] and settings.tiers == ["hi", "lo"]
+
+
+async def test_provisioning_is_idempotent_with_explicit_partitions(stack):
+    settings = BusSettings(bootstrap_servers=stack.bootstrap_servers, topic_prefix=unique_prefix(),
+                           token_partitions=6, request_partitions=3)
+    specs = TopicCatalog(settings).all_topics()
+    created = await ensure_topics(settings.bootstrap_servers, specs)
+    assert sorted(created) == sorted(spec.name for spec in specs)
+    assert await ensure_topics(settings.bootstrap_servers, specs) == []
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([spec.name for spec in specs])
+    finally:
+        await admin.close()
+    partitions = {d["topic"]: len(d["partitions"]) for d in described}
+    assert partitions == {spec.name: spec.partitions for spec in specs}
+    assert partitions[TopicCatalog(settings).tokens] == 6
