@@ -1,0 +1,1 @@
+"""Benchmark scenarios run by `make bench`."""

@@ -1,0 +1,38 @@
+"""The engine called directly in-process, timed like a streamed HTTP request:
+the baseline that pipeline overhead is measured against."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from gpu_consumers.engines import Engine, GenerationInput, SamplingParams
+from infra.loadgen import RequestResult
+from schemas import ChatMessage
+
+_ids = itertools.count()
+
+
+def engine_sender(engine: Engine, max_tokens: int):
+    async def send(prompt: str) -> RequestResult:
+        result = RequestResult()
+        inp = GenerationInput(f"direct-{next(_ids)}", (ChatMessage("user", prompt),), SamplingParams(max_tokens=max_tokens))
+        start = last = time.perf_counter()
+        pieces = 0
+        async for out in engine.generate(inp):
+            if out.text_diff:
+                now = time.perf_counter()
+                if pieces == 0:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+                pieces += 1
+            if out.finished:
+                result.output_tokens = out.completion_tokens
+                result.prompt_tokens = out.prompt_tokens
+                result.success = out.finish_reason in {"stop", "length"}
+        result.latency = time.perf_counter() - start
+        return result
+
+    return send

@@ -1,0 +1,20 @@
+"""A load generator for OpenAI-compatible streaming endpoints (``tokenbus bench serve``)."""
+
+from infra.loadgen.arrivals import arrival_gaps
+from infra.loadgen.metrics import Slo, Summary, format_summary, percentile, summarize
+from infra.loadgen.results import RequestResult
+from infra.loadgen.runner import Progress, run_load
+from infra.loadgen.sse_client import stream_chat
+
+__all__ = [
+    "Progress",
+    "RequestResult",
+    "Slo",
+    "Summary",
+    "arrival_gaps",
+    "format_summary",
+    "percentile",
+    "run_load",
+    "stream_chat",
+    "summarize",
+]

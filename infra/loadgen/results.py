@@ -1,0 +1,26 @@
+"""What one benchmarked request measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """Times are seconds. ``itl`` holds every gap between successive output chunks."""
+
+    success: bool = False
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (vLLM's definition)."""
+        if self.output_tokens <= 1:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)

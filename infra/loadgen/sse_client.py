@@ -1,0 +1,86 @@
+"""Stream one chat completion from any OpenAI-compatible server and time it."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from infra.loadgen.results import RequestResult
+
+
+class MalformedStream(ValueError):
+    pass
+
+
+def _chunk_content(data: str) -> tuple[str, dict[str, Any] | None]:
+    """The text a chunk adds, and its usage if it carries one."""
+    try:
+        body = json.loads(data)
+    except json.JSONDecodeError:
+        raise MalformedStream(f"chunk is not JSON: {data[:60]!r}") from None
+    if not isinstance(body, dict):
+        raise MalformedStream("chunk is not an object")
+    if "error" in body:
+        raise MalformedStream(f"server error in stream: {str(body['error'])[:120]}")
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        raise MalformedStream("chunk has no choices list")
+    text = ""
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(delta, dict):
+            raise MalformedStream("choice has no delta")
+        text += delta.get("content") or ""
+    return text, body.get("usage")
+
+
+async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any], headers: dict[str, str] | None = None) -> RequestResult:
+    """POST a streaming request; every failure (HTTP, framing, JSON) is recorded, never raised."""
+    result = RequestResult()
+    start = time.perf_counter()
+    last = start
+    chunks = 0
+    text: list[str] = []
+    usage: dict[str, Any] | None = None
+    try:
+        async with http.stream("POST", url, json=payload, headers=headers) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                result.error = f"HTTP {response.status_code}: {body[:200]}"
+                return result
+            done = False
+            async for line in response.aiter_lines():
+                if not line or line.startswith(":") or not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                piece, chunk_usage = _chunk_content(data)
+                usage = chunk_usage or usage
+                if not piece:
+                    continue
+                now = time.perf_counter()
+                if chunks == 0:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+                chunks += 1
+                text.append(piece)
+            if not done:
+                raise MalformedStream("stream ended without [DONE]")
+    except (httpx.HTTPError, MalformedStream) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.latency = time.perf_counter() - start
+    result.text = "".join(text)
+    result.output_tokens = int(usage["completion_tokens"]) if usage else chunks
+    result.prompt_tokens = int(usage["prompt_tokens"]) if usage else 0
+    result.success = chunks > 0
+    if not result.success:
+        result.error = "MalformedStream: no content"
+    return result
