@@ -10,6 +10,7 @@ import sys
 import time
 
 from infra.banner import ready_banner
+from infra.loadgen.serve import add_arguments as add_serve_arguments
 from infra.broker import BrokerNotFound, broker_binary
 from infra.processes import StartupError
 from infra.redis_server import install_redis_server, redis_answers
@@ -95,6 +96,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from infra.loadgen.serve import cmd_serve
+
+    return cmd_serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenbus", description="OpenAI-compatible LLM serving on Kafka.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("topics", help="create missing topics on TOKENBUS_BOOTSTRAP_SERVERS").set_defaults(run=cmd_topics)
     commands.add_parser("edge", help="run one SSE edge process (TOKENBUS_EDGE_*)").set_defaults(run=cmd_edge)
     commands.add_parser("worker", help="run one GPU consumer process (TOKENBUS_WORKER_*)").set_defaults(run=cmd_worker)
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    serve = bench.add_parser("serve", help="load-test any OpenAI-compatible streaming endpoint")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=cmd_bench_serve)
     return parser
 
 

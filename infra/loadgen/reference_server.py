@@ -1,0 +1,74 @@
+"""A reference OpenAI-compatible streaming server with known timings, to prove the
+load generator measures correctly.
+
+It waits ``ttft_ms`` before the first content chunk and ``gap_ms`` between chunks,
+one word per chunk, ``max_tokens`` words. The model name picks a failure to inject:
+``malformed-json``, ``no-done``, ``error-event``, ``http-500``, ``cut`` (connection
+dropped mid-stream); any other name streams normally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+def _chunk(model: str, content: str | None, finish: str | None = None, usage: dict | None = None) -> str:
+    choices = [] if usage else [{"index": 0, "delta": {"content": content} if content else {}, "finish_reason": finish}]
+    body = {"id": "ref", "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": choices}
+    if usage:
+        body["usage"] = usage
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def reference_app(ttft_ms: float, gap_ms: float) -> Starlette:
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        model, tokens = body.get("model", ""), int(body.get("max_tokens") or 16)
+        if model == "http-500":
+            return JSONResponse({"error": {"message": "injected", "type": "server_error", "param": None, "code": None}}, 500)
+
+        async def frames():
+            yield _chunk(model, None).replace('"delta": {}', '"delta": {"role": "assistant"}')
+            await asyncio.sleep(ttft_ms / 1000)
+            for i in range(tokens):
+                if i:
+                    await asyncio.sleep(gap_ms / 1000)
+                if model == "malformed-json" and i == tokens // 2:
+                    yield "data: {this is not json\n\n"
+                    return
+                if model == "error-event" and i == tokens // 2:
+                    yield 'data: {"error": {"message": "injected", "type": "server_error"}}\n\n'
+                    return
+                if model == "cut" and i == tokens // 2:
+                    raise RuntimeError("injected connection drop")
+                yield _chunk(model, f"w{i} ", "length" if i == tokens - 1 else None)
+            yield _chunk(model, None, usage={"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3})
+            if model != "no-done":
+                yield "data: [DONE]\n\n"
+
+        return StreamingResponse(frames(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8799)
+    parser.add_argument("--ttft-ms", type=float, default=50)
+    parser.add_argument("--gap-ms", type=float, default=10)
+    args = parser.parse_args()
+    uvicorn.run(reference_app(args.ttft_ms, args.gap_ms), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
