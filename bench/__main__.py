@@ -1,18 +1,24 @@
-"""`make bench`: run the benchmark scenarios, write JSON results and print short tables."""
+"""`make bench`: run the benchmark scenarios, write JSON results and PNG plots, print tables."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import os
+import platform
 import time
 from pathlib import Path
 
-from bench import pipeline_overhead
+from bench import load_sweep, pipeline_overhead, scale_out, sse_fanout, tier_fairness
 
 RESULTS_DIR = Path(__file__).parent / "results"
-SCENARIOS = {"pipeline_overhead": pipeline_overhead}
+SCENARIOS = {
+    "pipeline_overhead": pipeline_overhead,
+    "load_sweep": load_sweep,
+    "sse_fanout": sse_fanout,
+    "tier_fairness": tier_fairness,
+    "scale_out": scale_out,
+}
 
 
 def machine() -> dict[str, str | int]:
@@ -22,16 +28,21 @@ def machine() -> dict[str, str | int]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS), help=f"any of {', '.join(SCENARIOS)}")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    began = time.time()
     for name in args.scenarios:
         module = SCENARIOS[name]
         started = time.time()
         result = {**module.run(), "machine": machine(), "started_at": started, "wall_s": round(time.time() - started, 1)}
-        path = RESULTS_DIR / f"{name}.json"
+        path = args.out / f"{name}.json"
         path.write_text(json.dumps(result, indent=2))
-        print(f"\n## {name}  ({result['wall_s']} s, {path})\n")
-        print(module.table(result))
+        plot = getattr(module, "plot", None)
+        written = [path] + ([plot(result, args.out)] if plot else [])
+        print(f"\n## {name}  ({result['wall_s']} s; {', '.join(str(p) for p in written)})\n", flush=True)
+        print(module.table(result), flush=True)
+    print(f"\nall scenarios: {time.time() - began:.0f} s")
 
 
 if __name__ == "__main__":

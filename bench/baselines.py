@@ -8,15 +8,17 @@ import time
 
 from gpu_consumers.engines import Engine, GenerationInput, SamplingParams
 from infra.loadgen import RequestResult
+from infra.loadgen.prompts import BenchPrompt
 from schemas import ChatMessage
 
 _ids = itertools.count()
 
 
-def engine_sender(engine: Engine, max_tokens: int):
-    async def send(prompt: str) -> RequestResult:
+def engine_sender(engine: Engine):
+    async def send(prompt: BenchPrompt) -> RequestResult:
         result = RequestResult()
-        inp = GenerationInput(f"direct-{next(_ids)}", (ChatMessage("user", prompt),), SamplingParams(max_tokens=max_tokens))
+        inp = GenerationInput(f"direct-{next(_ids)}", (ChatMessage("user", prompt.text),),
+                              SamplingParams(max_tokens=prompt.output_len))
         start = last = time.perf_counter()
         pieces = 0
         async for out in engine.generate(inp):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import resource
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from gpu_consumers.engines import SimulatedEngineSettings
+from infra.loadgen.serve import ServeConfig
 from infra.processes import free_port
 from infra.stack import EmbeddedStack, StackSettings
 
@@ -19,8 +21,16 @@ def sim_env(settings: SimulatedEngineSettings) -> dict[str, str]:
     return {f"TOKENBUS_SIM_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
 
 
+def raise_open_file_limit() -> int:
+    """Thousands of open streams need thousands of sockets; children inherit the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
 @contextlib.contextmanager
-def bench_stack(sim: SimulatedEngineSettings, extra_env: dict[str, str] | None = None) -> Iterator[EmbeddedStack]:
+def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env: dict[str, str] | None = None) -> Iterator[EmbeddedStack]:
+    raise_open_file_limit()
     with tempfile.TemporaryDirectory(prefix="tokenbus-bench-") as tmp:
         settings = StackSettings(
             run_root=Path(tmp),
@@ -30,9 +40,23 @@ def bench_stack(sim: SimulatedEngineSettings, extra_env: dict[str, str] | None =
             topic_prefix=f"bench{uuid.uuid4().hex[:6]}.",
             models=[MODEL],
         )
-        stack = EmbeddedStack(settings, extra_env={**sim_env(sim), **(extra_env or {})})
+        env = {**sim_env(sim), "TOKENBUS_WORKER_MAX_NUM_SEQS": str(max_num_seqs), **(extra_env or {})}
+        stack = EmbeddedStack(settings, extra_env=env)
         try:
             stack.start()
             yield stack
         finally:
             stack.stop()
+
+
+def serve_config(base_url: str, **overrides) -> ServeConfig:
+    """Defaults every scenario shares: the stack's model, p50 and p99, no progress bar."""
+    fields = dict(base_url=base_url, model=MODEL, percentiles=(50.0, 99.0), input_len=16, progress=False)
+    return ServeConfig(**{**fields, **overrides})
+
+
+def process_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -55,11 +56,12 @@ async def run_serve(config: ServeConfig) -> tuple[Summary, list[RequestResult]]:
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else None
     connections = (config.max_concurrency or len(measured)) + 8
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    url = config.base_url.rstrip("/") + "/chat/completions"
+    # Several base URLs (comma-separated) share the load round-robin, e.g. two edges.
+    urls = itertools.cycle([u.strip().rstrip("/") + "/chat/completions" for u in config.base_url.split(",")])
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10), limits=limits) as http:
 
         async def send(prompt: BenchPrompt) -> RequestResult:
-            return await stream_chat(http, url, prompt.payload(config.model), headers)
+            return await stream_chat(http, next(urls), prompt.payload(config.model), headers)
 
         if warmup:
             await run_load(send, warmup, max_concurrency=config.max_concurrency)
@@ -77,7 +79,7 @@ def result_document(config: ServeConfig, summary: Summary) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--base-url", default="http://127.0.0.1:8700/v1")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8700/v1", help="comma-separate several to spread load")
     parser.add_argument("--model", default="tokenbus-sim")
     parser.add_argument("--api-key")
     parser.add_argument("--num-prompts", type=int, default=100)
