@@ -7,6 +7,7 @@ import logging
 import signal
 
 import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,7 +27,10 @@ def health_app(worker: GpuWorker) -> Starlette:
                 "model": worker.settings.model, "running": worker.running, "completed": worker.completed}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    return Starlette(routes=[Route("/healthz", healthz)])
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(worker.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/metrics", metrics)])
 
 
 async def serve_worker(settings: WorkerSettings) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from topics import BusSettings
+from topics.settings import split_csv
 
 
 def default_worker_id() -> str:
@@ -23,8 +25,22 @@ class WorkerSettings(BaseSettings):
     bus: BusSettings = Field(default_factory=BusSettings)
     model: str = "tokenbus-sim"
     engine: str = "simulated"
-    max_num_seqs: int = 64
     worker_id: str = Field(default_factory=default_worker_id)
+    max_num_seqs: int = 64
+    # Token budget of running sequences: prompt tokens + max_tokens (or default_max_tokens) each.
+    max_tokens_in_flight: int = 262_144
+    default_max_tokens: int = 512
+    # Admission weights, in the order of TOKENBUS_TIERS (highest tier first).
+    tier_weights: Annotated[list[float], NoDecode] = [16.0, 4.0, 1.0]
+    # Fetched-but-waiting requests per tier; past it that tier's partitions pause.
+    prefetch_per_tier: int = 256
+    takeover_clock_skew_ms: int = 2000
     commit_interval_ms: int = 100
     host: str = "127.0.0.1"
     port: int = 8701  # /healthz and /metrics
+
+    _split_weights = field_validator("tier_weights", mode="before")(split_csv)
+
+    def weight_of(self) -> dict[str, float]:
+        weights = list(self.tier_weights) + [1.0] * len(self.bus.tiers)
+        return dict(zip(self.bus.tiers, weights))

@@ -1,63 +1,86 @@
 """The GPU consumer: pulls requests for one model, runs them through an engine with
 continuous batching, and publishes token events and a Completion for each.
 
-Flow control lives in Kafka: when ``max_num_seqs`` sequences are running the worker
-pauses its partitions, so the backlog stays in the log (consumer lag is the queue
-depth) and a crashed worker's queue is simply re-read by the next group member.
+Flow control lives in Kafka: fetched requests wait in a small per-tier buffer; when
+a tier's buffer is full its partitions pause, so the backlog stays in the log
+(consumer lag is the queue depth). Offsets are committed at the low-water mark of
+finished requests. A request that may have been started elsewhere (fetched from
+before this worker's assignment) is first looked up in the token log and continued
+after what was already published.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from gpu_consumers.engines import FINISH_ERROR, Engine, GenerationInput, StepOutput
+from gpu_consumers.control import ControlListener
+from gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, Engine, GenerationInput, GenerationStream, StepOutput
+from gpu_consumers.metrics import WorkerMetrics
 from gpu_consumers.offsets import OffsetTracker
+from gpu_consumers.scheduler import Pending, TierScheduler
 from gpu_consumers.settings import WorkerSettings
+from gpu_consumers.token_log import Published, TokenLog
 from producers import DeadLetterPublisher
 from schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms
 from topics import TopicCatalog, make_consumer, make_producer, topic_safe
 
 log = logging.getLogger(__name__)
 
+CANCELLED_MEMORY = 100_000  # cancels remembered for requests not fetched yet
+
 
 @dataclass(eq=False)
 class _Running:
-    request: ChatRequest
-    tp: TopicPartition
-    offset: int
+    pending: Pending
+    cost: int
     task: asyncio.Task[None] | None = None
+    stream: GenerationStream | None = None
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.stream is not None:
+            self.stream.abort()
 
 
-class _CommitOnRevoke(ConsumerRebalanceListener):
+class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, worker: GpuWorker) -> None:
         self._worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._worker.commit()
-        self._worker.offsets.forget(set(revoked))
+        await self._worker.release(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._worker.ready.set()
+        self._worker.assigned(set(assigned))
 
 
 class GpuWorker:
-    def __init__(self, settings: WorkerSettings, engine: Engine, codec: AvroCodec | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, engine: Engine, codec: AvroCodec | None = None,
+                 metrics: WorkerMetrics | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.codec = codec or AvroCodec()
         self.catalog = TopicCatalog(settings.bus)
+        self.metrics = metrics or WorkerMetrics(settings.model)
         self.offsets = OffsetTracker()
+        self.scheduler = TierScheduler(settings.bus.tiers, settings.weight_of())
+        self.token_log = TokenLog(settings.bus, self.codec, settings.takeover_clock_skew_ms)
+        self.control = ControlListener(settings.bus, self.codec, self.cancel)
         self.ready = asyncio.Event()
         self.group_id = f"{settings.bus.topic_prefix}gpu.{topic_safe(settings.model)}"
-        self._tier_rank = {self.catalog.requests(settings.model, t): i for i, t in enumerate(settings.bus.tiers)}
+        self._topics_by_tier = {t: self.catalog.requests(settings.model, t) for t in settings.bus.tiers}
         self._running: dict[str, _Running] = {}
-        self._slot_freed = asyncio.Event()
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._fresh_from: dict[TopicPartition, int | None] = {}
+        self._tokens_in_flight = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._dead_letters: DeadLetterPublisher | None = None
@@ -67,6 +90,8 @@ class GpuWorker:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    # -- lifecycle ---------------------------------------------------------------
 
     async def run(self) -> None:
         await self._start()
@@ -83,55 +108,44 @@ class GpuWorker:
         await self._producer.start()
         self._dead_letters = DeadLetterPublisher(self._producer, self.catalog)
         await self.engine.start()
+        await self.token_log.start()
+        await self.control.start()
         self._consumer = make_consumer(self.settings.bus, group_id=self.group_id)
         await self._consumer.start()
-        self._consumer.subscribe(self.catalog.model_request_topics(self.settings.model), listener=_CommitOnRevoke(self))
+        self._consumer.subscribe(list(self._topics_by_tier.values()), listener=_Rebalance(self))
         log.info("worker %s serving %s in group %s", self.settings.worker_id, self.settings.model, self.group_id)
 
     async def _shutdown(self) -> None:
-        for running in list(self._running.values()):
-            if running.task:
-                running.task.cancel()
-        await asyncio.gather(*(r.task for r in self._running.values() if r.task), return_exceptions=True)
         if self._consumer:
-            await self.commit()
+            await self.release(self._consumer.assignment())
             await self._consumer.stop()
+        await self.control.stop()
+        await self.token_log.stop()
         await self.engine.close()
         if self._producer:
             await self._producer.stop()
 
-    async def _poll_loop(self) -> None:
-        assert self._consumer is not None
-        loop = asyncio.get_running_loop()
-        next_commit = loop.time()
-        while not self._stopping.is_set():
-            free = self.settings.max_num_seqs - len(self._running)
-            self._apply_backpressure(free)
-            if free <= 0:
-                await self._wait_for_slot()
-            else:
-                batches = await self._consumer.getmany(timeout_ms=50, max_records=free)
-                for tp in sorted(batches, key=lambda tp: self._tier_rank.get(tp.topic, len(self._tier_rank))):
-                    for record in batches[tp]:
-                        await self._admit(tp, record)
-            if loop.time() >= next_commit:
-                await self.commit()
-                next_commit = loop.time() + self.settings.commit_interval_ms / 1000
+    # -- partitions --------------------------------------------------------------
 
-    def _apply_backpressure(self, free: int) -> None:
-        assert self._consumer is not None
-        assigned = self._consumer.assignment()
-        if free <= 0:
-            self._consumer.pause(*assigned)
-        elif self._consumer.paused():
-            self._consumer.resume(*self._consumer.paused())
+    def assigned(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self._fresh_from[tp] = None  # learnt from the first fetch's high-water mark
+        self.ready.set()
 
-    async def _wait_for_slot(self) -> None:
-        self._slot_freed.clear()
-        try:
-            await asyncio.wait_for(self._slot_freed.wait(), timeout=0.5)
-        except TimeoutError:
-            pass
+    async def release(self, partitions: set[TopicPartition]) -> None:
+        """Give partitions back: drop what waits, stop what runs without a final event, make
+        every token published so far durable, and commit. The next owner continues from the log."""
+        self.scheduler.remove_partitions(partitions)
+        stopping = [r for r in self._running.values() if r.pending.tp in partitions and r.task]
+        for running in stopping:
+            running.task.cancel()
+        await asyncio.gather(*(r.task for r in stopping), return_exceptions=True)
+        if self._producer:
+            await self._producer.flush()
+        await self.commit()
+        self.offsets.forget(partitions)
+        for tp in partitions:
+            self._fresh_from.pop(tp, None)
 
     async def commit(self) -> None:
         if self._consumer is None:
@@ -146,7 +160,36 @@ class GpuWorker:
         except Exception as exc:  # a rebalance in progress; the next commit retries
             log.warning("offset commit failed: %s", exc)
 
-    async def _admit(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+    # -- fetching and admission --------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        assert self._consumer is not None
+        loop = asyncio.get_running_loop()
+        next_commit = loop.time()
+        while not self._stopping.is_set():
+            self._pause_full_tiers()
+            batches = await self._consumer.getmany(timeout_ms=50)
+            for tp, records in batches.items():
+                for record in records:
+                    await self._enqueue(tp, record)
+            self._admit_waiting()
+            self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
+            if loop.time() >= next_commit:
+                await self.commit()
+                next_commit = loop.time() + self.settings.commit_interval_ms / 1000
+
+    def _pause_full_tiers(self) -> None:
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        for tier, topic in self._topics_by_tier.items():
+            tps = [tp for tp in assigned if tp.topic == topic]
+            if self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier:
+                self._consumer.pause(*tps)
+            else:
+                self._consumer.resume(*tps)
+
+    async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        assert self._consumer is not None
         self.offsets.started(tp, record.offset)
         try:
             request = self.codec.decode(record.value, ChatRequest)
@@ -155,70 +198,120 @@ class GpuWorker:
             await self._dead_letters.send(record, exc.reason, exc.detail)
             self.offsets.finished(tp, record.offset)
             return
-        running = _Running(request, tp, record.offset)
-        self._running[request.request_id] = running
-        running.task = asyncio.create_task(self._serve(running), name=f"serve-{request.request_id}")
+        if request.tier not in self._topics_by_tier or request.model != self.settings.model:
+            assert self._dead_letters is not None
+            await self._dead_letters.send(record, "wrong_route", f"model={request.model} tier={request.tier}")
+            self.offsets.finished(tp, record.offset)
+            return
+        fresh_from = self._fresh_from.get(tp)
+        if fresh_from is None:
+            fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
+        self.scheduler.add(Pending(request, tp, record.offset, maybe_seen=record.offset < fresh_from))
+
+    def _cost(self, request: ChatRequest) -> int:
+        prompt = sum(len(m.content) for m in request.messages) // 4  # a rough token estimate, for the budget only
+        return prompt + (request.max_tokens or self.settings.default_max_tokens)
+
+    def _admit_waiting(self) -> None:
+        while len(self._running) < self.settings.max_num_seqs:
+            pending = self.scheduler.peek()
+            if pending is None:
+                return
+            cost = self._cost(pending.request)
+            if self._running and self._tokens_in_flight + cost > self.settings.max_tokens_in_flight:
+                return
+            self.scheduler.pop()
+            self._launch(pending, cost)
+
+    def _launch(self, pending: Pending, cost: int) -> None:
+        running = _Running(pending, cost)
+        request_id = pending.request.request_id
+        if request_id in self._cancelled:
+            running.cancelled = True
+        self._running[request_id] = running
+        self._tokens_in_flight += cost
+        self.metrics.queued(time.time() - pending.request.created_at_ms / 1000)
+        running.task = asyncio.create_task(self._serve(running), name=f"serve-{request_id}")
+
+    # -- cancellation --------------------------------------------------------------
+
+    def cancel(self, request_id: str) -> None:
+        """A cancel from `control`: abort within one engine step, or answer a waiting request at once."""
+        running = self._running.get(request_id)
+        if running is not None:
+            running.cancel()
+            return
+        waiting = self.scheduler.remove(request_id)
+        if waiting is not None:
+            self._launch(waiting, 0)
+            self._running[request_id].cancelled = True
+            return
+        self._cancelled[request_id] = None
+        while len(self._cancelled) > CANCELLED_MEMORY:
+            self._cancelled.popitem(last=False)
+
+    # -- serving one request ---------------------------------------------------------
 
     async def _serve(self, running: _Running) -> None:
-        request = running.request
+        pending = running.pending
+        request = pending.request
         try:
-            await self._generate(request)
+            published = await self.token_log.published(request) if pending.maybe_seen else Published()
+            if published.final is not None:
+                await self._publish_completion(request, published.events, resumed=True)
+            else:
+                if published.events:
+                    self.metrics.taken_over()
+                    log.info("continuing %s after seq %d", request.request_id, published.next_seq - 1)
+                await self._generate(running, published)
         except asyncio.CancelledError:
-            raise
+            raise  # partition released or shutting down: no final event; the next owner continues
         except Exception:
-            log.exception("request %s failed", request.request_id)
+            log.exception("request %s failed; it stays uncommitted and is redelivered", request.request_id)
         else:
-            self.offsets.finished(running.tp, running.offset)
+            self.offsets.finished(pending.tp, pending.offset)
             self.completed += 1
         finally:
             self._running.pop(request.request_id, None)
-            self._slot_freed.set()
+            self._cancelled.pop(request.request_id, None)
+            self._tokens_in_flight -= running.cost
+            if not self._stopping.is_set():
+                self._admit_waiting()
 
-    async def _generate(self, request: ChatRequest) -> None:
-        assert self._producer is not None
-        started = now_ms()
+    async def _generate(self, running: _Running, published: Published) -> None:
+        request = running.pending.request
+        events = list(published.events)
         deliveries: list[asyncio.Future] = []
-        text: list[str] = []
-        first_token_at: int | None = None
-        last: StepOutput | None = None
-        seq = 0
-        async for out in self._outputs(request, started):
-            if first_token_at is None and out.token_ids_diff:
-                first_token_at = now_ms()
-            text.append(out.text_diff)
-            deliveries.append(await self._send_token(request, seq, out))
-            seq += 1
-            last = out
-        assert last is not None
-        completion = Completion(
-            request_id=request.request_id,
-            model=request.model,
-            tier=request.tier,
-            tenant=request.tenant,
-            key_id=request.key_id,
-            conversation_id=request.conversation_id,
-            messages=request.messages,
-            text="".join(text),
-            finish_reason=last.finish_reason or FINISH_ERROR,
-            prompt_tokens=last.prompt_tokens,
-            completion_tokens=last.completion_tokens,
-            error=last.error,
-            worker_id=self.settings.worker_id,
-            created_at_ms=request.created_at_ms,
-            started_at_ms=started,
-            first_token_at_ms=first_token_at,
-            finished_at_ms=now_ms(),
-        )
-        deliveries.append(
-            await self._producer.send(
-                self.catalog.completions, self.codec.encode(completion), key=request.request_id.encode()
-            )
-        )
+        last_sent: float | None = None
+        async for out in self._outputs(running, published):
+            event = self._token_event(request, len(events), out)
+            deliveries.append(await self._send(request.reply_topic, event, request.request_id, request.reply_partition))
+            events.append(event)
+            sent = time.time()
+            if out.token_ids_diff:
+                self.metrics.tokens(len(out.token_ids_diff))
+                if last_sent is None and not published.events:
+                    self.metrics.first_token(sent - request.created_at_ms / 1000)
+                elif last_sent is not None:
+                    self.metrics.token_gap(sent - last_sent)
+                last_sent = sent
+        if events[-1].finish_reason == FINISH_CANCELLED:
+            self.metrics.aborted()
+        deliveries.append(await self._publish_completion(request, events, resumed=bool(published.events), wait=False))
         await asyncio.gather(*deliveries)
 
-    async def _send_token(self, request: ChatRequest, seq: int, out: StepOutput) -> asyncio.Future:
-        assert self._producer is not None
-        event = TokenEvent(
+    def _outputs(self, running: _Running, published: Published) -> AsyncIterator[StepOutput]:
+        request = running.pending.request
+        if running.cancelled:
+            return _one(StepOutput("", (), 0, len(published.token_ids), FINISH_CANCELLED))
+        if not published.events and request.deadline_ms is not None and now_ms() > request.deadline_ms:
+            return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
+        inp = GenerationInput.from_request(request, published.token_ids, published.text)
+        running.stream = self.engine.generate(inp)
+        return _engine_outputs(running.stream)
+
+    def _token_event(self, request: ChatRequest, seq: int, out: StepOutput) -> TokenEvent:
+        return TokenEvent(
             request_id=request.request_id,
             seq=seq,
             text=out.text_diff,
@@ -229,29 +322,49 @@ class GpuWorker:
             completion_tokens=out.completion_tokens if out.finished else None,
             worker_id=self.settings.worker_id,
         )
-        return await self._producer.send(
-            request.reply_topic,
-            self.codec.encode(event),
-            key=request.request_id.encode(),
-            partition=request.reply_partition,
+
+    async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent], resumed: bool,
+                                  wait: bool = True) -> asyncio.Future:
+        final = events[-1]
+        token_times = [e.created_at_ms for e in events if e.token_ids]
+        completion = Completion(
+            request_id=request.request_id,
+            model=request.model,
+            tier=request.tier,
+            tenant=request.tenant,
+            key_id=request.key_id,
+            conversation_id=request.conversation_id,
+            messages=request.messages,
+            text="".join(e.text for e in events),
+            finish_reason=final.finish_reason or FINISH_ERROR,
+            prompt_tokens=final.prompt_tokens or 0,
+            completion_tokens=final.completion_tokens or 0,
+            cancelled=final.finish_reason == FINISH_CANCELLED,
+            error=final.error,
+            worker_id=self.settings.worker_id,
+            created_at_ms=request.created_at_ms,
+            started_at_ms=events[0].created_at_ms,
+            first_token_at_ms=token_times[0] if token_times else None,
+            finished_at_ms=final.created_at_ms,
         )
+        self.metrics.finished(completion.finish_reason)
+        delivery = await self._send(self.catalog.completions, completion, request.request_id)
+        if wait:
+            await delivery
+        return delivery
 
-
-    def _outputs(self, request: ChatRequest, started_ms: int) -> AsyncIterator[StepOutput]:
-        if request.deadline_ms is not None and started_ms > request.deadline_ms:
-            return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
-        return _engine_outputs(self.engine, request)
+    async def _send(self, topic: str, record, key: str, partition: int | None = None) -> asyncio.Future:
+        assert self._producer is not None
+        return await self._producer.send(topic, self.codec.encode(record), key=key.encode(), partition=partition)
 
 
 async def _one(out: StepOutput) -> AsyncIterator[StepOutput]:
     yield out
 
 
-async def _engine_outputs(engine: Engine, request: ChatRequest) -> AsyncIterator[StepOutput]:
-    stream = engine.generate(GenerationInput.from_request(request))
+async def _engine_outputs(stream: GenerationStream) -> AsyncIterator[StepOutput]:
     try:
         async for out in stream:
             yield out
     finally:
-        stream.abort()  # a no-op once finished; stops the sequence if this worker is cancelled
-
+        stream.abort()  # a no-op once finished; stops the sequence if this task is cancelled

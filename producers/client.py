@@ -20,7 +20,7 @@ from aiokafka.structs import RecordMetadata
 
 from producers.publisher import RequestPublisher
 from producers.replies import ReplyEvent, ReplyRouter, ReplyStream
-from schemas import AvroCodec, ChatMessage, ChatRequest
+from schemas import AvroCodec, ChatMessage, ChatRequest, Control, ControlAction
 from topics import BusSettings, TopicCatalog, make_producer
 
 
@@ -72,6 +72,12 @@ class TokenbusClient:
 
     async def publish(self, request: ChatRequest) -> RecordMetadata:
         return await self.publisher.publish(request)
+
+    async def cancel(self, request_id: str, reason: str = "") -> None:
+        """Ask whichever GPU consumer holds the request to stop it (within one engine step)."""
+        control = Control(request_id, ControlAction.CANCEL, reason)
+        delivery = await self._producer.send(self.catalog.control, self.codec.encode(control), key=request_id.encode())
+        await delivery
 
     async def submit(self, request: ChatRequest) -> ReplyStream:
         """Open the reply stream first, then publish: no event can slip past."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_consumers.engines import GenerationInput, SamplingParams, SimulatedEngine
+from gpu_consumers.engines import GenerationInput, SamplingParams, SimulatedEngine, SimulatedEngineSettings
 from schemas import ChatMessage
 from tests.conftest import SIM_SETTINGS
 
@@ -21,8 +21,9 @@ class Expected:
         return "".join(self.pieces)
 
 
-async def expected_output(messages: list[dict[str, str]], seed: int, max_tokens: int | None = None) -> Expected:
-    engine = SimulatedEngine(SIM_SETTINGS.model_copy(update={"ttft_ms": 0, "tokens_per_s": 100_000}))
+async def expected_output(messages: list[dict[str, str]], seed: int, max_tokens: int | None = None,
+                          settings: SimulatedEngineSettings = SIM_SETTINGS) -> Expected:
+    engine = SimulatedEngine(settings.model_copy(update={"ttft_ms": 0, "tokens_per_s": 100_000}))
     inp = GenerationInput(
         "expected",
         tuple(ChatMessage(m["role"], m["content"]) for m in messages),

@@ -4,6 +4,10 @@
 per engine step with that step's text and token-id deltas; the last one carries the
 finish reason. ``stream.abort()`` stops the sequence within one step: the stream then
 ends with ``finish_reason == "cancelled"``.
+
+A sequence can start part-way: ``prefix_token_ids`` / ``prefix_text`` are output a
+previous worker already published (crash takeover). The engine continues after them
+as if it had generated them, and counts them in ``completion_tokens`` and ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -34,10 +38,14 @@ class GenerationInput:
     request_id: str
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    prefix_token_ids: tuple[int, ...] = ()
+    prefix_text: str = ""
 
     @classmethod
-    def from_request(cls, request: ChatRequest) -> GenerationInput:
+    def from_request(cls, request: ChatRequest, prefix_token_ids: tuple[int, ...] = (), prefix_text: str = "") -> GenerationInput:
         return cls(
+            prefix_token_ids=prefix_token_ids,
+            prefix_text=prefix_text,
             request_id=request.request_id,
             messages=tuple(request.messages),
             sampling=SamplingParams(

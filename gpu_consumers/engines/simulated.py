@@ -4,7 +4,8 @@ It behaves like a batched GPU engine: one step loop advances every running seque
 by one token per step; a step takes ``1 / tokens_per_s`` seconds, longer as the batch
 grows (``batch_slowdown``), and a sequence's first token comes ``ttft_ms`` after it is
 admitted. Text is drawn from a small vocabulary by a generator seeded from the engine
-seed and the request (its ``seed`` or its id), so a request's output is reproducible.
+seed and the request (its ``seed`` or its id), so a request's output is reproducible,
+and a sequence resumed after a prefix continues exactly as the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ class SimulatedEngine:
         rng = random.Random(zlib.crc32(seed_material.encode()))
         natural_length = rng.randint(s.min_tokens, max(s.min_tokens, s.max_tokens))
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
+        for _ in inp.prefix_token_ids:  # replay the draws that produced the prefix
+            rng.randrange(len(VOCABULARY))
         sequence = _Sequence(
             inp=inp,
             rng=rng,
@@ -146,6 +149,8 @@ class SimulatedEngine:
             natural_length=natural_length,
             fails_at=fails_at,
             prompt_tokens=count_prompt_tokens(inp),
+            generated=len(inp.prefix_token_ids),
+            text=inp.prefix_text,
         )
         self._running.append(sequence)
         self._wakeup.set()

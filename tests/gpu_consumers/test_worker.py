@@ -1,52 +1,15 @@
 """The worker in-process against the real broker, with the simulated engine."""
 
 import asyncio
-import contextlib
 
-from aiokafka import TopicPartition
-
-from gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
-from gpu_consumers.settings import WorkerSettings
-from gpu_consumers.worker import GpuWorker
 from producers import TokenbusClient
 from producers.dead_letters import HEADER_REASON, HEADER_SOURCE
 from schemas import AvroCodec, ChatMessage, Completion, now_ms
 from tests.conftest import MODEL
-from topics import TopicCatalog, make_consumer, make_producer
+from tests.gpu_consumers.helpers import read_all, running_worker
+from topics import TopicCatalog, make_producer
 
 codec = AvroCodec()
-
-
-@contextlib.asynccontextmanager
-async def running_worker(bus, **engine_settings):
-    settings = WorkerSettings(bus=bus, model=MODEL, max_num_seqs=8, worker_id="w-test")
-    engine = SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=1000, **engine_settings))
-    worker = GpuWorker(settings, engine)
-    task = asyncio.create_task(worker.run())
-    try:
-        await asyncio.wait_for(worker.ready.wait(), 30)
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 30)
-
-
-async def read_all(bus, topic: str, expected: int, timeout: float = 10.0) -> list:
-    consumer = make_consumer(bus)
-    await consumer.start()
-    try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        consumer.assign([TopicPartition(topic, p) for p in partitions])
-        await consumer.seek_to_beginning()
-        records = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while len(records) < expected and loop.time() < deadline:
-            for batch in (await consumer.getmany(timeout_ms=200)).values():
-                records.extend(batch)
-        return records
-    finally:
-        await consumer.stop()
 
 
 async def test_requests_stream_back_and_close_with_a_completion(bus):

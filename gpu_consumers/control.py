@@ -1,0 +1,57 @@
+"""Listen on `control` for cancels of requests this worker runs or holds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas import AvroCodec, Control, ControlAction, DecodeError
+from topics import BusSettings, TopicCatalog, make_consumer
+
+log = logging.getLogger(__name__)
+
+
+class ControlListener:
+    """Every worker reads every control partition: a cancel must reach whoever runs the request."""
+
+    def __init__(self, settings: BusSettings, codec: AvroCodec, on_cancel: Callable[[str], None]) -> None:
+        self._settings = settings
+        self._codec = codec
+        self._on_cancel = on_cancel
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        topic = TopicCatalog(self._settings).control
+        self._consumer = make_consumer(self._settings)
+        await self._consumer.start()
+        partitions = self._consumer.partitions_for_topic(topic) or {0}
+        tps = [TopicPartition(topic, p) for p in partitions]
+        self._consumer.assign(tps)
+        # From about now: the embedded broker's end offset can be a batch early, and
+        # re-reading a few old cancels is harmless (they name finished requests).
+        await self._consumer.seek_to_end(*tps)
+        self._task = asyncio.create_task(self._listen(), name="control-listener")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer:
+            await self._consumer.stop()
+
+    async def _listen(self) -> None:
+        assert self._consumer is not None
+        while True:
+            for records in (await self._consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    try:
+                        control = self._codec.decode(record.value, Control)
+                    except DecodeError as exc:
+                        log.warning("undecodable control record %s-%s: %s", record.partition, record.offset, exc.reason)
+                        continue
+                    if control.action is ControlAction.CANCEL:
+                        self._on_cancel(control.request_id)

@@ -1,0 +1,131 @@
+"""Read back what was already published for requests: the basis of crash takeover.
+
+When a request is redelivered (its worker died, or its partition moved), the tokens
+the previous worker published are in the log. The new worker reads them and either
+continues the generation after them (``seq`` continuing) or, if the request had
+finished, only re-publishes its Completion (consumers of `completions` dedup by id).
+
+Lookups are batched: one scan of a reply partition answers every request waiting
+on it. A scan starts at the first record written since the oldest request was
+created (``offsets_for_times``, with a margin for clock skew between machines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas import AvroCodec, ChatRequest, DecodeError, TokenEvent
+from topics import BusSettings, make_consumer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Published:
+    """A request's token events already in the log, contiguous from seq 0."""
+
+    events: list[TokenEvent] = field(default_factory=list)
+
+    @property
+    def next_seq(self) -> int:
+        return len(self.events)
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return tuple(t for e in self.events for t in e.token_ids)
+
+    @property
+    def final(self) -> TokenEvent | None:
+        return self.events[-1] if self.events and self.events[-1].is_final else None
+
+    @classmethod
+    def contiguous(cls, by_seq: dict[int, TokenEvent]) -> Published:
+        events = []
+        while len(events) in by_seq:
+            events.append(by_seq[len(events)])
+            if events[-1].is_final:
+                break
+        return cls(events)
+
+
+class TokenLog:
+    def __init__(self, settings: BusSettings, codec: AvroCodec, clock_skew_ms: int = 2000) -> None:
+        self._settings = settings
+        self._codec = codec
+        self._clock_skew_ms = clock_skew_ms
+        self._lookups: asyncio.Queue[tuple[ChatRequest, asyncio.Future[Published]]] = asyncio.Queue()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._consumer = make_consumer(self._settings)
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._serve_lookups(), name="token-log")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer:
+            await self._consumer.stop()
+
+    async def published(self, request: ChatRequest) -> Published:
+        future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+        await self._lookups.put((request, future))
+        return await future
+
+    async def _serve_lookups(self) -> None:
+        while True:
+            batch = [await self._lookups.get()]
+            while not self._lookups.empty():
+                batch.append(self._lookups.get_nowait())
+            by_partition: dict[TopicPartition, list[tuple[ChatRequest, asyncio.Future[Published]]]] = defaultdict(list)
+            for request, future in batch:
+                by_partition[TopicPartition(request.reply_topic, request.reply_partition)].append((request, future))
+            for tp, items in by_partition.items():
+                try:
+                    found = await self._scan(tp, [request for request, _ in items])
+                except Exception as exc:  # the lookups fail; their requests are redelivered later
+                    for _, future in items:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for request, future in items:
+                    if not future.done():
+                        future.set_result(found.get(request.request_id, Published()))
+
+    async def _scan(self, tp: TopicPartition, requests: list[ChatRequest]) -> dict[str, Published]:
+        consumer = self._consumer
+        assert consumer is not None
+        since = min(r.created_at_ms for r in requests) - self._clock_skew_ms
+        start = (await consumer.offsets_for_times({tp: max(0, since)})).get(tp)
+        if start is None:
+            return {}  # nothing was written to this partition since the requests were made
+        consumer.assign([tp])
+        consumer.seek(tp, start.offset)
+        wanted = {r.request_id.encode(): r.request_id for r in requests}
+        by_request: dict[str, dict[int, TokenEvent]] = defaultdict(dict)
+        while True:
+            records = (await consumer.getmany(tp, timeout_ms=200)).get(tp, [])
+            for record in records:
+                request_id = wanted.get(record.key or b"")
+                if request_id is None:
+                    continue
+                try:
+                    event = self._codec.decode(record.value, TokenEvent)
+                except DecodeError:
+                    continue
+                by_request[request_id].setdefault(event.seq, event)
+            highwater = consumer.highwater(tp)
+            if highwater is not None and await consumer.position(tp) >= highwater:
+                break
+        return {request_id: Published.contiguous(events) for request_id, events in by_request.items()}

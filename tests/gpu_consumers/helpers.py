@@ -1,0 +1,50 @@
+"""A GPU consumer run in-process against the session's broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiokafka import TopicPartition
+
+from gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
+from gpu_consumers.settings import WorkerSettings
+from gpu_consumers.worker import GpuWorker
+from tests.conftest import MODEL
+from topics import BusSettings, make_consumer
+
+
+@contextlib.asynccontextmanager
+async def running_worker(bus: BusSettings, max_num_seqs: int = 8, worker_id: str = "w-test",
+                         **engine_settings) -> AsyncIterator[GpuWorker]:
+    settings = WorkerSettings(bus=bus, model=MODEL, max_num_seqs=max_num_seqs, worker_id=worker_id)
+    engine_settings.setdefault("ttft_ms", 1)
+    engine_settings.setdefault("tokens_per_s", 1000)
+    worker = GpuWorker(settings, SimulatedEngine(SimulatedEngineSettings(**engine_settings)))
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), 30)
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def read_all(bus: BusSettings, topic: str, expected: int, timeout: float = 10.0) -> list:
+    """Every record of ``topic`` from the beginning, once ``expected`` have arrived (or the timeout)."""
+    consumer = make_consumer(bus)
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        await consumer.seek_to_beginning()
+        records = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(records) < expected and loop.time() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()

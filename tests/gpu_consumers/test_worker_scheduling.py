@@ -1,0 +1,133 @@
+"""Scheduling, cancellation and restart of the worker, in-process against the real broker."""
+
+import asyncio
+import time
+
+from producers import TokenbusClient
+from schemas import AvroCodec, ChatMessage, ChatRequest, Completion
+from gpu_consumers.engines import SimulatedEngineSettings
+from tests.conftest import MODEL
+from tests.expected import expected_output
+from tests.gpu_consumers.helpers import read_all, running_worker
+from topics import TopicCatalog
+
+FAST = dict(min_tokens=2, max_tokens=2, tokens_per_s=2000)
+
+
+async def run_backlog(bus, requests, **worker_kw) -> list[str]:
+    """Publish every request, then start a one-slot worker on the backlog; returns the finish order."""
+    async with TokenbusClient(bus, idle_timeout=30) as client:
+        streams = [await client.submit(r) for r in requests]
+        finished: list[tuple[float, str]] = []
+
+        async def wait(stream):
+            async for _ in stream.events(idle_timeout=30):
+                pass
+            finished.append((time.perf_counter(), stream.request_id))
+
+        async with running_worker(bus, max_num_seqs=1, **worker_kw):
+            await asyncio.gather(*(wait(s) for s in streams))
+    return [request_id for _, request_id in sorted(finished)]
+
+
+def make(bus, tier: str, i: int, tenant: str = "t") -> ChatRequest:
+    """A request read back on reply partition 0 (TokenbusClient's default)."""
+    return ChatRequest(f"{tier}-{tenant}-{i}", MODEL, tier, [ChatMessage("user", f"{tier} {i}")],
+                       TopicCatalog(bus).tokens, 0, tenant=tenant)
+
+
+async def test_backlog_is_served_by_tier_without_starving_batch(bus):
+    requests = [make(bus, "batch", i) for i in range(2)] + [make(bus, "interactive", i) for i in range(34)]
+    order = await run_backlog(bus, requests, **FAST)
+    assert len(order) == 36
+    batch_ranks = [order.index(f"batch-t-{i}") for i in range(2)]
+    assert all(r.startswith("interactive") for r in order[:8])  # published last, served first
+    assert max(batch_ranks) < 35  # batch moves while interactive still waits
+
+
+async def test_one_tenants_flood_does_not_starve_another(bus):
+    requests = [make(bus, "standard", i, tenant="flood") for i in range(30)]
+    requests += [make(bus, "standard", i, tenant="quiet") for i in range(3)]
+    order = await run_backlog(bus, requests, **FAST)
+    quiet_ranks = sorted(order.index(f"standard-quiet-{i}") for i in range(3))
+    assert quiet_ranks[-1] < 8, order
+
+
+async def test_cancel_stops_generation_within_a_step_and_frees_the_slot(bus):
+    step_s = 0.05
+    async with running_worker(bus, max_num_seqs=1, ttft_ms=1, tokens_per_s=1 / step_s, min_tokens=1000,
+                              max_tokens=1000) as worker, TokenbusClient(bus, idle_timeout=30) as client:
+        long = client.new_request(MODEL, [ChatMessage("user", "go on forever")])
+        queued = client.new_request(MODEL, [ChatMessage("user", "my turn")], max_tokens=3)
+        long_stream = await client.submit(long)
+        queued_stream = await client.submit(queued)
+        received = after_cancel = 0
+        async for reply in long_stream.events(idle_timeout=30):
+            if reply.event.is_final:
+                final = reply.event
+                break
+            received += 1
+            if received == 3:
+                await client.cancel(long.request_id, "client went away")
+                cancelled_at = time.perf_counter()
+            elif received > 3:
+                after_cancel += 1
+        ended_after = time.perf_counter() - cancelled_at
+        queued_events = [r.event async for r in queued_stream.events(idle_timeout=30)]
+        assert worker.running == 0
+    assert final.finish_reason == "cancelled"
+    assert after_cancel <= 2, f"{after_cancel} tokens after the cancel, {ended_after:.3f}s"
+    assert final.completion_tokens == received
+    assert queued_events[-1].finish_reason == "length"
+
+    records = await read_all(bus, TopicCatalog(bus).completions, expected=2)
+    completions = {c.request_id: c for c in (AvroCodec().decode(r.value, Completion) for r in records)}
+    assert completions[long.request_id].cancelled and completions[long.request_id].completion_tokens == received
+
+
+async def test_cancel_of_a_waiting_request_answers_it_without_generating(bus):
+    async with running_worker(bus, max_num_seqs=1, tokens_per_s=50, min_tokens=200, max_tokens=200), \
+            TokenbusClient(bus, idle_timeout=30) as client:
+        busy = await client.submit(client.new_request(MODEL, [ChatMessage("user", "busy")]))
+        await anext(aiter(busy.events(idle_timeout=30)))  # busy holds the only slot
+        waiting = client.new_request(MODEL, [ChatMessage("user", "never mind")])
+        waiting_stream = await client.submit(waiting)
+        await asyncio.sleep(0.3)
+        await client.cancel(waiting.request_id)
+        events = [r.event async for r in waiting_stream.events(idle_timeout=30)]
+        await client.cancel(busy.request_id)
+    assert [(e.seq, e.finish_reason, e.completion_tokens) for e in events] == [(0, "cancelled", 0)]
+
+
+async def test_restart_continues_unfinished_requests_from_the_log(bus):
+    """A worker stopped mid-generation commits below its unfinished requests; the next one
+    continues them after the tokens already published, and the text is the uninterrupted text."""
+    engine = dict(ttft_ms=1, tokens_per_s=40, min_tokens=24, max_tokens=24)
+    async with TokenbusClient(bus, idle_timeout=60) as client:
+        requests = [client.new_request(MODEL, [ChatMessage("user", f"q{i}")], seed=i) for i in range(4)]
+        streams = [await client.submit(r) for r in requests]
+        collected = {r.request_id: [] for r in requests}
+
+        async def collect(stream):
+            async for reply in stream.events(idle_timeout=60):
+                collected[stream.request_id].append(reply.event)
+
+        readers = [asyncio.create_task(collect(s)) for s in streams]
+        async with running_worker(bus, max_num_seqs=2, worker_id="first", **engine):
+            while sum(len(v) for v in collected.values()) < 10:
+                await asyncio.sleep(0.02)
+        async with running_worker(bus, max_num_seqs=4, worker_id="second", **engine) as second:
+            await asyncio.gather(*readers)
+            assert second.metrics.registry.get_sample_value(
+                "tokenbus:requests_taken_over_total", {"model_name": MODEL}) >= 1
+
+    for request in requests:
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        expected = await expected_output(messages, request.seed, settings=SimulatedEngineSettings(**engine))
+        got = collected[request.request_id]
+        assert [e.seq for e in got] == list(range(len(got)))
+        assert "".join(e.text for e in got) == expected.text
+        assert got[-1].completion_tokens == expected.completion_tokens == 24
+    workers = {e.worker_id for events in collected.values() for e in events}
+    assert workers == {"first", "second"}
+
