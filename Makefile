@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench setup clean
+.PHONY: run test bench faults setup clean
 
 run: setup
 	$(BIN)/tokenbus up
@@ -14,6 +14,10 @@ test: setup
 
 bench: setup
 	$(BIN)/python -m bench
+
+# Fault injection at full strength: the crash-takeover case ten times over.
+faults: setup
+	TOKENBUS_TAKEOVER_RUNS=10 $(BIN)/python -m pytest -q tests/gpu_consumers/test_crash_takeover.py
 
 setup: $(STAMP)
 

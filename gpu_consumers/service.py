@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 import uvicorn
@@ -24,7 +25,8 @@ def health_app(worker: GpuWorker) -> Starlette:
     async def healthz(request: Request) -> Response:
         ready = worker.ready.is_set()
         body = {"status": "ok" if ready else "starting", "worker_id": worker.settings.worker_id,
-                "model": worker.settings.model, "running": worker.running, "completed": worker.completed}
+                "model": worker.settings.model, "running": worker.running, "completed": worker.completed,
+                "partitions": worker.partitions}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
@@ -52,4 +54,5 @@ async def serve_worker(settings: WorkerSettings) -> None:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("gpu_consumers").setLevel(os.environ.get("TOKENBUS_LOG_LEVEL", "INFO").upper())
     asyncio.run(serve_worker(WorkerSettings()))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from schemas import AvroCodec, ChatRequest, DecodeError, TokenEvent
 from topics import BusSettings, make_consumer
 
 log = logging.getLogger(__name__)
+
+SCAN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -93,7 +96,10 @@ class TokenLog:
                 by_partition[TopicPartition(request.reply_topic, request.reply_partition)].append((request, future))
             for tp, items in by_partition.items():
                 try:
-                    found = await self._scan(tp, [request for request, _ in items])
+                    started = time.monotonic()
+                    found = await asyncio.wait_for(self._scan(tp, [request for request, _ in items]), SCAN_TIMEOUT_S)
+                    log.info("token log scan of %s-%s for %d requests: %.0f ms", tp.topic, tp.partition, len(items),
+                             (time.monotonic() - started) * 1000)
                 except Exception as exc:  # the lookups fail; their requests are redelivered later
                     for _, future in items:
                         if not future.done():
@@ -108,8 +114,10 @@ class TokenLog:
         assert consumer is not None
         since = min(r.created_at_ms for r in requests) - self._clock_skew_ms
         start = (await consumer.offsets_for_times({tp: max(0, since)})).get(tp)
-        if start is None:
-            return {}  # nothing was written to this partition since the requests were made
+        if start is None or start.timestamp < 0:
+            # Nothing written since the requests were made (the embedded broker answers
+            # offset 0 with timestamp -1 where Kafka answers None).
+            return {}
         consumer.assign([tp])
         consumer.seek(tp, start.offset)
         wanted = {r.request_id.encode(): r.request_id for r in requests}

