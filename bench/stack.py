@@ -29,7 +29,9 @@ def raise_open_file_limit() -> int:
 
 
 @contextlib.contextmanager
-def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env: dict[str, str] | None = None) -> Iterator[EmbeddedStack]:
+def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env: dict[str, str] | None = None,
+                start_services: bool = True) -> Iterator[EmbeddedStack]:
+    """A stack on free ports; without services it is only the bus (broker, Redis, topics)."""
     raise_open_file_limit()
     with tempfile.TemporaryDirectory(prefix="tokenbus-bench-") as tmp:
         settings = StackSettings(
@@ -43,7 +45,7 @@ def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env
         env = {**sim_env(sim), "TOKENBUS_WORKER_MAX_NUM_SEQS": str(max_num_seqs), **(extra_env or {})}
         stack = EmbeddedStack(settings, extra_env=env)
         try:
-            stack.start()
+            stack.start() if start_services else stack.start_bus()
             yield stack
         finally:
             stack.stop()

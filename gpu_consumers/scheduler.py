@@ -10,6 +10,7 @@ tenant's flood cannot starve another's requests.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +27,9 @@ class Pending:
     request: ChatRequest
     tp: TopicPartition
     offset: int
-    maybe_seen: bool = False  # fetched from before a (re)assignment: another worker may have started it
+    # Fetched from before this worker's assignment, so another worker may have started it: what
+    # it already published, looked up as soon as the request is fetched.
+    published: asyncio.Future | None = None
 
     @property
     def tenant(self) -> str:

@@ -28,7 +28,7 @@ from gpu_consumers.offsets import OffsetTracker
 from gpu_consumers.scheduler import Pending, TierScheduler
 from gpu_consumers.settings import WorkerSettings
 from gpu_consumers.token_log import Published, TokenLog
-from producers import DeadLetterPublisher
+from producers import BatchingPublisher, DeadLetterPublisher
 from schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms
 from topics import TopicCatalog, make_consumer, make_producer, topic_safe
 
@@ -84,6 +84,7 @@ class GpuWorker:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._dead_letters: DeadLetterPublisher | None = None
+        self._batches: BatchingPublisher | None = None
         self._stopping = asyncio.Event()
         self.completed = 0
 
@@ -111,6 +112,7 @@ class GpuWorker:
         self._producer = make_producer(self.settings.bus)
         await self._producer.start()
         self._dead_letters = DeadLetterPublisher(self._producer, self.catalog)
+        self._batches = BatchingPublisher(self._producer)
         await self.engine.start()
         await self.token_log.start()
         await self.control.start()
@@ -139,11 +141,15 @@ class GpuWorker:
     async def release(self, partitions: set[TopicPartition]) -> None:
         """Give partitions back: drop what waits, stop what runs without a final event, make
         every token published so far durable, and commit. The next owner continues from the log."""
-        self.scheduler.remove_partitions(partitions)
+        for pending in self.scheduler.remove_partitions(partitions):
+            if pending.published is not None:
+                pending.published.cancel()
         stopping = [r for r in self._running.values() if r.pending.tp in partitions and r.task]
         for running in stopping:
             running.task.cancel()
         await asyncio.gather(*(r.task for r in stopping), return_exceptions=True)
+        if self._batches:
+            await self._batches.flush()
         if self._producer:
             await self._producer.flush()
         await self.commit()
@@ -210,9 +216,12 @@ class GpuWorker:
         fresh_from = self._fresh_from.get(tp)
         if fresh_from is None:
             fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
-        self.scheduler.add(Pending(request, tp, record.offset, maybe_seen=record.offset < fresh_from))
+        maybe_seen = record.offset < fresh_from
+        # Look up now, not at admission: the lookups of one fetch then share one scan of the log.
+        published = asyncio.ensure_future(self.token_log.published(request)) if maybe_seen else None
+        self.scheduler.add(Pending(request, tp, record.offset, published))
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
-                  record.offset, record.offset < fresh_from)
+                  record.offset, maybe_seen)
 
     def _cost(self, request: ChatRequest) -> int:
         prompt = sum(len(m.content) for m in request.messages) // 4  # a rough token estimate, for the budget only
@@ -263,14 +272,17 @@ class GpuWorker:
         request = pending.request
         log.debug("admitted %s (%d running)", request.request_id, len(self._running))
         try:
-            published = await self.token_log.published(request) if pending.maybe_seen else Published()
+            published = await pending.published if pending.published is not None else Published()
             if published.final is not None:
-                await self._publish_completion(request, published.events, resumed=True)
+                deliveries = [await self._publish_completion(request, published.events)]
             else:
                 if published.events:
                     self.metrics.taken_over()
                     log.info("continuing %s after seq %d", request.request_id, published.next_seq - 1)
-                await self._generate(running, published)
+                deliveries = await self._generate(running, published)
+            # The engine is done with it: its slot goes to the next request while the acks arrive.
+            self._release_slot(running)
+            await asyncio.gather(*deliveries)
         except asyncio.CancelledError:
             raise  # partition released or shutting down: no final event; the next owner continues
         except Exception:
@@ -279,20 +291,31 @@ class GpuWorker:
             self.offsets.finished(pending.tp, pending.offset)
             self.completed += 1
         finally:
-            self._running.pop(request.request_id, None)
-            self._cancelled.pop(request.request_id, None)
-            self._tokens_in_flight -= running.cost
-            if not self._stopping.is_set():
-                self._admit_waiting()
+            self._release_slot(running)
 
-    async def _generate(self, running: _Running, published: Published) -> None:
+    def _release_slot(self, running: _Running) -> None:
+        request_id = running.pending.request.request_id
+        if self._running.get(request_id) is not running:
+            return
+        del self._running[request_id]
+        self._cancelled.pop(request_id, None)
+        self._tokens_in_flight -= running.cost
+        if not self._stopping.is_set():
+            self._admit_waiting()
+        self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
+
+    async def _generate(self, running: _Running, published: Published) -> list[asyncio.Future]:
+        """Run the engine and publish each step; returns the deliveries still to be acknowledged."""
         request = running.pending.request
         events = list(published.events)
         deliveries: list[asyncio.Future] = []
         last_sent: float | None = None
+        assert self._batches is not None
+        key = request.request_id.encode()
         async for out in self._outputs(running, published):
             event = self._token_event(request, len(events), out)
-            deliveries.append(await self._send(request.reply_topic, event, request.request_id, request.reply_partition))
+            deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key,
+                                                    self.codec.encode(event)))
             events.append(event)
             sent = time.time()
             if out.token_ids_diff:
@@ -304,8 +327,8 @@ class GpuWorker:
                 last_sent = sent
         if events[-1].finish_reason == FINISH_CANCELLED:
             self.metrics.aborted()
-        deliveries.append(await self._publish_completion(request, events, resumed=bool(published.events), wait=False))
-        await asyncio.gather(*deliveries)
+        deliveries.append(await self._publish_completion(request, events))
+        return deliveries
 
     def _outputs(self, running: _Running, published: Published) -> AsyncIterator[StepOutput]:
         request = running.pending.request
@@ -330,8 +353,7 @@ class GpuWorker:
             worker_id=self.settings.worker_id,
         )
 
-    async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent], resumed: bool,
-                                  wait: bool = True) -> asyncio.Future:
+    async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent]) -> asyncio.Future:
         final = events[-1]
         token_times = [e.created_at_ms for e in events if e.token_ids]
         completion = Completion(
@@ -355,10 +377,7 @@ class GpuWorker:
             finished_at_ms=final.created_at_ms,
         )
         self.metrics.finished(completion.finish_reason)
-        delivery = await self._send(self.catalog.completions, completion, request.request_id)
-        if wait:
-            await delivery
-        return delivery
+        return await self._send(self.catalog.completions, completion, request.request_id)
 
     async def _send(self, topic: str, record, key: str, partition: int | None = None) -> asyncio.Future:
         assert self._producer is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import signal
 import sys
@@ -22,8 +23,13 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+SMOLLM2 = "SmolLM2-135M-Instruct"
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("engine", args.engine), ("edge_port", args.port)) if v is not None}
+    if args.engine == "hf" and "TOKENBUS_STACK_MODELS" not in os.environ:
+        overrides["models"] = [SMOLLM2]
     stack = EmbeddedStack(StackSettings(**overrides))
     # SIGTERM (e.g. from `kill`) stops the stack the same way Ctrl-C does.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -106,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenbus", description="OpenAI-compatible LLM serving on Kafka.")
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start the embedded stack and wait (Ctrl-C stops it)")
-    up.add_argument("--engine", help="engine of the GPU consumer (default: simulated)")
+    up.add_argument("--engine", help="simulated (default), hf (serves SmolLM2-135M-Instruct) or trtllm")
     up.add_argument("--port", type=int, help="edge port (default 8700)")
     up.set_defaults(run=cmd_up)
     commands.add_parser("down", help="stop the stack a `tokenbus up` started").set_defaults(run=cmd_down)

@@ -39,7 +39,7 @@ class StackSettings(BaseSettings):
     engine: str = "simulated"
     topic_prefix: str = "tokenbus."
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]
-    startup_timeout_s: float = 60.0
+    startup_timeout_s: float = 180.0  # the hf engine converts SmolLM2 on its first start (~35 s)
 
     _split_models = field_validator("models", mode="before")(split_csv)
 
@@ -77,15 +77,19 @@ class EmbeddedStack:
         }
 
     def start(self) -> None:
+        self.start_bus()
+        for model in self.settings.models:
+            self.start_worker(f"gpu-consumer-{model}", self.settings.worker_port, model=model)
+        self.start_edge("edge", self.settings.edge_port)
+        self._write_pids()
+
+    def start_bus(self) -> None:
+        """The broker, Redis and the topics: what every service needs first."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._point_current_at_run_dir()
         self.start_broker()
         self.ensure_redis()
         asyncio.run(ensure_topics(self.bootstrap_servers, TopicCatalog(self.bus_settings()).all_topics()))
-        for model in self.settings.models:
-            self.start_worker(f"gpu-consumer-{model}", self.settings.worker_port, model=model)
-        self.start_edge("edge", self.settings.edge_port)
-        self._write_pids()
 
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):

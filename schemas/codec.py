@@ -54,7 +54,7 @@ class AvroCodec:
         self._writer_fingerprints: dict[str, bytes] = {}
         self._writers_by_fingerprint: dict[bytes, Any] = {}
         for raw in _load_schema_files(schema_dir):
-            parsed = parse_schema(raw, _write_hint=False)
+            parsed = parse_schema(raw)
             name = parsed["name"]
             self._readers[name] = parsed
             self._writer_fingerprints[name] = self.register_writer_schema(raw)
@@ -66,7 +66,7 @@ class AvroCodec:
 
     def register_writer_schema(self, schema: dict[str, Any]) -> bytes:
         """Make records written with ``schema`` (e.g. an older version) readable; returns its fingerprint."""
-        parsed = parse_schema(schema, _write_hint=False)
+        parsed = parse_schema(schema)
         fp = schema_fingerprint(parsed)
         self._writers_by_fingerprint[fp] = parsed
         return fp
@@ -81,7 +81,7 @@ class AvroCodec:
 
     def encode_with(self, schema: dict[str, Any], data: dict[str, Any]) -> bytes:
         """Encode a raw dict with an explicit (possibly older) writer schema."""
-        parsed = parse_schema(schema, _write_hint=False)
+        parsed = parse_schema(schema)
         out = io.BytesIO()
         out.write(SINGLE_OBJECT_MAGIC)
         out.write(schema_fingerprint(parsed))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -22,6 +23,20 @@ def now_ms() -> int:
 class ChatMessage:
     role: str
     content: str
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    """A record's fields as a shallow dict: ``dataclasses.asdict`` deep-copies, and this is the hot path."""
+    return {name: getattr(record, name) for name in _field_names(type(record))}
+
+
+def _messages_to_avro(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 def _messages_from_avro(items: list[dict[str, Any]]) -> list[ChatMessage]:
@@ -55,7 +70,7 @@ class ChatRequest:
         return self.conversation_id or self.request_id
 
     def to_avro(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**_fields(self), "messages": _messages_to_avro(self.messages)}
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> ChatRequest:
@@ -84,7 +99,7 @@ class TokenEvent:
         return self.finish_reason is not None
 
     def to_avro(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _fields(self)
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> TokenEvent:
@@ -117,7 +132,7 @@ class Completion:
     first_token_at_ms: int | None = None
 
     def to_avro(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**_fields(self), "messages": _messages_to_avro(self.messages)}
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> Completion:
@@ -140,7 +155,7 @@ class Control:
     created_at_ms: int = field(default_factory=now_ms)
 
     def to_avro(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "action": self.action.value}
+        return {**_fields(self), "action": self.action.value}
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> Control:

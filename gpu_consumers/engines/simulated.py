@@ -164,17 +164,23 @@ class SimulatedEngine:
         return base
 
     async def _step_loop(self) -> None:
+        """Steps run on their own clock, like a GPU: work done on the event loop between steps does
+        not stretch them (a late step runs at once, with at most one step of catch-up)."""
         loop = asyncio.get_running_loop()
+        next_step_at = loop.time()
         while True:
             if not self._running:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                next_step_at = loop.time()
             now = loop.time()
             ready = [seq for seq in self._running if seq.ready_at <= now or seq.aborted]
             if not ready:
                 await asyncio.sleep(min(seq.ready_at for seq in self._running) - now)
+                next_step_at = loop.time()
                 continue
-            await asyncio.sleep(self._step_seconds(len(ready)))
+            next_step_at = max(next_step_at + self._step_seconds(len(ready)), now - self._step_seconds(len(ready)))
+            await asyncio.sleep(max(0.0, next_step_at - loop.time()))
             for seq in ready:
                 seq.step()
             self.steps += 1

@@ -67,3 +67,27 @@ async def test_request_past_its_deadline_is_not_generated(bus):
     assert len(events) == 1
     assert events[0].finish_reason == "error" and "deadline" in (events[0].error or "")
     assert events[0].completion_tokens == 0
+
+
+async def test_metrics_count_what_was_served(bus):
+    async with running_worker(bus, min_tokens=5, max_tokens=5) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+        for i in range(3):
+            [r async for r in client.stream(client.new_request(MODEL, [ChatMessage("user", f"m{i}")]))]
+        sample = lambda name, **labels: worker.metrics.registry.get_sample_value(  # noqa: E731
+            name, {"model_name": MODEL, **labels})
+        assert sample("tokenbus:generation_tokens_total") == 15
+        assert sample("tokenbus:request_success_total", finished_reason="stop") == 3
+        assert sample("tokenbus:time_to_first_token_seconds_count") == 3
+        assert sample("tokenbus:inter_token_latency_seconds_count") == 12
+        assert sample("tokenbus:request_queue_time_seconds_count") == 3
+        assert sample("tokenbus:num_requests_running") == 0
+
+
+def test_worker_serves_prometheus_metrics(stack):
+    import httpx
+
+    body = httpx.get(f"http://127.0.0.1:{stack.settings.worker_port}/metrics", timeout=5).text
+    for name in ("tokenbus:time_to_first_token_seconds_bucket", "tokenbus:inter_token_latency_seconds_bucket",
+                 "tokenbus:request_queue_time_seconds_bucket", "tokenbus:batch_occupancy",
+                 "tokenbus:num_requests_waiting", "tokenbus:requests_taken_over_total"):
+        assert name in body

@@ -1,0 +1,119 @@
+"""Scenario 6, GPU consumer throughput: at saturation, the tokens/s one consumer delivers to
+Kafka (requests from a backlog on the bus, every token event published and acknowledged)
+against the tokens/s the same engine produces alone, in the same run.
+
+The engine is `simulated` by default; on a GPU host, `TOKENBUS_BENCH_ENGINE=hf` runs the
+transformers engine on CUDA (model from TOKENBUS_HF_MODEL_PATH, else SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from bench.baselines import engine_sender
+from bench.stack import MODEL, bench_stack
+from gpu_consumers.engines import Engine, SimulatedEngine, SimulatedEngineSettings
+from gpu_consumers.settings import WorkerSettings
+from gpu_consumers.worker import GpuWorker
+from infra.loadgen import run_load
+from infra.loadgen.prompts import synthetic_prompts
+from producers import TokenbusClient
+from aiokafka import TopicPartition
+
+from schemas import AvroCodec, ChatMessage, TokenEvent
+from topics import BusSettings, TopicCatalog, make_consumer
+
+MAX_NUM_SEQS = 64
+REPLY_PARTITION = 3
+REQUESTS = 512
+OUTPUT_TOKENS = 64
+SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=100, min_tokens=OUTPUT_TOKENS, max_tokens=OUTPUT_TOKENS)
+
+
+def engine_name() -> str:
+    return os.environ.get("TOKENBUS_BENCH_ENGINE", "simulated")
+
+
+def make_engine() -> Engine:
+    if engine_name() == "hf":
+        from gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+
+        return HfEngine(HfEngineSettings(max_requests_per_batch=MAX_NUM_SEQS, num_blocks=4096))
+    return SimulatedEngine(SIM)
+
+
+async def engine_alone() -> dict[str, float]:
+    engine = make_engine()
+    await engine.start()
+    try:
+        prompts = synthetic_prompts(REQUESTS, 16, OUTPUT_TOKENS, seed=6)
+        results, duration = await run_load(engine_sender(engine), prompts, max_concurrency=MAX_NUM_SEQS)
+    finally:
+        await engine.close()
+    tokens = sum(r.output_tokens for r in results)
+    return {"tokens": tokens, "seconds": round(duration, 3), "tokens_per_s": round(tokens / duration, 1)}
+
+
+async def through_consumer(bus: BusSettings) -> dict[str, float]:
+    """Publish a backlog, let the consumer drain it, then read what it delivered back from the log:
+    its span is measured by the producer timestamps of the token records, so no reader competes
+    with the consumer for the CPU while it runs."""
+    async with TokenbusClient(bus, reply_partitions=[REPLY_PARTITION], idle_timeout=300) as client:
+        for p in synthetic_prompts(REQUESTS, 16, OUTPUT_TOKENS, seed=6):
+            await client.publish(client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=OUTPUT_TOKENS))
+    worker = GpuWorker(WorkerSettings(bus=bus, model=MODEL, max_num_seqs=MAX_NUM_SEQS, worker_id="bench"),
+                       make_engine())
+    run = asyncio.create_task(worker.run())
+    while worker.completed < REQUESTS:
+        await asyncio.sleep(0.05)
+    worker.stop()
+    await run
+    tokens, first_ms, last_ms = await delivered_tokens(bus)
+    seconds = (last_ms - first_ms) / 1000
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
+
+
+async def delivered_tokens(bus: BusSettings) -> tuple[int, int, int]:
+    """Tokens in the reply partition, and the first and last record timestamps (ms)."""
+    codec = AvroCodec()
+    consumer = make_consumer(bus)
+    await consumer.start()
+    tp = TopicPartition(TopicCatalog(bus).tokens, REPLY_PARTITION)
+    consumer.assign([tp])
+    await consumer.seek_to_beginning(tp)
+    tokens, stamps = 0, []
+    try:
+        while True:
+            for record in (await consumer.getmany(tp, timeout_ms=300)).get(tp, []):
+                event = codec.decode(record.value, TokenEvent)
+                if event.token_ids:
+                    tokens += len(event.token_ids)
+                    stamps.append(record.timestamp)
+            if consumer.highwater(tp) is not None and await consumer.position(tp) >= consumer.highwater(tp):
+                return tokens, min(stamps), max(stamps)
+    finally:
+        await consumer.stop()
+
+
+def run() -> dict[str, Any]:
+    with bench_stack(SIM, start_services=False) as stack:
+        alone = asyncio.run(engine_alone())
+        consumer = asyncio.run(through_consumer(stack.bus_settings()))
+    ratio = consumer["tokens_per_s"] / max(alone["tokens_per_s"], 1e-9)
+    return {"scenario": "consumer_throughput", "engine": engine_name(),
+            "engine_settings": SIM.model_dump() if engine_name() == "simulated" else {},
+            "max_num_seqs": MAX_NUM_SEQS, "requests": REQUESTS, "output_tokens": OUTPUT_TOKENS,
+            "engine_alone": alone, "through_consumer": consumer, "ratio": round(ratio, 3)}
+
+
+def table(result: dict[str, Any]) -> str:
+    a, c = result["engine_alone"], result["through_consumer"]
+    return "\n".join([
+        f"engine `{result['engine']}`, {result['requests']} requests x {result['output_tokens']} tokens, "
+        f"max_num_seqs {result['max_num_seqs']}", "",
+        "| path | tokens | seconds | tokens/s |", "|---|---:|---:|---:|",
+        f"| engine alone | {a['tokens']} | {a['seconds']} | {a['tokens_per_s']} |",
+        f"| through the consumer, delivered to Kafka | {c['tokens']} | {c['seconds']} | {c['tokens_per_s']} |",
+        "", f"consumer / engine: **{result['ratio']:.3f}**",
+    ])

