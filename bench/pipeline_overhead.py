@@ -34,8 +34,8 @@ async def measure_direct(concurrency: int, requests: int) -> Summary:
     return summarize(results, duration, (50.0, 99.0))
 
 
-async def measure_pipeline(edge_url: str, concurrency: int, requests: int) -> Summary:
-    config = serve_config(f"{edge_url}/v1", num_prompts=requests, max_concurrency=concurrency,
+async def measure_pipeline(edge_url: str, api_key: str, concurrency: int, requests: int) -> Summary:
+    config = serve_config(f"{edge_url}/v1", api_key, num_prompts=requests, max_concurrency=concurrency,
                           output_len=OUTPUT_TOKENS, warmup=4)
     summary, _ = await run_serve(config)
     return summary
@@ -60,7 +60,7 @@ def run() -> dict[str, Any]:
         for concurrency in CONCURRENCIES:
             count = request_count(concurrency)
             direct = asyncio.run(measure_direct(concurrency, count))
-            pipeline = asyncio.run(measure_pipeline(stack.edge_url, concurrency, count))
+            pipeline = asyncio.run(measure_pipeline(stack.edge_url, stack.dev_key, concurrency, count))
             rows.append(overhead_row(concurrency, direct, pipeline))
     return {"scenario": "pipeline_overhead", "engine": SIM.model_dump(), "output_tokens": OUTPUT_TOKENS, "rows": rows}
 

@@ -19,8 +19,8 @@ RATE = 36.0
 REQUESTS = 216
 
 
-def measure(base_urls: str) -> dict[str, Any]:
-    config = serve_config(base_urls, num_prompts=REQUESTS, request_rate=RATE, output_len=OUTPUT_TOKENS, warmup=4)
+def measure(base_urls: str, api_key: str) -> dict[str, Any]:
+    config = serve_config(base_urls, api_key, num_prompts=REQUESTS, request_rate=RATE, output_len=OUTPUT_TOKENS, warmup=4)
     s, _ = asyncio.run(run_serve(config))
     return {"completed": s.completed, "failed": s.failed, "request_throughput": round(s.request_throughput, 2),
             "output_throughput": round(s.output_throughput, 1), "ttft_p50": round(s.ttft_ms["median"], 1),
@@ -29,11 +29,11 @@ def measure(base_urls: str) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     with bench_stack(SIM, max_num_seqs=MAX_NUM_SEQS) as stack:
-        one = measure(f"{stack.edge_url}/v1")
+        one = measure(f"{stack.edge_url}/v1", stack.dev_key)
         stack.start_worker("gpu-consumer-2", free_port())
         edge_port = free_port()
         stack.start_edge("edge-2", edge_port, reply_partitions="1")
-        two = measure(f"{stack.edge_url}/v1,http://{stack.settings.host}:{edge_port}/v1")
+        two = measure(f"{stack.edge_url}/v1,http://{stack.settings.host}:{edge_port}/v1", stack.dev_key)
     return {"scenario": "scale_out", "engine": SIM.model_dump(), "max_num_seqs": MAX_NUM_SEQS, "offered_rate": RATE,
             "rows": [{"shape": "1 edge + 1 consumer", **one}, {"shape": "2 edges + 2 consumers", **two}]}
 

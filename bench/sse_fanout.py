@@ -21,9 +21,10 @@ TOKENS_PER_STREAM = 40
 SIM = SimulatedEngineSettings(seed=3, ttft_ms=10, tokens_per_s=1, min_tokens=10_000, max_tokens=10_000)
 
 
-async def open_streams(edge_url: str, edge_pid: int) -> dict[str, Any]:
+async def open_streams(edge_url: str, api_key: str, edge_pid: int) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=max(LEVELS) + 16, max_keepalive_connections=16)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), limits=limits) as http:
+    auth = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), limits=limits, headers=auth) as http:
         url = f"{edge_url}/v1/chat/completions"
         payload = {"model": MODEL, "stream": True, "max_tokens": TOKENS_PER_STREAM,
                    "messages": [{"role": "user", "content": "hold this stream open"}]}
@@ -60,7 +61,7 @@ def run() -> dict[str, Any]:
     with bench_stack(SIM, max_num_seqs=max(LEVELS) + 64) as stack:
         edge_pid = stack.processes["edge"].pid
         assert edge_pid is not None
-        measured = asyncio.run(open_streams(stack.edge_url, edge_pid))
+        measured = asyncio.run(open_streams(stack.edge_url, stack.dev_key, edge_pid))
     return {"scenario": "sse_fanout", "engine": SIM.model_dump(), "tokens_per_stream": TOKENS_PER_STREAM, **measured}
 
 

@@ -51,9 +51,10 @@ def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env
             stack.stop()
 
 
-def serve_config(base_url: str, **overrides) -> ServeConfig:
+def serve_config(base_url: str, api_key: str, **overrides) -> ServeConfig:
     """Defaults every scenario shares: the stack's model, p50 and p99, no progress bar."""
-    fields = dict(base_url=base_url, model=MODEL, percentiles=(50.0, 99.0), input_len=16, progress=False)
+    fields = dict(base_url=base_url, api_key=api_key, model=MODEL, percentiles=(50.0, 99.0), input_len=16,
+                  progress=False)
     return ServeConfig(**{**fields, **overrides})
 
 

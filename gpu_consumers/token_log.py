@@ -136,4 +136,5 @@ class TokenLog:
             highwater = consumer.highwater(tp)
             if highwater is not None and await consumer.position(tp) >= highwater:
                 break
+        consumer.assign([])  # an assigned partition would be fetched in the background forever
         return {request_id: Published.contiguous(events) for request_id, events in by_request.items()}

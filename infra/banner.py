@@ -16,19 +16,20 @@ def ready_banner(stack: EmbeddedStack) -> str:
 tokenbus is up.
 
   API       {base}    models: {", ".join(stack.settings.models)}
+  API key   {stack.dev_key}   (tenant "dev"; more with `tokenbus keys create`)
   broker    {stack.bootstrap_servers}
   logs      {stack.run_dir}/
   processes {processes}
 
 Stream a completion:
 
-  curl -N {base}/chat/completions -H 'Content-Type: application/json' \\
-    -d '{body}'
+  curl -N {base}/chat/completions -H "Authorization: Bearer {stack.dev_key}" \\
+    -H 'Content-Type: application/json' -d '{body}'
 
 Or with the openai package:
 
   from openai import OpenAI
-  client = OpenAI(base_url="{base}", api_key="unused")
+  client = OpenAI(base_url="{base}", api_key="{stack.dev_key}")
   for chunk in client.chat.completions.create(model="{model}", stream=True,
           messages=[{{"role": "user", "content": "Hello!"}}]):
       print(chunk.choices[0].delta.content or "", end="", flush=True) if chunk.choices else None

@@ -19,8 +19,11 @@ from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from infra.broker import broker_argv
-from infra.processes import ManagedProcess, StartupError, http_ok, port_open, wait_until
+from infra.processes import ManagedProcess, StartupError, free_port, http_ok, port_open, wait_until
 from infra.redis_server import redis_answers, redis_server_argv
+import redis.asyncio as redis
+
+from sse_edge.keys import KeyStore, Limits
 from topics import BusSettings, TopicCatalog, ensure_topics
 from topics.settings import split_csv
 
@@ -36,6 +39,7 @@ class StackSettings(BaseSettings):
     edge_port: int = 8700
     worker_port: int = 8701
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "tokenbus:"
     engine: str = "simulated"
     topic_prefix: str = "tokenbus."
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]
@@ -50,6 +54,7 @@ class EmbeddedStack:
         self.extra_env = extra_env or {}
         self.processes: dict[str, ManagedProcess] = {}
         self.run_dir = self.settings.run_root / time.strftime("%Y%m%d-%H%M%S")
+        self.dev_key = ""
 
     @property
     def bootstrap_servers(self) -> str:
@@ -76,12 +81,27 @@ class EmbeddedStack:
             "TOKENBUS_TIERS": ",".join(bus.tiers),
         }
 
-    def start(self) -> None:
+    def start(self, worker_env: dict[str, dict[str, str]] | None = None, unserved: tuple[str, ...] = ()) -> None:
+        """``worker_env`` adds environment for one model's worker; ``unserved`` models get none (tests)."""
         self.start_bus()
+        port = self.settings.worker_port
         for model in self.settings.models:
-            self.start_worker(f"gpu-consumer-{model}", self.settings.worker_port, model=model)
+            if model in unserved:
+                continue
+            self.start_worker(f"gpu-consumer-{model}", port, model=model, env=(worker_env or {}).get(model))
+            port = free_port()
         self.start_edge("edge", self.settings.edge_port)
+        self.dev_key = asyncio.run(self.create_key("dev", "standard"))
         self._write_pids()
+
+    async def create_key(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits()) -> str:
+        """A key in the stack's Redis; only its hash is stored, so this is the one time it is seen."""
+        client = redis.Redis.from_url(self.settings.redis_url)
+        try:
+            key, _ = await KeyStore(client, self.settings.redis_prefix).create(tenant, tier, models, limits)
+        finally:
+            await client.aclose()
+        return key
 
     def start_bus(self) -> None:
         """The broker, Redis and the topics: what every service needs first."""
@@ -136,6 +156,8 @@ class EmbeddedStack:
     def start_edge(self, name: str, port: int, reply_partitions: str = "0", env: dict[str, str] | None = None) -> ManagedProcess:
         edge_env = {
             **self.bus_env(),
+            "TOKENBUS_EDGE_REDIS_URL": self.settings.redis_url,
+            "TOKENBUS_EDGE_REDIS_PREFIX": self.settings.redis_prefix,
             "TOKENBUS_EDGE_HOST": self.settings.host,
             "TOKENBUS_EDGE_PORT": str(port),
             "TOKENBUS_EDGE_REPLY_PARTITIONS": reply_partitions,

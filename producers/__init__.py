@@ -4,6 +4,7 @@ from producers.batching import BatchingPublisher
 from producers.client import TokenbusClient, new_request_id
 from producers.dead_letters import DeadLetterPublisher
 from producers.publisher import RequestPublisher, UnknownRoute
+from producers.replay import replay
 from producers.replies import ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "TokenbusClient",
     "UnknownRoute",
     "new_request_id",
+    "replay",
 ]

@@ -60,6 +60,11 @@ class ReplyStream:
     def done(self) -> bool:
         return self._done
 
+    @property
+    def backlog(self) -> int:
+        """Events delivered to this stream and not read yet."""
+        return self._queue.qsize()
+
     def offer(self, reply: ReplyEvent) -> None:
         """Accept an event from the router; drop repeats, hold events that arrive early."""
         seq = reply.event.seq
@@ -116,6 +121,7 @@ class ReplyRouter:
         self._streams: dict[str, ReplyStream] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._positions: dict[int, int] = {}
         self.undecodable = 0
 
     @property
@@ -134,6 +140,8 @@ class ReplyRouter:
         # Start from about now. On the embedded broker end offsets can point a batch
         # early; the extra events belong to no open request and are dropped.
         await self._consumer.seek_to_end(*tps)
+        for tp in tps:
+            self._positions[tp.partition] = await self._consumer.position(tp)
         self._task = asyncio.create_task(self._run(), name="reply-router")
 
     async def stop(self) -> None:
@@ -145,6 +153,10 @@ class ReplyRouter:
         for stream in self._streams.values():
             stream.fail(ReplyStreamError("reply router stopped"))
         self._streams.clear()
+
+    def position(self, partition: int) -> int:
+        """An offset no event published from now on can precede: where a new stream's replay starts."""
+        return self._positions.get(partition, 0)
 
     def open(self, request_id: str) -> ReplyStream:
         """Register interest before publishing the request, so no event can be missed."""
@@ -164,6 +176,7 @@ class ReplyRouter:
                     self._route(record)
 
     def _route(self, record: ConsumerRecord) -> None:
+        self._positions[record.partition] = record.offset + 1
         request_id = record.key.decode(errors="replace") if record.key else ""
         stream = self._streams.get(request_id)
         if stream is None:

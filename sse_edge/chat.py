@@ -1,130 +1,197 @@
-"""``POST /v1/chat/completions``: validate, publish to the bus, relay the token stream."""
+"""``POST /v1/chat/completions``: authenticate, validate, admit, rate-limit, publish to the
+bus, relay the token stream. With an ``Idempotency-Key`` seen before (same body), the
+request is not published again: the client is attached to the first one's stream."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from typing import Any
+import asyncio
+import time
 
+import redis.asyncio as redis
 from aiokafka.errors import KafkaError
-from pydantic import ValidationError
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from producers import ReplyStream, ReplyStreamError, new_request_id
+from producers import new_request_id
 from schemas import ChatMessage, ChatRequest, TokenEvent
-from sse_edge.bus import EdgeBus
-from sse_edge.errors import ApiError, from_validation_error, model_not_found
-from sse_edge.protocol import ChatCompletionRequest, ChunkWriter, completion_body
+from sse_edge.errors import ApiError, model_not_found
+from sse_edge.keys import ApiKey
+from sse_edge.protocol import ChatCompletionRequest, ChunkWriter
+from sse_edge.ratelimit import Bucket, Decision, RedisUnavailable
+from sse_edge.relay import RelayHooks, collect_completion, sse_frames
+from sse_edge.resume import parse_last_event_id, relay_existing
+from sse_edge.services import EdgeServices
+from sse_edge.streams import IdempotencyConflict, StreamRecord
+from sse_edge.validation import body_hash, estimate_prompt_tokens, parse_chat_request, read_body
 
-CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
+IDEMPOTENT_WAIT_S = 3.0
 
 
-def frame(body: dict[str, Any] | str, event_id: str | None = None) -> ServerSentEvent:
-    """One SSE event; JSON escapes newlines, so content can never break the framing."""
-    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    return ServerSentEvent(data, id=event_id, sep="\n")
+async def chat_completions(request: Request) -> Response:
+    edge: EdgeServices = request.app.state.edge
+    settings = edge.settings
+    started = time.perf_counter()
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    raw = await read_body(request, settings.max_body_bytes)
+    chat = parse_chat_request(raw, settings)
+    if chat.model not in settings.bus.models:
+        raise model_not_found(chat.model)
+    if not key.allows(chat.model):
+        raise ApiError(403, f"This API key may not use the model `{chat.model}`.", type="permission_error",
+                       param="model", code="model_not_allowed")
 
-
-async def parse_chat_request(request: Request, max_body_bytes: int) -> ChatCompletionRequest:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_body_bytes:
-        raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
-    raw = await request.body()
-    if len(raw) > max_body_bytes:
-        raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
+    request_id = new_request_id()
+    idempotency_key = request.headers.get("idempotency-key")
+    if idempotency_key:
+        earlier = await claim_idempotency_key(edge, key, idempotency_key, body_hash(raw), request_id)
+        if earlier is not None:
+            return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "We could not parse the JSON body of your request.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+        check_queue_depth(edge, chat.model, key.tier)
+        buckets = await rate_limit_buckets(edge, key, chat)
+        decision = await admit(edge, buckets)
+        bus_request = to_bus_request(chat, edge, key, request_id)
+        stream = await publish(edge, bus_request, chat, body_hash(raw))
+    except ApiError:
+        if idempotency_key:  # never published: a retry with this key must be able to try again
+            await edge.streams.release(key.tenant, idempotency_key, request_id)
+        raise
+
+    hooks = relay_hooks(edge, request_id, buckets)
+    events = stream.events(settings.stream_idle_timeout_s)
+    if chat.stream:
+        writer = ChunkWriter(request_id, chat.model, chat.include_usage)
+        return EventSourceResponse(sse_frames(events, writer, hooks, edge.metrics, started), ping=settings.heartbeat_s,
+                                   sep="\n", headers=decision.headers)
     try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+        return await collect_completion(request, events, request_id, chat.model, hooks, decision.headers or {})
+    finally:
+        edge.bus.router.close(request_id)
 
 
-def to_bus_request(chat: ChatCompletionRequest, bus: EdgeBus, tier: str) -> ChatRequest:
+async def publish(edge: EdgeServices, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str):
+    """Open the reply stream, record where it lives, then publish: no event can slip past."""
+    stream = edge.bus.router.open(bus_request.request_id)
+    try:
+        await register_stream(edge, bus_request, chat, digest)
+        await edge.bus.publisher.publish(bus_request)
+    except KafkaError as exc:
+        edge.bus.router.close(bus_request.request_id)
+        raise ApiError(503, f"The request bus is unavailable: {type(exc).__name__}.", type="server_error",
+                       code="service_unavailable", headers={"Retry-After": "1"}) from None
+    return stream
+
+
+async def claim_idempotency_key(edge: EdgeServices, key: ApiKey, idempotency_key: str, digest: str,
+                                request_id: str) -> StreamRecord | None:
+    """None if this request now owns the key; the earlier request's stream if the key was used
+    with the same body. A duplicate arriving while the first is still being admitted waits for it."""
+    if len(idempotency_key) > 255:
+        raise ApiError(400, "Idempotency-Key may be at most 255 characters.", param="Idempotency-Key")
+    deadline = time.monotonic() + IDEMPOTENT_WAIT_S
+    try:
+        while True:
+            earlier_id = await edge.streams.claim(key.tenant, idempotency_key, digest, request_id)
+            if earlier_id is None:
+                return None
+            record = await edge.streams.get(earlier_id)
+            if record is not None:
+                return record
+            if time.monotonic() > deadline:
+                raise ApiError(409, "The request bound to this Idempotency-Key is still being admitted.",
+                               param="Idempotency-Key", code="idempotency_key_in_use")
+            await asyncio.sleep(0.02)
+    except IdempotencyConflict:
+        raise ApiError(409, "This Idempotency-Key was already used with a different request body.",
+                       param="Idempotency-Key", code="idempotency_key_reused") from None
+    except (redis.RedisError, OSError):
+        raise ApiError(503, "Idempotent requests are unavailable right now; retry shortly.", type="server_error",
+                       code="idempotency_unavailable", headers={"Retry-After": "1"}) from None
+
+
+def check_queue_depth(edge: EdgeServices, model: str, tier: str) -> None:
+    limit = edge.settings.max_queue_depth.get(tier)
+    if limit is not None and edge.queues.depth(model, tier) >= limit:
+        edge.metrics.overloaded.labels(tier).inc()
+        raise ApiError(503, f"The {tier} queue for `{model}` is full; retry shortly.", type="server_error",
+                       code="overloaded", headers={"Retry-After": "2"})
+
+
+async def rate_limit_buckets(edge: EdgeServices, key: ApiKey, chat: ChatCompletionRequest) -> list[Bucket]:
+    prompt = estimate_prompt_tokens(chat)
+    tenant = await edge.auth.tenant_limits(key.tenant)
+    route = await edge.auth.route_limits(chat.model, key.tier)
+    levels = [(f"key:{key.key_id}", key.limits), (f"tenant:{key.tenant}", tenant),
+              (f"route:{chat.model}:{key.tier}", route)]
+    buckets = []
+    for name, limits in levels:
+        buckets.append(Bucket(f"{name}:rpm", "requests", limits.rpm, 1))
+        buckets.append(Bucket(f"{name}:tpm", "tokens", limits.tpm, prompt))
+    return buckets
+
+
+async def admit(edge: EdgeServices, buckets: list[Bucket]) -> Decision:
+    try:
+        decision = await edge.limiter.admit(buckets)
+    except RedisUnavailable:
+        raise ApiError(503, "Rate limiting is unavailable; retry shortly.", type="server_error",
+                       code="rate_limiter_unavailable", headers={"Retry-After": "1"}) from None
+    if decision.allowed:
+        return decision
+    limited = decision.limited_by
+    assert limited is not None
+    edge.metrics.rate_limited.labels(limited.name.split(":")[0]).inc()
+    retry_after = max(1, int(decision.retry_after_s + 0.999))
+    raise ApiError(
+        429,
+        f"Rate limit reached for {limited.dimension} ({limited.name.rsplit(':', 1)[0]}): limit {limited.limit} per "
+        f"minute. Please try again in {decision.retry_after_s:.1f}s.",
+        type=limited.dimension, code="rate_limit_exceeded",
+        headers={**(decision.headers or {}), "Retry-After": str(retry_after)},
+    )
+
+
+def to_bus_request(chat: ChatCompletionRequest, edge: EdgeServices, key: ApiKey, request_id: str) -> ChatRequest:
     return ChatRequest(
-        request_id=new_request_id(),
+        request_id=request_id,
         model=chat.model,
-        tier=tier,
+        tier=key.tier,
+        tenant=key.tenant,
+        key_id=key.key_id,
         messages=[ChatMessage(role=m.role, content=m.text()) for m in chat.messages],
         max_tokens=chat.token_limit,
         temperature=chat.temperature,
         top_p=chat.top_p,
         seed=chat.seed,
         stop=chat.stop_sequences,
-        reply_topic=bus.router.topic,
-        reply_partition=bus.router.reply_partition,
+        reply_topic=edge.bus.router.topic,
+        reply_partition=edge.bus.router.reply_partition,
     )
 
 
-def generation_error(event: TokenEvent) -> ApiError | None:
-    if event.finish_reason in CLIENT_FINISH_REASONS:
-        return None
-    message = event.error or f"generation ended: {event.finish_reason}"
-    return ApiError(500, f"The model could not complete the request: {message}", type="server_error", code="generation_failed")
-
-
-async def chat_completions(request: Request) -> Response:
-    bus: EdgeBus = request.app.state.bus
-    settings = bus.settings
-    chat = await parse_chat_request(request, settings.max_body_bytes)
-    if chat.model not in settings.bus.models:
-        raise model_not_found(chat.model)
-    bus_request = to_bus_request(chat, bus, settings.default_tier)
-    stream = bus.router.open(bus_request.request_id)
+async def register_stream(edge: EdgeServices, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str) -> None:
+    """Record where the stream will be, before any event of it can exist."""
+    partition = bus_request.reply_partition
+    record = StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, partition,
+                          edge.bus.router.position(partition), chat.include_usage, digest)
     try:
-        await bus.publisher.publish(bus_request)
-    except KafkaError as exc:
-        bus.router.close(bus_request.request_id)
-        raise ApiError(503, f"The request bus is unavailable: {type(exc).__name__}.", type="server_error",
-                       code="service_unavailable", headers={"Retry-After": "1"}) from None
-    if chat.stream:
-        frames = sse_frames(bus, stream, ChunkWriter(bus_request.request_id, chat.model, chat.include_usage))
-        return EventSourceResponse(frames, ping=settings.heartbeat_s, sep="\n")
-    return await collect_completion(bus, stream, chat.model)
+        await edge.streams.register(record)
+    except (redis.RedisError, OSError):
+        pass  # the stream is served; it just cannot be resumed elsewhere
 
 
-async def sse_frames(bus: EdgeBus, stream: ReplyStream, writer: ChunkWriter) -> AsyncIterator[ServerSentEvent]:
-    """One SSE event per token event, its ``id`` locating the token event in the log."""
-    try:
-        yield frame(writer.role())
-        async for reply in stream.events(bus.settings.stream_idle_timeout_s):
-            event = reply.event
-            error = generation_error(event) if event.is_final else None
-            if error is not None:
-                yield frame(error.body(), reply.event_id)
-                return
-            if event.text or event.is_final:
-                yield frame(writer.delta(event.text, event.finish_reason), reply.event_id)
-            if event.is_final and writer.include_usage:
-                yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0))
-        yield frame("[DONE]")
-    except ReplyStreamError as exc:
-        yield frame(ApiError(504, str(exc), type="server_error", code="stream_timeout").body())
-    finally:
-        bus.router.close(stream.request_id)
+def relay_hooks(edge: EdgeServices, request_id: str, buckets: list[Bucket]) -> RelayHooks:
+    async def on_final(event: TokenEvent) -> None:
+        completion = [Bucket(b.name, b.dimension, b.limit, event.completion_tokens or 0)
+                      for b in buckets if b.dimension == "tokens"]
+        try:
+            await edge.limiter.charge_completion(completion)
+        except RedisUnavailable:
+            pass
 
+    def on_abandoned() -> None:
+        edge.in_background(edge.cancel_unless_resumed(request_id))
 
-async def collect_completion(bus: EdgeBus, stream: ReplyStream, model: str) -> JSONResponse:
-    text: list[str] = []
-    try:
-        async for reply in stream.events(bus.settings.stream_idle_timeout_s):
-            text.append(reply.event.text)
-            final = reply.event
-    except ReplyStreamError as exc:
-        raise ApiError(504, str(exc), type="server_error", code="stream_timeout") from None
-    finally:
-        bus.router.close(stream.request_id)
-    error = generation_error(final)
-    if error is not None:
-        raise error
-    body = completion_body(
-        stream.request_id, model, "".join(text), final.finish_reason or "stop",
-        final.prompt_tokens or 0, final.completion_tokens or 0,
-    )
-    return JSONResponse(body)
+    return RelayHooks(on_final, on_abandoned)
+

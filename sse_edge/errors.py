@@ -60,7 +60,9 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
 
 
 def from_validation_error(exc: ValidationError) -> ApiError:
-    first = exc.errors(include_url=False)[0]
+    # Of a union's alternatives, the error that got furthest into the value says most.
+    errors = exc.errors(include_url=False)
+    first = max(errors, key=lambda e: len(_param_path(tuple(e["loc"]))))
     param = _param_path(tuple(first["loc"])) or None
     kind = first["type"]
     if kind == "missing":

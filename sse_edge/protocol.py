@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TextContentPart(BaseModel):
-    type: Literal["text"]
+    type: Literal["text"]  # images, audio and files are not served
     text: str
 
 
@@ -35,12 +35,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+# Parts of OpenAI's API that tokenbus does not serve: a request using one gets a clear 400
+# naming it rather than a silently different answer.
+UNSUPPORTED = {
+    "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
+    "function_call": "function calling", "audio": "audio output", "prediction": "predicted outputs",
+    "logprobs": "log probabilities", "top_logprobs": "log probabilities", "logit_bias": "logit bias",
+    "web_search_options": "web search",
+}
+INT64 = 2**63 - 1
+
+
 class ChatCompletionRequest(BaseModel):
-    """The subset of OpenAI's request that tokenbus serves; unknown fields are ignored as OpenAI's SDKs may send them."""
+    """The part of OpenAI's request that tokenbus serves. Fields OpenAI defines that change
+    nothing here (``metadata``, ``store``, ``service_tier``, ...) are accepted and ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str = Field(min_length=1, max_length=256)
     messages: list[ChatMessageParam] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -50,14 +62,21 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    user: str | None = None
+    seed: int | None = Field(default=None, ge=-INT64 - 1, le=INT64)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    response_format: dict | None = None
+    modalities: list[str] | None = None
+    user: str | None = Field(default=None, max_length=256)
 
     @field_validator("stop")
     @classmethod
     def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 4:
             raise ValueError("at most 4 stop sequences")
+        if any(not s or len(s) > 256 for s in stops):
+            raise ValueError("stop sequences must be 1 to 256 characters")
         return value
 
     @property

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from topics import BusSettings
 from topics.settings import split_csv
+
+
+def parse_tier_numbers(value: object) -> object:
+    """``interactive:64,standard:256`` as a dict."""
+    if isinstance(value, str):
+        pairs = (item.split(":", 1) for item in value.split(",") if item.strip())
+        return {tier.strip(): int(number) for tier, number in pairs}
+    return value
 
 
 class EdgeSettings(BaseSettings):
@@ -21,9 +29,21 @@ class EdgeSettings(BaseSettings):
     port: int = 8700
     # The partitions of `tokens` this process owns; each edge process needs its own.
     reply_partitions: Annotated[list[int], NoDecode] = [0]
-    default_tier: str = "standard"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "tokenbus:"
+    # When Redis is unreachable: `local` keeps rate limiting per process; `closed` refuses requests.
+    redis_failure_mode: Literal["local", "closed"] = "local"
+    key_cache_ttl_s: float = 5.0
+    stream_ttl_s: int = 86_400  # how long streams stay resumable and idempotency keys bind
+    disconnect_grace_s: float = 5.0  # a dropped client has this long to resume before its generation is cancelled
     stream_idle_timeout_s: float = 60.0
     heartbeat_s: float = 15.0
     max_body_bytes: int = 1_000_000
+    max_messages: int = 256
+    max_prompt_chars: int = 200_000
+    max_output_tokens: int = 4096
+    # Queue depth per tier above which new requests get 503; unlisted tiers are unbounded.
+    max_queue_depth: Annotated[dict[str, int], NoDecode] = {"interactive": 64, "standard": 256, "batch": 4096}
 
     _split_partitions = field_validator("reply_partitions", mode="before")(split_csv)
+    _tier_numbers = field_validator("max_queue_depth", mode="before")(parse_tier_numbers)

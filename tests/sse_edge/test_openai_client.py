@@ -6,13 +6,13 @@ import asyncio
 import openai
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import MODEL, SLOW_MODEL, UNSERVED_MODEL
 from tests.expected import expected_output
 
 
 @pytest.fixture
-def client(edge_url):
-    return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key="unused", max_retries=0, timeout=60)
+def client(edge_url, api_key):
+    return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=60)
 
 
 def messages_for(i: int) -> list[dict[str, str]]:
@@ -68,7 +68,7 @@ async def test_max_tokens_limits_the_stream(client):
 
 async def test_models_lists_the_served_model(client):
     models = await client.models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    assert [m.id for m in models.data] == [MODEL, SLOW_MODEL, UNSERVED_MODEL]
 
 
 async def test_unknown_model_is_not_found(client):

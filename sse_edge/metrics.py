@@ -1,0 +1,27 @@
+"""Prometheus metrics of one edge process, shaped like vLLM's under a `tokenbus:` prefix."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpu_consumers.metrics import LATENCY_BUCKETS
+
+
+class EdgeMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram("tokenbus:edge_time_to_first_token_seconds", "Request received to first content chunk.",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("tokenbus:edge_inter_token_latency_seconds", "Gap between content chunks sent.",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("tokenbus:e2e_request_latency_seconds", "Request received to last byte.",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.open_streams = Gauge("tokenbus:open_streams", "SSE streams open on this edge.", registry=r)
+        self.responses = Counter("tokenbus:http_responses", "Responses by status code.", ["status"], registry=r)
+        self.rate_limited = Counter("tokenbus:rate_limited", "Requests refused with 429.", ["limit"], registry=r)
+        self.overloaded = Counter("tokenbus:overloaded", "Requests refused with 503 for queue depth.", ["tier"],
+                                  registry=r)
+        self.resumed = Counter("tokenbus:streams_resumed", "Streams resumed with Last-Event-ID or an idempotent retry.",
+                               registry=r)
+        self.cancelled = Counter("tokenbus:disconnect_cancels", "Generations cancelled after a client went away.",
+                                 registry=r)

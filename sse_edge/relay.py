@@ -1,0 +1,127 @@
+"""Relay a request's token events to its client: as SSE frames, or collected into one
+``chat.completion``. The events come from this edge's reply router (a new request) or from
+the log (a resumed or re-attached stream); either way each frame's ``id`` locates its
+event in the log, which is what makes a stream resumable anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette import ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from producers import ReplyEvent, ReplyStreamError
+from schemas import TokenEvent
+from sse_edge.errors import ApiError
+from sse_edge.metrics import EdgeMetrics
+from sse_edge.protocol import ChunkWriter, completion_body
+
+CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
+
+
+def frame(body: dict[str, Any] | str, event_id: str | None = None) -> ServerSentEvent:
+    """One SSE event; JSON escapes newlines, so content can never break the framing."""
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return ServerSentEvent(data, id=event_id, sep="\n")
+
+
+def generation_error(event: TokenEvent) -> ApiError | None:
+    if event.finish_reason in CLIENT_FINISH_REASONS:
+        return None
+    message = event.error or f"generation ended: {event.finish_reason}"
+    return ApiError(500, f"The model could not complete the request: {message}", type="server_error",
+                    code="generation_failed")
+
+
+@dataclass
+class RelayHooks:
+    """What the relay reports back: usage when the stream ends, or that the client went away first."""
+
+    on_final: Callable[[TokenEvent], Awaitable[None]]
+    on_abandoned: Callable[[], None]
+
+
+async def sse_frames(
+    events: AsyncIterator[ReplyEvent], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
+    started: float, send_role: bool = True,
+) -> AsyncIterator[ServerSentEvent]:
+    finished = False
+    last_sent: float | None = None
+    metrics.open_streams.inc()
+    try:
+        if send_role:
+            yield frame(writer.role())
+        async for reply in events:
+            event = reply.event
+            error = generation_error(event) if event.is_final else None
+            if error is not None:
+                finished = True
+                yield frame(error.body(), reply.event_id)
+                return
+            if event.text or event.is_final:
+                now = time.perf_counter()
+                if event.text:
+                    metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
+                    last_sent = now
+                yield frame(writer.delta(event.text, event.finish_reason), reply.event_id)
+            if event.is_final:
+                finished = True
+                await hooks.on_final(event)
+                if writer.include_usage:
+                    yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0))
+        yield frame("[DONE]")
+        metrics.e2e.observe(time.perf_counter() - started)
+    except ReplyStreamError as exc:
+        finished = True
+        yield frame(ApiError(504, str(exc), type="server_error", code="stream_timeout").body())
+    finally:
+        metrics.open_streams.dec()
+        if not finished:
+            hooks.on_abandoned()
+
+
+async def collect_completion(
+    request: Request, events: AsyncIterator[ReplyEvent], request_id: str, model: str, hooks: RelayHooks,
+    headers: dict[str, str],
+) -> JSONResponse:
+    """Wait for the whole completion; a client that disconnects first abandons it."""
+    collecting = asyncio.ensure_future(_collect(events))
+    disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
+    done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    disconnected.cancel()
+    if collecting not in done:
+        collecting.cancel()
+        hooks.on_abandoned()
+        raise ApiError(499, "The client closed the request.", code="client_closed_request")
+    try:
+        text, final = collecting.result()
+    except ReplyStreamError as exc:
+        raise ApiError(504, str(exc), type="server_error", code="stream_timeout") from None
+    await hooks.on_final(final)
+    error = generation_error(final)
+    if error is not None:
+        raise error
+    body = completion_body(request_id, model, text, final.finish_reason or "stop", final.prompt_tokens or 0,
+                           final.completion_tokens or 0)
+    return JSONResponse(body, headers=headers)
+
+
+async def _collect(events: AsyncIterator[ReplyEvent]) -> tuple[str, TokenEvent]:
+    text: list[str] = []
+    final: TokenEvent | None = None
+    async for reply in events:
+        text.append(reply.event.text)
+        final = reply.event
+    assert final is not None
+    return "".join(text), final
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,74 @@
+"""Where each request's stream lives, kept in Redis so any edge process can find it: for
+idempotent retries, resuming with Last-Event-ID, and cancelling after a disconnect unless
+the client comes back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import redis.asyncio as redis
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    request_id: str
+    tenant: str
+    model: str
+    partition: int  # of the tokens topic
+    start_offset: int  # no event of this request lies before it
+    include_usage: bool = False
+    body_hash: str = ""
+
+
+class IdempotencyConflict(Exception):
+    """The idempotency key was used before with another body."""
+
+
+class StreamRegistry:
+    def __init__(self, client: redis.Redis, prefix: str = "tokenbus:", ttl_s: int = 86_400) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._ttl_s = ttl_s
+
+    def _stream(self, request_id: str) -> str:
+        return f"{self._prefix}stream:{request_id}"
+
+    def _idempotency(self, tenant: str, key: str) -> str:
+        return f"{self._prefix}idem:{tenant}:{key}"
+
+    def _detached(self, request_id: str) -> str:
+        return f"{self._prefix}detached:{request_id}"
+
+    async def register(self, record: StreamRecord) -> None:
+        await self._redis.set(self._stream(record.request_id), json.dumps(asdict(record)), ex=self._ttl_s)
+
+    async def get(self, request_id: str) -> StreamRecord | None:
+        raw = await self._redis.get(self._stream(request_id))
+        return StreamRecord(**json.loads(raw)) if raw else None
+
+    async def claim(self, tenant: str, key: str, body_hash: str, request_id: str) -> str | None:
+        """Bind an idempotency key to a new request; returns the earlier request's id if the key
+        was used before with the same body, raises IdempotencyConflict if with another."""
+        value = json.dumps({"request_id": request_id, "body_hash": body_hash})
+        if await self._redis.set(self._idempotency(tenant, key), value, nx=True, ex=self._ttl_s):
+            return None
+        earlier = json.loads(await self._redis.get(self._idempotency(tenant, key)) or "{}")
+        if earlier.get("body_hash") != body_hash:
+            raise IdempotencyConflict(key)
+        return earlier["request_id"]
+
+    async def release(self, tenant: str, key: str, request_id: str) -> None:
+        """Unbind an idempotency key from a request that was never published (it failed first)."""
+        raw = await self._redis.get(self._idempotency(tenant, key))
+        if raw and json.loads(raw).get("request_id") == request_id:
+            await self._redis.delete(self._idempotency(tenant, key))
+
+    async def detach(self, request_id: str, grace_s: float) -> None:
+        await self._redis.set(self._detached(request_id), "1", px=max(1, int(grace_s * 1000) + 60_000))
+
+    async def attach(self, request_id: str) -> None:
+        await self._redis.delete(self._detached(request_id))
+
+    async def still_detached(self, request_id: str) -> bool:
+        return bool(await self._redis.exists(self._detached(request_id)))

@@ -1,0 +1,80 @@
+"""Turn a request body into a ChatCompletionRequest, or an OpenAI-format error naming the problem."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from sse_edge.errors import ApiError, from_validation_error
+from sse_edge.protocol import UNSUPPORTED, ChatCompletionRequest
+from sse_edge.settings import EdgeSettings
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_body_bytes:
+        raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > max_body_bytes:
+            raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
+    return raw
+
+
+def body_hash(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequest:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "We could not parse the JSON body of your request.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    reject_unsupported(body)
+    try:
+        chat = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+    check_serving_limits(chat, settings)
+    return chat
+
+
+def reject_unsupported(body: dict[str, Any]) -> None:
+    for name, feature in UNSUPPORTED.items():
+        if body.get(name) not in (None, False, [], {}):
+            raise ApiError(400, f"'{name}' is not supported: tokenbus does not serve {feature}.", param=name,
+                           code="unsupported_parameter")
+
+
+def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) -> None:
+    if chat.stream_options is not None and not chat.stream:
+        raise ApiError(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                       param="stream_options", code="invalid_value")
+    if chat.response_format and chat.response_format.get("type", "text") != "text":
+        raise ApiError(400, "Only response_format type 'text' is supported.", param="response_format.type",
+                       code="unsupported_value")
+    if chat.modalities and chat.modalities != ["text"]:
+        raise ApiError(400, "Only the 'text' modality is supported.", param="modalities", code="unsupported_value")
+    if len(chat.messages) > settings.max_messages:
+        raise ApiError(400, f"At most {settings.max_messages} messages are allowed.", param="messages",
+                       code="too_many_messages")
+    if sum(len(m.text()) for m in chat.messages) > settings.max_prompt_chars:
+        raise ApiError(400, f"The messages are longer than {settings.max_prompt_chars} characters in total.",
+                       param="messages", code="context_length_exceeded")
+    if chat.token_limit is not None and chat.token_limit > settings.max_output_tokens:
+        param = "max_completion_tokens" if chat.max_completion_tokens else "max_tokens"
+        raise ApiError(400, f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
+                       code="invalid_value")
+
+
+def estimate_prompt_tokens(chat: ChatCompletionRequest) -> int:
+    """The edge has no tokenizer: about four characters a token, plus a few per message. Charged
+    at admission; the exact completion count is charged when the request ends."""
+    return sum(len(m.text()) // 4 + 4 for m in chat.messages)

@@ -1,0 +1,80 @@
+"""API keys against the real Redis: stored hashed, verified, revoked; auth when Redis is down."""
+
+import uuid
+
+import pytest
+import redis.asyncio as redis
+
+from sse_edge.auth import Authenticator
+from sse_edge.errors import ApiError
+from sse_edge.keys import KeyStore, Limits, hash_key, parse_key_id
+
+UNREACHABLE = "redis://127.0.0.1:1/0"
+
+
+@pytest.fixture
+async def store():
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    prefix = f"test-keys-{uuid.uuid4().hex[:8]}:"
+    yield KeyStore(client, prefix), client, prefix
+    async for key in client.scan_iter(f"{prefix}*"):
+        await client.delete(key)
+    await client.aclose()
+
+
+async def test_keys_are_stored_only_as_hashes(store):
+    keys, client, prefix = store
+    key, record = await keys.create("acme", "interactive", ("m1",), Limits(10, 1000))
+    assert parse_key_id(key) == record.key_id and record.key_hash == hash_key(key)
+    stored = b""
+    async for name in client.scan_iter(f"{prefix}*"):
+        if await client.type(name) == b"hash":
+            stored += b"".join((await client.hgetall(name)).values())
+    assert key.encode() not in stored and key.split("-")[2].encode() not in stored
+    assert "key_hash" not in record.public()
+
+
+async def test_verify_accepts_only_the_real_key_until_revoked(store):
+    keys, _, _ = store
+    key, record = await keys.create("acme", "standard")
+    assert (await keys.verify(key)).tenant == "acme"
+    assert await keys.verify(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    assert await keys.verify("tb-nope-secret") is None and await keys.verify("not-a-key") is None
+    assert await keys.revoke(record.key_id)
+    assert await keys.verify(key) is None
+    assert not await keys.revoke("missing")
+    assert [r.key_id for r in await keys.list("acme")] == [record.key_id]
+
+
+async def test_limits_per_tenant_and_route(store):
+    keys, _, _ = store
+    await keys.set_tenant_limits("acme", Limits(5, 50))
+    await keys.set_route_limits("m", "batch", Limits(7, 70))
+    assert await keys.tenant_limits("acme") == Limits(5, 50)
+    assert await keys.route_limits("m", "batch") == Limits(7, 70)
+    assert await keys.tenant_limits("other") == Limits()
+
+
+async def test_auth_errors_are_401_in_openai_format(store):
+    keys, _, _ = store
+    auth = Authenticator(keys)
+    for header, code in [(None, "missing_api_key"), ("Basic abc", "missing_api_key"),
+                         ("Bearer tb-x-y", "invalid_api_key")]:
+        with pytest.raises(ApiError) as exc:
+            await auth.authenticate(header)
+        assert (exc.value.status, exc.value.code) == (401, code)
+        assert "tb-x-y" not in exc.value.message  # keys are never echoed whole
+
+
+async def test_without_redis_known_keys_work_and_unknown_keys_get_503(store):
+    keys, _, prefix = store
+    key, _ = await keys.create("acme", "standard")
+    auth = Authenticator(keys, cache_ttl_s=0.0)
+    assert (await auth.authenticate(f"Bearer {key}")).tenant == "acme"
+    down = redis.Redis.from_url(UNREACHABLE, socket_connect_timeout=0.2)
+    keys._redis = down  # the same store, its Redis gone
+    assert (await auth.authenticate(f"Bearer {key}")).tenant == "acme"  # verified before: still served
+    with pytest.raises(ApiError) as exc:
+        await auth.authenticate("Bearer tb-abc-neverseen")
+    assert exc.value.status == 503  # never served unauthenticated
+    await down.aclose()

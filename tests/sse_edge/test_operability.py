@@ -1,0 +1,98 @@
+"""Readiness, metrics, the OpenAPI spec with a bounded schemathesis run, admission control,
+and validation of what tokenbus does not serve."""
+
+import asyncio
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.conftest import MODEL, UNSERVED_MODEL
+
+CHAT = "/v1/chat/completions"
+
+
+async def test_readyz_checks_broker_and_redis(edge_url):
+    async with httpx.AsyncClient(base_url=edge_url, timeout=10) as http:
+        body = (await http.get("/readyz")).json()
+    assert body == {"status": "ready", "broker": True, "redis": True}
+
+
+async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers=auth) as http:
+        await http.post(CHAT, json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "m"}]})
+        await http.post(CHAT, content=b"{broken")
+        text = (await http.get("/metrics")).text
+    for name in ("tokenbus:edge_time_to_first_token_seconds_bucket", "tokenbus:edge_inter_token_latency_seconds_bucket",
+                 "tokenbus:e2e_request_latency_seconds_bucket", "tokenbus:open_streams",
+                 'tokenbus:http_responses_total{status="400"}', 'tokenbus:http_responses_total{status="200"}'):
+        assert name in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "code"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported_parameter"),
+        ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.type", "unsupported_value"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+        ({"max_tokens": 100_000}, "max_tokens", "invalid_value"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+        ({"temperature": 2.5}, "temperature", "invalid_value"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         "messages[0].content[0].type", "invalid_value"),
+        ({"messages": [{"role": "user", "content": "x"}] * 300}, "messages", "too_many_messages"),
+    ],
+)
+async def test_what_tokenbus_does_not_serve_is_refused_naming_the_param(edge_url, auth, extra, param, code):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=10, headers=auth) as http:
+        response = await http.post(CHAT, json=body)
+    assert response.status_code == 400
+    assert (response.json()["error"]["param"], response.json()["error"]["code"]) == (param, code)
+
+
+async def test_a_deep_queue_is_refused_with_503_and_retry_after(stack, edge_url):
+    """Nobody serves UNSERVED_MODEL, so its batch queue only grows; the stack allows 3."""
+    key = await stack.create_key("queued", "batch")
+    body = {"model": UNSERVED_MODEL, "stream": True, "messages": [{"role": "user", "content": "wait"}]}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=10, headers={"Authorization": f"Bearer {key}"}) as http:
+        for _ in range(40):
+            async with http.stream("POST", CHAT, json=body) as response:
+                if response.status_code == 503:
+                    refused = response
+                    await response.aread()
+                    break
+            await asyncio.sleep(0.2)
+        else:
+            pytest.fail("the queue never filled")
+    assert refused.json()["error"]["code"] == "overloaded" and int(refused.headers["retry-after"]) >= 1
+
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+          response_headers_conformance]
+
+
+def test_api_never_fails_or_breaks_its_schema(edge_url, auth):
+    """Bounded schemathesis run over every operation in /openapi.json: no 5xx, and every response
+    is one the spec describes. (Driven through hypothesis directly: schemathesis' pytest plugin
+    does not run under pytest 9.)"""
+    schema = schemathesis.openapi.from_url(f"{edge_url}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/models", "/readyz"}
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def run(case):
+            case.call_and_validate(headers=auth, timeout=30, checks=CHECKS)
+
+        run()

@@ -1,0 +1,123 @@
+"""Acceptance: idempotent retries, resuming a stream on another edge after the first one was
+SIGKILLed, and cancelling the generation of a client that went away."""
+
+import asyncio
+import json
+import signal
+
+import httpx
+import openai
+import pytest
+
+from infra.processes import free_port
+from schemas import AvroCodec, Completion
+from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
+from tests.expected import expected_output
+from tests.gpu_consumers.helpers import read_all
+from topics import TopicCatalog
+
+CHAT = "/v1/chat/completions"
+
+
+def sse_events(text: str) -> list[dict[str, str]]:
+    events = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if fields:
+            events.append(fields)
+    return events
+
+
+def content_of(events: list[dict[str, str]]) -> str:
+    text = ""
+    for event in events:
+        if event.get("data", "[DONE]") != "[DONE]":
+            for choice in json.loads(event["data"]).get("choices", []):
+                text += choice["delta"].get("content") or ""
+    return text
+
+
+async def completions_for(stack, request_id: str, expected: int = 1, timeout: float = 15.0) -> list[Completion]:
+    codec = AvroCodec()
+    bus = stack.bus_settings()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        records = await read_all(bus, TopicCatalog(bus).completions, expected=10**9, timeout=1.0)
+        found = [c for c in (codec.decode(r.value, Completion) for r in records) if c.request_id == request_id]
+        if len(found) >= expected or loop.time() > deadline:
+            return found
+
+
+async def test_idempotent_retry_is_one_generation_and_one_usage_record(stack, edge_url, api_key):
+    client = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=30)
+    messages = [{"role": "user", "content": "count to three"}]
+    retry = {"Idempotency-Key": "order-42-attempt"}
+    first, second = await asyncio.gather(*(
+        client.chat.completions.create(model=MODEL, messages=messages, seed=4, extra_headers=retry) for _ in range(2)))
+    third = await client.chat.completions.create(model=MODEL, messages=messages, seed=4, extra_headers=retry)
+    assert first.id == second.id == third.id
+    assert first.choices[0].message.content == second.choices[0].message.content == third.choices[0].message.content
+    await asyncio.sleep(1.0)  # a second generation, if there were one, would have finished by now
+    assert len(await completions_for(stack, first.id, expected=2, timeout=2)) == 1
+
+    with pytest.raises(openai.ConflictError):
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "other"}],
+                                             extra_headers=retry)
+
+
+async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack, edge_url, api_key):
+    port = free_port()
+    doomed = stack.start_edge("edge-resume", port, reply_partitions="2")
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body = {"model": SLOW_MODEL, "stream": True, "seed": 21, "max_tokens": 60,
+            "messages": [{"role": "user", "content": "a long story"}]}
+    got: list[dict[str, str]] = []
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+        async with http.stream("POST", f"http://127.0.0.1:{port}{CHAT}", json=body) as response:
+            buffer = ""
+            async for chunk in response.aiter_text():
+                buffer += chunk
+                *complete, buffer = buffer.split("\n\n")
+                got += sse_events("\n\n".join(complete))
+                if sum(1 for e in got if "id" in e) >= 10:
+                    break
+        doomed.signal(signal.SIGKILL)
+        request_id = json.loads(got[0]["data"])["id"]
+        last_id = [e["id"] for e in got if "id" in e][-1]
+
+        resumed = await http.get(f"{edge_url}{CHAT}/{request_id}/stream", headers={"Last-Event-ID": last_id})
+        assert resumed.status_code == 200
+        rest = sse_events(resumed.text)
+
+        outsider = await stack.create_key("outsider", "standard")
+        denied = await http.get(f"{edge_url}{CHAT}/{request_id}/stream", headers={
+            "Last-Event-ID": last_id, "Authorization": f"Bearer {outsider}"})
+    assert denied.status_code == 404 and denied.json()["error"]["code"] == "stream_not_found"
+
+    expected = await expected_output(body["messages"], seed=21, max_tokens=60, settings=SLOW_SETTINGS)
+    assert content_of(got) + content_of(rest) == expected.text
+    assert rest[-1]["data"] == "[DONE]"
+    ids = [e["id"] for e in got + rest if "id" in e]
+    assert len(ids) == len(set(ids)), "an event was delivered twice"
+
+
+async def test_a_client_that_goes_away_stops_its_generation(stack, edge_url, api_key):
+    body = {"model": SLOW_MODEL, "stream": True, "messages": [{"role": "user", "content": "never mind"}]}
+    received = 0
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        async with http.stream("POST", f"{edge_url}{CHAT}", json=body) as response:
+            buffer = ""
+            async for chunk in response.aiter_text():
+                buffer += chunk
+                events = sse_events(buffer)
+                received = sum(1 for e in events if "id" in e)
+                if received >= 5:
+                    request_id = json.loads(events[0]["data"])["id"]
+                    break
+    (completion,) = await completions_for(stack, request_id)
+    assert completion.cancelled and completion.finish_reason == "cancelled"
+    grace_s, step_s = 1.0, 1 / SLOW_SETTINGS.tokens_per_s
+    # Generation stopped within the grace window plus one step (and a second of slack for the bus).
+    assert completion.completion_tokens <= received + (grace_s + step_s + 1.0) * SLOW_SETTINGS.tokens_per_s
+    assert completion.completion_tokens < SLOW_SETTINGS.min_tokens
