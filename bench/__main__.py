@@ -9,7 +9,7 @@ import platform
 import time
 from pathlib import Path
 
-from bench import consumer_throughput, load_sweep, pipeline_overhead, scale_out, sse_fanout, tier_fairness
+from bench import consumer_throughput, edge_costs, load_sweep, pipeline_overhead, scale_out, sse_fanout, tier_fairness
 
 RESULTS_DIR = Path(__file__).parent / "results"
 SCENARIOS = {
@@ -19,6 +19,7 @@ SCENARIOS = {
     "tier_fairness": tier_fairness,
     "scale_out": scale_out,
     "consumer_throughput": consumer_throughput,
+    "edge_costs": edge_costs,
 }
 
 
