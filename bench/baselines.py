@@ -19,17 +19,10 @@ def engine_sender(engine: Engine):
         result = RequestResult()
         inp = GenerationInput(f"direct-{next(_ids)}", (ChatMessage("user", prompt.text),),
                               SamplingParams(max_tokens=prompt.output_len))
-        start = last = time.perf_counter()
-        pieces = 0
+        start = time.perf_counter()
         async for out in engine.generate(inp):
             if out.text_diff:
-                now = time.perf_counter()
-                if pieces == 0:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last = now
-                pieces += 1
+                result.chunk_arrived(time.perf_counter(), start)
             if out.finished:
                 result.output_tokens = out.completion_tokens
                 result.prompt_tokens = out.prompt_tokens

@@ -42,7 +42,10 @@ def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env
             topic_prefix=f"bench{uuid.uuid4().hex[:6]}.",
             models=[MODEL],
         )
-        env = {**sim_env(sim), "TOKENBUS_WORKER_MAX_NUM_SEQS": str(max_num_seqs), **(extra_env or {})}
+        env = {**sim_env(sim), "TOKENBUS_WORKER_MAX_NUM_SEQS": str(max_num_seqs),
+               # Benchmarks measure the pipeline, not admission control: no queue limit.
+               "TOKENBUS_EDGE_MAX_QUEUE_DEPTH": "interactive:1000000,standard:1000000,batch:1000000",
+               **(extra_env or {})}
         stack = EmbeddedStack(settings, extra_env=env)
         try:
             stack.start() if start_services else stack.start_bus()

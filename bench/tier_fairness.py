@@ -26,15 +26,10 @@ SECONDS = 8
 async def timed_stream(client: TokenbusClient, tier: str, i: int) -> RequestResult:
     result = RequestResult()
     request = client.new_request(MODEL, [ChatMessage("user", f"{tier} request {i}")], tier=tier)
-    start = last = time.perf_counter()
+    start = time.perf_counter()
     async for reply in client.stream(request):
-        now = time.perf_counter()
         if reply.event.text:
-            if result.output_tokens == 0:
-                result.ttft = now - start
-            else:
-                result.itl.append(now - last)
-            last = now
+            result.chunk_arrived(time.perf_counter(), start)
             result.output_tokens += 1
         if reply.event.is_final:
             result.success = reply.event.finish_reason in {"stop", "length"}

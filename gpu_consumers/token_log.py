@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas import AvroCodec, ChatRequest, DecodeError, TokenEvent
-from topics import BusSettings, make_consumer
+from topics import BusSettings, make_consumer, stop_reader
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,7 @@ class TokenLog:
         self._task = asyncio.create_task(self._serve_lookups(), name="token-log")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer:
-            await self._consumer.stop()
+        await stop_reader(self._task, self._consumer)
 
     async def published(self, request: ChatRequest) -> Published:
         future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from schemas import AvroCodec, DecodeError, TokenEvent
-from topics import BusSettings, TopicCatalog, make_consumer
+from topics import BusSettings, TopicCatalog, make_consumer, stop_reader
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +145,7 @@ class ReplyRouter:
         self._task = asyncio.create_task(self._run(), name="reply-router")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer:
-            await self._consumer.stop()
+        await stop_reader(self._task, self._consumer)
         for stream in self._streams.values():
             stream.fail(ReplyStreamError("reply router stopped"))
         self._streams.clear()

@@ -1,7 +1,9 @@
 """Admission control: refuse new work for a model and tier whose queue is too deep.
 
 The queue of a request topic is the GPU consumer group's lag: the log end minus the
-group's committed offsets. The log end comes from fetch responses (the embedded broker's
+group's committed offsets. Consumers commit at the low-water mark of finished requests,
+so the lag counts requests waiting and running (and, behind one long-running request,
+some already finished): thresholds must leave room for what the consumers run at once. The log end comes from fetch responses (the embedded broker's
 end_offsets() can be a batch short), so a reader follows every request partition and
 discards what it reads; committed offsets come from a consumer carrying the group's id
 that never joins the group.

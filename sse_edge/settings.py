@@ -42,8 +42,9 @@ class EdgeSettings(BaseSettings):
     max_messages: int = 256
     max_prompt_chars: int = 200_000
     max_output_tokens: int = 4096
-    # Queue depth per tier above which new requests get 503; unlisted tiers are unbounded.
-    max_queue_depth: Annotated[dict[str, int], NoDecode] = {"interactive": 64, "standard": 256, "batch": 4096}
+    # Consumer lag per tier (requests waiting or running) above which new requests get 503;
+    # leave room for what the consumers run at once. Unlisted tiers are unbounded.
+    max_queue_depth: Annotated[dict[str, int], NoDecode] = {"interactive": 512, "standard": 2048, "batch": 8192}
 
     _split_partitions = field_validator("reply_partitions", mode="before")(split_csv)
     _tier_numbers = field_validator("max_queue_depth", mode="before")(parse_tier_numbers)

@@ -7,6 +7,7 @@ wait half the session timeout, so local runs use a short one. See PLATFORM.md.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -43,3 +44,12 @@ def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = No
     )
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
+
+
+async def stop_reader(task: asyncio.Task | None, consumer: AIOKafkaConsumer | None) -> None:
+    """Stop a background task that reads with ``consumer``, then the consumer."""
+    if task:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    if consumer:
+        await consumer.stop()

@@ -17,6 +17,17 @@ class RequestResult:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     text: str = ""
+    chunks: int = 0
+    _last_chunk_at: float = 0.0
+
+    def chunk_arrived(self, at: float, started: float) -> None:
+        """A content chunk arrived at ``at``: the first sets TTFT, later ones add a gap."""
+        if self.chunks == 0:
+            self.ttft = at - started
+        else:
+            self.itl.append(at - self._last_chunk_at)
+        self._last_chunk_at = at
+        self.chunks += 1
 
     @property
     def tpot(self) -> float | None:

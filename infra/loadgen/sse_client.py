@@ -41,8 +41,6 @@ async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any]
     """POST a streaming request; every failure (HTTP, framing, JSON) is recorded, never raised."""
     result = RequestResult()
     start = time.perf_counter()
-    last = start
-    chunks = 0
     text: list[str] = []
     usage: dict[str, Any] | None = None
     try:
@@ -63,13 +61,7 @@ async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any]
                 usage = chunk_usage or usage
                 if not piece:
                     continue
-                now = time.perf_counter()
-                if chunks == 0:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last = now
-                chunks += 1
+                result.chunk_arrived(time.perf_counter(), start)
                 text.append(piece)
             if not done:
                 raise MalformedStream("stream ended without [DONE]")
@@ -78,9 +70,9 @@ async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any]
         return result
     result.latency = time.perf_counter() - start
     result.text = "".join(text)
-    result.output_tokens = int(usage["completion_tokens"]) if usage else chunks
+    result.output_tokens = int(usage["completion_tokens"]) if usage else result.chunks
     result.prompt_tokens = int(usage["prompt_tokens"]) if usage else 0
-    result.success = chunks > 0
+    result.success = result.chunks > 0
     if not result.success:
         result.error = "MalformedStream: no content"
     return result

