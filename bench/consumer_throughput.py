@@ -24,22 +24,26 @@ from aiokafka import TopicPartition
 from schemas import AvroCodec, ChatMessage, TokenEvent
 from topics import BusSettings, TopicCatalog, make_consumer
 
-MAX_NUM_SEQS = 64
 REPLY_PARTITION = 3
-REQUESTS = 512
-OUTPUT_TOKENS = 64
-SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=100, min_tokens=OUTPUT_TOKENS, max_tokens=OUTPUT_TOKENS)
+# (max_num_seqs, requests, output tokens): a real model on a CPU gets a smaller run.
+SIZES = {"simulated": (64, 512, 64), "hf": (16, 64, 32)}
 
 
 def engine_name() -> str:
     return os.environ.get("TOKENBUS_BENCH_ENGINE", "simulated")
 
 
+MAX_NUM_SEQS, REQUESTS, OUTPUT_TOKENS = SIZES[engine_name()]
+SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=100, min_tokens=OUTPUT_TOKENS, max_tokens=OUTPUT_TOKENS)
+
+
 def make_engine() -> Engine:
     if engine_name() == "hf":
         from gpu_consumers.engines.hf import HfEngine, HfEngineSettings
 
-        return HfEngine(HfEngineSettings(max_requests_per_batch=MAX_NUM_SEQS, num_blocks=4096))
+        # Greedy decoding runs each prompt to its natural end; the cap keeps every request to OUTPUT_TOKENS.
+        return HfEngine(HfEngineSettings(max_requests_per_batch=MAX_NUM_SEQS, num_blocks=256,
+                                         default_max_tokens=OUTPUT_TOKENS))
     return SimulatedEngine(SIM)
 
 
