@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncGenerator
 
 import redis.asyncio as redis
 from aiokafka.errors import KafkaError
@@ -13,7 +14,7 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from producers import new_request_id
+from producers import ReplyEvent, ReplyStream, new_request_id
 from schemas import ChatMessage, ChatRequest, TokenEvent
 from sse_edge.errors import ApiError, model_not_found
 from sse_edge.keys import ApiKey
@@ -59,15 +60,21 @@ async def chat_completions(request: Request) -> Response:
         raise
 
     hooks = relay_hooks(edge, request_id, buckets)
-    events = stream.events(settings.stream_idle_timeout_s)
+    events = live_events(edge, stream)
     if chat.stream:
         writer = ChunkWriter(request_id, chat.model, chat.include_usage)
         return EventSourceResponse(sse_frames(events, writer, hooks, edge.metrics, started), ping=settings.heartbeat_s,
                                    sep="\n", headers=decision.headers)
+    return await collect_completion(request, events, request_id, chat.model, hooks, decision.headers or {})
+
+
+async def live_events(edge: EdgeServices, stream: ReplyStream) -> AsyncGenerator[ReplyEvent, None]:
+    """The request's events from this edge's reply router; its entry there goes when this ends."""
     try:
-        return await collect_completion(request, events, request_id, chat.model, hooks, decision.headers or {})
+        async for reply in stream.events(edge.settings.stream_idle_timeout_s):
+            yield reply
     finally:
-        edge.bus.router.close(request_id)
+        edge.bus.router.close(stream.request_id)
 
 
 async def publish(edge: EdgeServices, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str):

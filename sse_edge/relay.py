@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,7 @@ class RelayHooks:
 
 
 async def sse_frames(
-    events: AsyncIterator[ReplyEvent], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
+    events: AsyncGenerator[ReplyEvent, None], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
     started: float, send_role: bool = True,
 ) -> AsyncIterator[ServerSentEvent]:
     finished = False
@@ -82,12 +82,13 @@ async def sse_frames(
         yield frame(ApiError(504, str(exc), type="server_error", code="stream_timeout").body())
     finally:
         metrics.open_streams.dec()
+        await events.aclose()  # a replayed stream holds a Kafka consumer: release it now, not at GC
         if not finished:
             hooks.on_abandoned()
 
 
 async def collect_completion(
-    request: Request, events: AsyncIterator[ReplyEvent], request_id: str, model: str, hooks: RelayHooks,
+    request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
     headers: dict[str, str],
 ) -> JSONResponse:
     """Wait for the whole completion; a client that disconnects first abandons it."""
@@ -112,12 +113,15 @@ async def collect_completion(
     return JSONResponse(body, headers=headers)
 
 
-async def _collect(events: AsyncIterator[ReplyEvent]) -> tuple[str, TokenEvent]:
+async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, TokenEvent]:
     text: list[str] = []
     final: TokenEvent | None = None
-    async for reply in events:
-        text.append(reply.event.text)
-        final = reply.event
+    try:
+        async for reply in events:
+            text.append(reply.event.text)
+            final = reply.event
+    finally:
+        await events.aclose()
     assert final is not None
     return "".join(text), final
 

@@ -1,0 +1,45 @@
+"""Relaying releases what it holds when a client leaves early: the event source (a replay
+holds a Kafka consumer) and the request's entry in the reply router."""
+
+from types import SimpleNamespace
+
+from producers import ReplyEvent, ReplyRouter
+from schemas import TokenEvent
+from sse_edge.chat import live_events
+from sse_edge.metrics import EdgeMetrics
+from sse_edge.protocol import ChunkWriter
+from sse_edge.relay import RelayHooks, sse_frames
+from topics import BusSettings
+
+
+async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment():
+    closed, abandoned = [], []
+
+    async def events():
+        try:
+            for seq in range(100):
+                yield ReplyEvent(TokenEvent("r", seq, f"t{seq}"), 0, seq)
+        finally:
+            closed.append(True)
+
+    async def on_final(event):
+        raise AssertionError("the stream never finished")
+
+    frames = sse_frames(events(), ChunkWriter("r", "m", False), RelayHooks(on_final, lambda: abandoned.append(1)),
+                        EdgeMetrics(), started=0.0)
+    assert "assistant" in (await anext(frames)).data
+    assert '"t0"' in (await anext(frames)).data
+    await frames.aclose()  # what the server does when the client disconnects
+    assert closed == [True] and abandoned == [1]
+
+
+async def test_a_closed_live_stream_leaves_the_router():
+    router = ReplyRouter(BusSettings(), partitions=[0])
+    stream = router.open("r")
+    stream.offer(ReplyEvent(TokenEvent("r", 0, "first"), 0, 10))
+    edge = SimpleNamespace(settings=SimpleNamespace(stream_idle_timeout_s=5), bus=SimpleNamespace(router=router))
+    events = live_events(edge, stream)
+    assert (await anext(events)).event.text == "first"
+    assert router.open_streams == 1
+    await events.aclose()
+    assert router.open_streams == 0
