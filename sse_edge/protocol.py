@@ -5,6 +5,7 @@ Kept apart from the serving logic (as vLLM does): nothing here knows about Kafka
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal
 
@@ -110,6 +111,10 @@ class ChunkWriter:
         self.model = model
         self.created = int(time.time())
         self.include_usage = include_usage
+        # Content chunks are the hot path: everything but the delta and finish reason is fixed.
+        head = json.dumps(self._chunk([]), separators=(",", ":"), ensure_ascii=False)
+        self._content_head = head[: head.index('"choices":[')] + '"choices":[{"index":0,"delta":'
+        self._content_tail = "]" + (',"usage":null}' if include_usage else "}")
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -127,9 +132,11 @@ class ChunkWriter:
     def role(self) -> dict[str, Any]:
         return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
 
-    def delta(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        delta = {"content": text} if text else {}
-        return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+    def delta(self, text: str, finish_reason: str | None) -> str:
+        """A content chunk as JSON text, rendered from the fixed parts."""
+        delta = '{"content":' + json.dumps(text, ensure_ascii=False) + "}" if text else "{}"
+        finish = "null" if finish_reason is None else json.dumps(finish_reason)
+        return f'{self._content_head}{delta},"logprobs":null,"finish_reason":{finish}}}{self._content_tail}'
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         return self._chunk([], usage_body(prompt_tokens, completion_tokens))

@@ -12,7 +12,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -25,10 +24,12 @@ from sse_edge.protocol import ChunkWriter, completion_body
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 
 
-def frame(body: dict[str, Any] | str, event_id: str | None = None) -> ServerSentEvent:
-    """One SSE event; JSON escapes newlines, so content can never break the framing."""
+def frame(body: dict[str, Any] | str, event_id: str | None = None) -> bytes:
+    """One SSE event, encoded here (sse-starlette passes bytes through): the data is JSON or
+    ``[DONE]`` and the id is ``partition-offset``, so neither can hold a newline that would
+    break the framing."""
     data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    return ServerSentEvent(data, id=event_id, sep="\n")
+    return f"id: {event_id}\ndata: {data}\n\n".encode() if event_id else f"data: {data}\n\n".encode()
 
 
 def generation_error(event: TokenEvent) -> ApiError | None:
@@ -50,7 +51,7 @@ class RelayHooks:
 async def sse_frames(
     events: AsyncGenerator[ReplyEvent, None], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
     started: float, send_role: bool = True,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[bytes]:
     finished = False
     last_sent: float | None = None
     metrics.open_streams.inc()
