@@ -43,9 +43,10 @@ async def chat_completions(request: Request) -> Response:
                        param="model", code="model_not_allowed")
 
     request_id = new_request_id()
+    digest = body_hash(raw)
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key:
-        earlier = await claim_idempotency_key(edge, key, idempotency_key, body_hash(raw), request_id)
+        earlier = await claim_idempotency_key(edge, key, idempotency_key, digest, request_id)
         if earlier is not None:
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
     try:
@@ -53,7 +54,7 @@ async def chat_completions(request: Request) -> Response:
         buckets = await rate_limit_buckets(edge, key, chat)
         decision = await admit(edge, buckets)
         bus_request = to_bus_request(chat, edge, key, request_id)
-        stream = await publish(edge, bus_request, chat, body_hash(raw))
+        stream = await publish(edge, bus_request, chat, digest)
     except ApiError:
         if idempotency_key:  # never published: a retry with this key must be able to try again
             await edge.streams.release(key.tenant, idempotency_key, request_id)

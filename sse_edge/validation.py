@@ -18,12 +18,12 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_body_bytes:
         raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
-    raw = b""
+    raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > max_body_bytes:
             raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
-    return raw
+    return bytes(raw)
 
 
 def body_hash(raw: bytes) -> str:
