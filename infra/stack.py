@@ -38,6 +38,7 @@ class StackSettings(BaseSettings):
     broker_port: int = 9092
     edge_port: int = 8700
     worker_port: int = 8701
+    processors_port: int = 8702
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "tokenbus:"
     engine: str = "simulated"
@@ -71,7 +72,21 @@ class EmbeddedStack:
             models=self.settings.models,
         )
 
+    @property
+    def transcripts_path(self) -> Path:
+        return self.settings.run_root / "transcripts.sqlite3"
+
+    @property
+    def clickhouse_path(self) -> Path:
+        return self.settings.run_root / "clickhouse"
+
+    @property
+    def processors_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.processors_port}"
+
     def bus_env(self) -> dict[str, str]:
+        """What every service is told: the bus, and where the embedded stores live (they
+        outlast a run: the bus is in memory, transcripts and billing are not)."""
         bus = self.bus_settings()
         return {
             **self.extra_env,
@@ -79,6 +94,8 @@ class EmbeddedStack:
             "TOKENBUS_TOPIC_PREFIX": bus.topic_prefix,
             "TOKENBUS_MODELS": ",".join(bus.models),
             "TOKENBUS_TIERS": ",".join(bus.tiers),
+            "TOKENBUS_TRANSCRIPTS_SQLITE_PATH": str(self.transcripts_path.resolve()),
+            "TOKENBUS_CLICKHOUSE_URL": f"chdb://{self.clickhouse_path.resolve()}",
         }
 
     def start(self, worker_env: dict[str, dict[str, str]] | None = None, unserved: tuple[str, ...] = ()) -> None:
@@ -90,6 +107,7 @@ class EmbeddedStack:
                 continue
             self.start_worker(f"gpu-consumer-{model}", port, model=model, env=(worker_env or {}).get(model))
             port = free_port()
+        self.start_processors("processors", self.settings.processors_port)
         self.start_edge("edge", self.settings.edge_port)
         self.dev_key = asyncio.run(self.create_key("dev", "standard"))
         self._write_pids()
@@ -152,6 +170,19 @@ class EmbeddedStack:
         url = f"http://{self.settings.host}:{port}/healthz"
         wait_until(lambda: http_ok(url), f"{name} to join its group", worker, self.settings.startup_timeout_s)
         return worker
+
+    def start_processors(self, name: str, port: int, env: dict[str, str] | None = None) -> ManagedProcess:
+        """The faust worker: moderation, transcripts and billing (one process owns chDB's directory)."""
+        processors_env = {
+            **self.bus_env(),
+            "TOKENBUS_PROC_HOST": self.settings.host,
+            "TOKENBUS_PROC_PORT": str(port),
+            **(env or {}),
+        }
+        processors = self._spawn(name, [sys.executable, "-m", "stream_processors"], processors_env)
+        url = f"http://{self.settings.host}:{port}/healthz"
+        wait_until(lambda: http_ok(url), f"{name} on port {port}", processors, self.settings.startup_timeout_s)
+        return processors
 
     def start_edge(self, name: str, port: int, reply_partitions: str = "0", env: dict[str, str] | None = None) -> ManagedProcess:
         edge_env = {

@@ -67,12 +67,23 @@ class ReplyStream:
 
     def offer(self, reply: ReplyEvent) -> None:
         """Accept an event from the router; drop repeats, hold events that arrive early."""
+        if reply.event.truncate:
+            self._truncate(reply)
+            return
         seq = reply.event.seq
         if self._done or seq < self.next_seq or seq in self._early:
             return
         self._early[seq] = reply
         while self.next_seq in self._early and not self._done:
             self._push(self._early.pop(self.next_seq))
+
+    def _truncate(self, reply: ReplyEvent) -> None:
+        """Output moderation stops the stream where the reader is: what was delivered stays
+        delivered, nothing after it is (events held for later seqs are dropped)."""
+        if self._done:
+            return
+        self._early.clear()
+        self._push(reply)
 
     def _push(self, reply: ReplyEvent) -> None:
         self.next_seq += 1

@@ -93,6 +93,11 @@ class TokenEvent:
     completion_tokens: int | None = None
     worker_id: str = ""
     created_at_ms: int = field(default_factory=now_ms)
+    # Output moderation's stop signal: ends the stream wherever its reader is (see ReplyStream.offer).
+    truncate: bool = False
+    # Who asked, on the first event only: output moderation applies the tier's actions.
+    tenant: str | None = None
+    tier: str | None = None
 
     @property
     def is_final(self) -> bool:
@@ -162,5 +167,31 @@ class Control:
         return cls(**{**data, "action": ControlAction(data["action"])})
 
 
-Record = ChatRequest | TokenEvent | Completion | Control
-RECORD_TYPES: tuple[type, ...] = (ChatRequest, TokenEvent, Completion, Control)
+@dataclass(slots=True)
+class ModerationDecision:
+    """What moderation decided about a prompt (``stage="input"``) or a token stream (``"output"``)."""
+
+    schema_name: ClassVar[str] = "tokenbus.ModerationDecision"
+
+    request_id: str
+    stage: str
+    action: str
+    tenant: str = ""
+    model: str = ""
+    tier: str = ""
+    categories: list[str] = field(default_factory=list)
+    scores: dict[str, float] = field(default_factory=dict)
+    seq: int | None = None
+    policy: str = ""
+    decided_at_ms: int = field(default_factory=now_ms)
+
+    def to_avro(self) -> dict[str, Any]:
+        return _fields(self)
+
+    @classmethod
+    def from_avro(cls, data: dict[str, Any]) -> ModerationDecision:
+        return cls(**data)
+
+
+Record = ChatRequest | TokenEvent | Completion | Control | ModerationDecision
+RECORD_TYPES: tuple[type, ...] = (ChatRequest, TokenEvent, Completion, Control, ModerationDecision)

@@ -20,6 +20,7 @@ from sse_edge.protocol import model_list_body
 from sse_edge.resume import resume_stream
 from sse_edge.services import EdgeServices
 from sse_edge.settings import EdgeSettings
+from sse_edge.transcripts import list_conversations, list_messages
 
 
 async def list_models(request: Request) -> Response:
@@ -106,6 +107,8 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
             Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/conversations", list_conversations, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}/messages", list_messages, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),

@@ -83,7 +83,8 @@ async def publish(edge: EdgeServices, bus_request: ChatRequest, chat: ChatComple
     stream = edge.bus.router.open(bus_request.request_id)
     try:
         await register_stream(edge, bus_request, chat, digest)
-        await edge.bus.publisher.publish(bus_request)
+        ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
+        await edge.bus.publisher.publish(bus_request, topic=ingress)
     except KafkaError as exc:
         edge.bus.router.close(bus_request.request_id)
         raise ApiError(503, f"The request bus is unavailable: {type(exc).__name__}.", type="server_error",
@@ -167,6 +168,7 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeServices, key: ApiKey,
         tier=key.tier,
         tenant=key.tenant,
         key_id=key.key_id,
+        conversation_id=chat.conversation_id,
         messages=[ChatMessage(role=m.role, content=m.text()) for m in chat.messages],
         max_tokens=chat.token_limit,
         temperature=chat.temperature,

@@ -6,6 +6,7 @@ Kept apart from the serving logic (as vLLM does): nothing here knows about Kafka
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any, Literal
 
@@ -45,6 +46,7 @@ UNSUPPORTED = {
     "web_search_options": "web search",
 }
 INT64 = 2**63 - 1
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class ChatCompletionRequest(BaseModel):
@@ -69,6 +71,24 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict | None = None
     modalities: list[str] | None = None
     user: str | None = Field(default=None, max_length=256)
+    # OpenAI's request metadata; tokenbus reads `conversation_id` from it to group transcripts.
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _openai_metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
+            raise ValueError("at most 16 pairs, keys up to 64 and values up to 512 characters")
+        conversation = value.get("conversation_id")
+        if conversation is not None and not CONVERSATION_ID.fullmatch(conversation):
+            raise ValueError("conversation_id must be 1 to 128 of A-Z a-z 0-9 . _ : -")
+        return value
+
+    @property
+    def conversation_id(self) -> str | None:
+        return (self.metadata or {}).get("conversation_id")
 
     @field_validator("stop")
     @classmethod

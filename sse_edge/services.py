@@ -16,6 +16,7 @@ from sse_edge.metrics import EdgeMetrics
 from sse_edge.ratelimit import RateLimiter
 from sse_edge.settings import EdgeSettings
 from sse_edge.streams import StreamRegistry
+from stream_processors.transcripts.store import TranscriptStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,13 @@ class EdgeServices:
         self.queues = QueueDepthMonitor(settings.bus)
         self.metrics = EdgeMetrics()
         self._background: set[asyncio.Task[None]] = set()
+        self._transcripts: TranscriptStore | None = None
+
+    def transcripts(self) -> TranscriptStore:
+        """Opened on first read: an edge that serves no transcript reads needs no store."""
+        if self._transcripts is None:
+            self._transcripts = open_store(self.settings.transcripts)
+        return self._transcripts
 
     async def start(self) -> None:
         await self.bus.start()
@@ -44,6 +52,8 @@ class EdgeServices:
         await self.queues.stop()
         await self.bus.stop()
         await self.redis.aclose()
+        if self._transcripts is not None:
+            await self._transcripts.close()
 
     def in_background(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

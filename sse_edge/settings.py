@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from stream_processors.transcripts.store import TranscriptSettings
 from topics import BusSettings
 from topics.settings import split_csv
 
@@ -25,6 +26,10 @@ class EdgeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOKENBUS_EDGE_", extra="ignore")
 
     bus: BusSettings = Field(default_factory=BusSettings)
+    transcripts: TranscriptSettings = Field(default_factory=TranscriptSettings)
+    # `ingress`: requests go through input moderation (`requests.ingress`); `direct`: straight
+    # to `requests.<model>.<tier>`, for a deployment that runs no moderation.
+    route: Literal["ingress", "direct"] = "ingress"
     host: str = "127.0.0.1"
     port: int = 8700
     # The partitions of `tokens` this process owns; each edge process needs its own.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpu_consumers.engines.base import (
     FINISH_CANCELLED,
+    FINISH_CONTENT_FILTER,
     FINISH_ERROR,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -36,6 +37,7 @@ def load_engine(name: str) -> Engine:
 __all__ = [
     "ENGINE_NAMES",
     "FINISH_CANCELLED",
+    "FINISH_CONTENT_FILTER",
     "FINISH_ERROR",
     "FINISH_LENGTH",
     "FINISH_STOP",

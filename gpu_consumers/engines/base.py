@@ -21,6 +21,7 @@ from schemas import ChatMessage, ChatRequest
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_CANCELLED = "cancelled"
+FINISH_CONTENT_FILTER = "content_filter"  # stopped by output moderation
 FINISH_ERROR = "error"
 
 

@@ -1,0 +1,187 @@
+"""The faust app: one agent per job and input topic, a small web server for health,
+metrics and usage reports, and a timer exporting each processor's consumer lag.
+
+Agents stay thin (decode, hand to a handler, move on); the handlers live with their job
+(``moderation/``, ``transcripts/``, ``billing/``) and know nothing of faust.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Transport
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from schemas import ChatRequest, Completion, TokenEvent
+from stream_processors.billing.agent import ClickHouseSink
+from stream_processors.billing.clickhouse import UsageWriter, apply_schema, connect
+from stream_processors.billing.prices import PriceTable
+from stream_processors.billing.report import UsageQuery, reconcile, usage_report
+from stream_processors.context import ProcessorContext
+from stream_processors.moderation.ingress import IngressModeration
+from stream_processors.moderation.output import OutputModeration
+from stream_processors.moderation.policy import Policy
+from stream_processors.settings import ProcessorSettings
+from stream_processors.transcripts.store import open_store
+from stream_processors.transcripts.writer import TranscriptWriter
+
+log = logging.getLogger(__name__)
+
+RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+LAG_INTERVAL_S = 1.0
+
+
+def low_latency_transport(fetch_max_wait_ms: int) -> type[Transport]:
+    """faust hard-codes a 1.5 s fetch wait, and the embedded broker holds fetches for about
+    half of it (PLATFORM.md): the ingress hop would add ~750 ms. This transport asks for
+    ``fetch_max_wait_ms`` instead."""
+
+    class LowLatencyConsumerThread(AIOKafkaConsumerThread):
+        def _create_worker_consumer(self, transport: Transport) -> Any:
+            consumer = super()._create_worker_consumer(transport)
+            consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by AIOKafkaConsumer.start()
+            return consumer
+
+    class LowLatencyConsumer(Consumer):
+        def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
+            return LowLatencyConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    class LowLatencyTransport(Transport):
+        Consumer = LowLatencyConsumer
+
+    return LowLatencyTransport
+
+
+def create_app(settings: ProcessorSettings | None = None) -> faust.App:
+    settings = settings or ProcessorSettings()
+    broker = f"kafka://{settings.bus.bootstrap_servers}"
+    app = faust.App(
+        settings.group_id,
+        broker=broker,
+        store="memory://",
+        autodiscover=False,
+        topic_allow_declare=False,  # topics are provisioned with their partition counts (topics.ensure_topics)
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=0.5,
+        producer_linger_ms=0,
+        stream_wait_empty=False,
+        web_enabled=True,
+        web_bind=settings.host,
+        web_port=settings.port,
+        web_host=settings.host,
+    )
+    app.transport = low_latency_transport(settings.fetch_max_wait_ms)(app.conf.broker_consumer, app, loop=app.loop)
+    ctx = ProcessorContext(settings)
+    app.tokenbus = ctx  # type: ignore[attr-defined]
+    policy = Policy.load(settings.policy_file)
+    jobs = set(settings.jobs)
+    if "moderation" in jobs:
+        add_moderation(app, ctx, policy)
+    if "transcripts" in jobs:
+        add_transcripts(app, ctx, policy)
+    sink = add_billing(app, ctx) if "billing" in jobs else None
+    add_pages(app, ctx, sink)
+    add_lag_timer(app, ctx)
+
+    @app.on_before_shutdown.connect
+    async def close(app: faust.App, **kwargs: Any) -> None:
+        await ctx.stop()
+
+    return app
+
+
+def topic(app: faust.App, name: str) -> faust.TopicT:
+    return app.topic(name, **RAW)
+
+
+def add_moderation(app: faust.App, ctx: ProcessorContext, policy: Policy) -> None:
+    ingress = IngressModeration(ctx, policy)
+    output = OutputModeration(ctx, policy)
+
+    @app.agent(topic(app, ctx.catalog.ingress), name=ingress.name)
+    async def moderate_ingress(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            await ctx.process(ingress.name, event.message, ChatRequest, ingress.handle)
+
+    @app.agent(topic(app, ctx.catalog.tokens), name=output.name)
+    async def moderate_output(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            await ctx.process(output.name, event.message, TokenEvent, output.handle)
+
+
+def add_transcripts(app: faust.App, ctx: ProcessorContext, policy: Policy) -> None:
+    writer = TranscriptWriter(open_store(ctx.settings.transcripts), policy)
+
+    @app.agent(topic(app, ctx.catalog.completions), name=writer.name)
+    async def write_transcripts(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            await ctx.process(writer.name, event.message, Completion, writer.handle)
+
+
+def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:
+    settings = ctx.settings
+    prices = PriceTable.load(settings.prices_file)
+
+    def writer() -> UsageWriter:
+        client = connect(settings.clickhouse)
+        apply_schema(client, settings.clickhouse.database)
+        usage = UsageWriter(client, settings.clickhouse.database, prices)
+        usage.load_prices()
+        return usage
+
+    sink = ClickHouseSink(ctx, writer)
+    size, within = settings.billing_batch_size, settings.billing_batch_s
+
+    @app.agent(topic(app, ctx.catalog.completions), name="bill-usage")
+    async def bill_usage(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(size, within=within):
+            await sink.bill([e.message for e in events])
+
+    @app.agent(topic(app, ctx.catalog.moderation), name="store-decisions")
+    async def store_decisions(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(size, within=within):
+            await sink.store_decisions([e.message for e in events])
+
+    return sink
+
+
+def add_pages(app: faust.App, ctx: ProcessorContext, sink: ClickHouseSink | None) -> None:
+    @app.page("/healthz")
+    async def healthz(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        return self.json({"status": "ok", "jobs": ctx.settings.jobs})
+
+    @app.page("/metrics")
+    async def metrics(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        return self.bytes(generate_latest(ctx.metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    @app.page("/usage")
+    async def usage(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        """Usage reports for ``tokenbus usage`` where chDB's directory is this process's alone."""
+        if sink is None:
+            return self.json({"error": "this worker does not run the billing job"}, status=404)
+        try:
+            query = UsageQuery.from_params(dict(request.query))
+        except ValueError as exc:
+            return self.json({"error": str(exc)}, status=400)
+        database = ctx.settings.clickhouse.database
+        if request.query.get("check"):
+            return self.json(await sink.call(lambda w: reconcile(w.client, database)))
+        return self.json(await sink.call(lambda w: usage_report(w.client, database, query)))
+
+
+def add_lag_timer(app: faust.App, ctx: ProcessorContext) -> None:
+    @app.timer(LAG_INTERVAL_S)
+    async def export_lag() -> None:
+        """Lag = the partition's high-water mark (from fetch responses, right on every broker)
+        minus the next offset the processor will handle."""
+        for (processor, topic_name, partition), position in list(ctx.positions.items()):
+            try:
+                high = app.consumer.highwater(faust.types.TP(topic_name, partition))
+            except Exception:
+                continue
+            if high is not None and high >= 0:
+                ctx.metrics.lag.labels(processor, topic_name, str(partition)).set(max(0, high - position))

@@ -1,0 +1,123 @@
+"""What every processor shares: the codec, the topic catalog, a producer for what they
+emit, the dead-letter path, metrics, and the one rule for failures:
+
+- a record that cannot be decoded, or that its processor rejects, goes to ``dlq`` with the
+  reason in headers, and the stream moves on;
+- a store or broker that is unavailable is retried with backoff until it answers, so the
+  record is neither lost nor skipped (its offset is not committed meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from producers import DeadLetterPublisher, RequestPublisher
+from schemas import AvroCodec, DecodeError, Record
+from stream_processors.metrics import ProcessorMetrics
+from stream_processors.settings import ProcessorSettings
+from topics import TopicCatalog, make_producer
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+class Rejected(ValueError):
+    """A record its processor cannot handle, ever: it goes to dlq with this reason."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Failures of something outside the record (a store, the broker): retry, never dead-letter."""
+    errors: list[type[BaseException]] = [OSError, KafkaError, sqlite3.OperationalError, TimeoutError]
+    try:
+        from clickhouse_connect.driver.exceptions import OperationalError
+
+        errors.append(OperationalError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+class ProcessorContext:
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.settings = settings
+        self.codec = AvroCodec()
+        self.catalog = TopicCatalog(settings.bus)
+        self.metrics = ProcessorMetrics()
+        self.transient = transient_errors()
+        self._producer: AIOKafkaProducer | None = None
+        self._producer_lock = asyncio.Lock()
+        self.positions: dict[tuple[str, str, int], int] = {}  # (processor, topic, partition) -> next offset
+
+    async def producer(self) -> AIOKafkaProducer:
+        async with self._producer_lock:
+            if self._producer is None:
+                producer = make_producer(self.settings.bus)
+                await producer.start()
+                self._producer = producer
+        return self._producer
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def send(self, topic: str, record: Record, key: str, partition: int | None = None) -> None:
+        producer = await self.producer()
+        delivery = await producer.send(topic, self.codec.encode(record), key=key.encode(), partition=partition)
+        await delivery
+
+    async def request_publisher(self) -> RequestPublisher:
+        return RequestPublisher(await self.producer(), self.catalog, self.codec)
+
+    async def dead_letter(self, processor: str, message: Any, reason: str, detail: str = "") -> None:
+        self.metrics.dead_letters.labels(processor, reason).inc()
+        await self.retrying(processor, lambda: self._dead_letter(message, reason, detail))
+
+    async def _dead_letter(self, message: Any, reason: str, detail: str) -> None:
+        await DeadLetterPublisher(await self.producer(), self.catalog).send(message, reason, detail)
+
+    def decode(self, message: Any, record_type: type[R]) -> R:
+        return self.codec.decode(message.value, record_type)
+
+    async def retrying(self, processor: str, action: Callable[[], Awaitable[R]]) -> R:
+        """Run ``action`` until it succeeds, backing off on transient failures."""
+        delay = 0.05
+        while True:
+            try:
+                return await action()
+            except self.transient as exc:
+                self.metrics.retries.labels(processor).inc()
+                log.warning("%s: %s (%s); retrying in %.2fs", processor, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_max_delay_s)
+
+    async def process(self, processor: str, message: Any, record_type: type[R],
+                      handle: Callable[[R, Any], Awaitable[None]]) -> None:
+        """Decode one record and hand it to ``handle``; dead-letter what cannot be processed."""
+        self.positions[(processor, message.topic, message.partition)] = message.offset + 1
+        try:
+            record = self.decode(message, record_type)
+        except DecodeError as exc:
+            await self.dead_letter(processor, message, exc.reason, exc.detail)
+            return
+        try:
+            await self.retrying(processor, lambda: handle(record, message))
+        except Rejected as exc:
+            await self.dead_letter(processor, message, exc.reason, exc.detail)
+            return
+        except Exception as exc:  # a bug or a record no code path expected: never crash-loop on it
+            log.exception("%s failed on %s/%s/%s", processor, message.topic, message.partition, message.offset)
+            await self.dead_letter(processor, message, "processing_failed", f"{type(exc).__name__}: {exc}")
+            return
+        self.metrics.events.labels(processor).inc()

@@ -1,0 +1,52 @@
+"""Settings of one stream-processor worker (``TOKENBUS_PROC_*``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from stream_processors.billing.clickhouse import ClickHouseSettings
+from stream_processors.transcripts.store import TranscriptSettings
+from topics import BusSettings
+from topics.settings import split_csv
+
+JOBS = ("moderation", "transcripts", "billing")
+
+
+class ProcessorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOKENBUS_PROC_", extra="ignore")
+
+    bus: BusSettings = Field(default_factory=BusSettings)
+    transcripts: TranscriptSettings = Field(default_factory=TranscriptSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    # The consumer group is `<topic prefix><app_id>`; workers sharing it share the partitions.
+    app_id: str = "processors"
+    # Which jobs this worker runs: moderation, transcripts, billing (ClickHouse: usage and decisions).
+    jobs: Annotated[list[str], NoDecode] = list(JOBS)
+    host: str = "127.0.0.1"
+    port: int = 8702
+    policy_file: Path | None = None
+    prices_file: Path | None = None
+    # Billing inserts when this many completions are waiting, or this long after the first.
+    billing_batch_size: int = 1000
+    billing_batch_s: float = 0.5
+    # faust asks the broker to hold fetches 1.5 s; the ingress hop needs a small wait (PLATFORM.md).
+    fetch_max_wait_ms: int = 5
+    retry_max_delay_s: float = 5.0
+
+    _split_jobs = field_validator("jobs", mode="before")(split_csv)
+
+    @field_validator("jobs")
+    @classmethod
+    def _known_jobs(cls, jobs: list[str]) -> list[str]:
+        unknown = sorted(set(jobs) - set(JOBS))
+        if unknown:
+            raise ValueError(f"unknown jobs {unknown}; choose from {list(JOBS)}")
+        return jobs
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.bus.topic_prefix}{self.app_id}"
