@@ -9,7 +9,16 @@ import platform
 import time
 from pathlib import Path
 
-from bench import consumer_throughput, edge_costs, load_sweep, pipeline_overhead, scale_out, sse_fanout, tier_fairness
+from bench import (
+    consumer_throughput,
+    edge_costs,
+    load_sweep,
+    pipeline_overhead,
+    processors,
+    scale_out,
+    sse_fanout,
+    tier_fairness,
+)
 
 RESULTS_DIR = Path(__file__).parent / "results"
 SCENARIOS = {
@@ -20,6 +29,7 @@ SCENARIOS = {
     "scale_out": scale_out,
     "consumer_throughput": consumer_throughput,
     "edge_costs": edge_costs,
+    "processors": processors,
 }
 
 

@@ -30,8 +30,9 @@ def raise_open_file_limit() -> int:
 
 @contextlib.contextmanager
 def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env: dict[str, str] | None = None,
-                start_services: bool = True) -> Iterator[EmbeddedStack]:
-    """A stack on free ports; without services it is only the bus (broker, Redis, topics)."""
+                start_services: bool = True, unserved: tuple[str, ...] = ()) -> Iterator[EmbeddedStack]:
+    """A stack on free ports; without services it is only the bus (broker, Redis, topics).
+    ``unserved`` models have topics but no GPU consumer."""
     raise_open_file_limit()
     with tempfile.TemporaryDirectory(prefix="tokenbus-bench-") as tmp:
         settings = StackSettings(
@@ -39,8 +40,9 @@ def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env
             broker_port=free_port(),
             edge_port=free_port(),
             worker_port=free_port(),
+            processors_port=free_port(),
             topic_prefix=f"bench{uuid.uuid4().hex[:6]}.",
-            models=[MODEL],
+            models=[MODEL, *unserved],
         )
         env = {**sim_env(sim), "TOKENBUS_WORKER_MAX_NUM_SEQS": str(max_num_seqs),
                # Benchmarks measure the pipeline, not admission control: no queue limit.
@@ -48,7 +50,7 @@ def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env
                **(extra_env or {})}
         stack = EmbeddedStack(settings, extra_env=env)
         try:
-            stack.start() if start_services else stack.start_bus()
+            stack.start(unserved=unserved) if start_services else stack.start_bus()
             yield stack
         finally:
             stack.stop()

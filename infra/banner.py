@@ -20,6 +20,11 @@ tokenbus is up.
   broker    {stack.bootstrap_servers}
   logs      {stack.run_dir}/
   processes {processes}
+  processors {stack.processors_url}/metrics   (moderation, transcripts, billing)
+  stores    transcripts {stack.transcripts_path}, ClickHouse (chDB) {stack.clickhouse_path}/
+
+Usage and cost per tenant, model and tier:   tokenbus usage --bucket minute [--plot usage.png]
+Transcripts of your tenant:                  curl {base}/conversations -H "Authorization: Bearer ..."
 
 Stream a completion:
 

@@ -19,6 +19,8 @@ from infra.broker import BrokerNotFound, broker_binary
 from infra.processes import StartupError
 from infra.redis_server import install_redis_server, redis_answers
 from infra.stack import EmbeddedStack, StackSettings, stop_recorded
+from infra.usage import add_arguments as add_usage_arguments
+from infra.usage import cmd_usage
 from sse_edge.keys import KeyStore, Limits
 from sse_edge.settings import EdgeSettings
 from topics import BusSettings, TopicCatalog, ensure_topics
@@ -166,6 +168,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_processors(args: argparse.Namespace) -> int:
+    from stream_processors.__main__ import main
+
+    main()
+    return 0
+
+
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     from infra.loadgen.serve import cmd_serve
 
@@ -187,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("topics", help="create missing topics on TOKENBUS_BOOTSTRAP_SERVERS").set_defaults(run=cmd_topics)
     commands.add_parser("edge", help="run one SSE edge process (TOKENBUS_EDGE_*)").set_defaults(run=cmd_edge)
     commands.add_parser("worker", help="run one GPU consumer process (TOKENBUS_WORKER_*)").set_defaults(run=cmd_worker)
+    commands.add_parser("processors", help="run one stream-processor worker (TOKENBUS_PROC_*)").set_defaults(
+        run=cmd_processors)
+    usage = commands.add_parser("usage", help="usage and cost per tenant, model and tier (ClickHouse)")
+    add_usage_arguments(usage)
+    usage.set_defaults(run=cmd_usage)
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     serve = bench.add_parser("serve", help="load-test any OpenAI-compatible streaming endpoint")
     add_serve_arguments(serve)

@@ -18,7 +18,7 @@ from schemas import ChatRequest, Completion, TokenEvent
 from stream_processors.billing.agent import ClickHouseSink
 from stream_processors.billing.clickhouse import UsageWriter, apply_schema, connect
 from stream_processors.billing.prices import PriceTable
-from stream_processors.billing.report import UsageQuery, reconcile, usage_report
+from stream_processors.billing.report import UsageQuery, reconcile, request_usage, usage_report
 from stream_processors.context import ProcessorContext
 from stream_processors.moderation.ingress import IngressModeration
 from stream_processors.moderation.output import OutputModeration
@@ -170,6 +170,9 @@ def add_pages(app: faust.App, ctx: ProcessorContext, sink: ClickHouseSink | None
         database = ctx.settings.clickhouse.database
         if request.query.get("check"):
             return self.json(await sink.call(lambda w: reconcile(w.client, database)))
+        if request.query.get("request_id"):
+            request_id = request.query["request_id"]
+            return self.json(await sink.call(lambda w: request_usage(w.client, database, request_id)))
         return self.json(await sink.call(lambda w: usage_report(w.client, database, query)))
 
 

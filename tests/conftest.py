@@ -14,6 +14,7 @@ import pytest
 from gpu_consumers.engines import SimulatedEngineSettings
 from infra.processes import free_port
 from infra.stack import EmbeddedStack, StackSettings
+from stream_processors.moderation.policy import DEFAULT_POLICY_FILE
 from topics import BusSettings, TopicCatalog, ensure_topics
 
 # The simulated engine every stack process runs; tests rebuild it in-process to know
@@ -26,6 +27,17 @@ MODEL = "tokenbus-sim"
 SLOW_MODEL = "tokenbus-slow"
 SLOW_SETTINGS = SimulatedEngineSettings(seed=3, ttft_ms=5, tokens_per_s=50, min_tokens=300, max_tokens=300)
 UNSERVED_MODEL = "tokenbus-unserved"
+# The stack's moderation policy: the default one, plus a phrase the simulated engine
+# utters now and then, which output moderation blocks on the interactive tier only (no
+# other test uses that tier on the stack, so no other stream is cut short).
+SIM_PHRASE = "the edge"
+TEST_POLICY = DEFAULT_POLICY_FILE.read_text() + f"""
+[categories.sim_phrase]
+phrases = ["{SIM_PHRASE}"]
+
+[output_actions.interactive]
+sim_phrase = "block"
+"""
 
 
 def unique_prefix() -> str:
@@ -39,6 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
         broker_port=free_port(),
         edge_port=free_port(),
         worker_port=free_port(),
+        processors_port=free_port(),
         redis_url=os.environ.get("TOKENBUS_STACK_REDIS_URL", "redis://127.0.0.1:6379/0"),
         topic_prefix=unique_prefix(),
         redis_prefix=f"test-{uuid.uuid4().hex[:8]}:",
@@ -46,7 +59,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     )
     edge_env = {"TOKENBUS_EDGE_DISCONNECT_GRACE_S": "1", "TOKENBUS_EDGE_KEY_CACHE_TTL_S": "0.5",
                 "TOKENBUS_EDGE_MAX_QUEUE_DEPTH": "interactive:1000,standard:1000,batch:3"}
-    embedded = EmbeddedStack(settings, extra_env={**SIM_ENV, **edge_env})
+    policy = settings.run_root / "policy.toml"
+    policy.write_text(TEST_POLICY)
+    processors_env = {"TOKENBUS_PROC_POLICY_FILE": str(policy), "TOKENBUS_PROC_BILLING_BATCH_S": "0.2"}
+    embedded = EmbeddedStack(settings, extra_env={**SIM_ENV, **edge_env, **processors_env})
     slow_env = {f"TOKENBUS_SIM_{k.upper()}": str(v) for k, v in SLOW_SETTINGS.model_dump().items()}
     try:
         embedded.start(worker_env={SLOW_MODEL: slow_env}, unserved=(UNSERVED_MODEL,))

@@ -39,8 +39,9 @@ class ClickHouseSink:
         self._writer = None
 
     async def write_batch(self, processor: str, messages: Sequence[Any], record_type: type[R],
-                          write: Callable[[UsageWriter, list[R]], int]) -> int:
-        """Decode a batch (dead-lettering what does not decode), then write it until ClickHouse takes it."""
+                          write: Callable[[UsageWriter, list[R]], int]) -> tuple[int, int]:
+        """Returns how many records decoded and how many rows were written."""
+        # Decode (dead-lettering what does not decode), then write until ClickHouse takes it.
         decoded: list[tuple[Any, R]] = []
         for message in messages:
             self.ctx.positions[(processor, message.topic, message.partition)] = message.offset + 1
@@ -50,7 +51,7 @@ class ClickHouseSink:
                 await self.ctx.dead_letter(processor, message, exc.reason, exc.detail)
         records = [record for _, record in decoded]
         if not records:
-            return 0
+            return 0, 0
         started = time.perf_counter()
         try:
             written = await self.ctx.retrying(processor, lambda: self._write(records, write))
@@ -59,7 +60,7 @@ class ClickHouseSink:
             written = await self._write_singly(processor, decoded, write)
         self.ctx.metrics.batch_seconds.labels(processor).observe(time.perf_counter() - started)
         self.ctx.metrics.events.labels(processor).inc(len(records))
-        return written
+        return len(records), written
 
     async def _write_singly(self, processor: str, decoded: list[tuple[Any, Any]],
                             write: Callable[[UsageWriter, list], int]) -> int:
@@ -80,8 +81,9 @@ class ClickHouseSink:
             raise
 
     async def bill(self, messages: Sequence[Any]) -> None:
-        completions = await self.write_batch("bill-usage", messages, Completion, UsageWriter.write)
-        self.ctx.metrics.usage_rows.inc(completions)
+        decoded, written = await self.write_batch("bill-usage", messages, Completion, UsageWriter.write)
+        self.ctx.metrics.usage_rows.inc(written)
+        self.ctx.metrics.usage_duplicates.inc(decoded - written)
 
     async def store_decisions(self, messages: Sequence[Any]) -> None:
         await self.write_batch("store-decisions", messages, ModerationDecision, UsageWriter.write_decisions)

@@ -103,3 +103,14 @@ def reconcile(client: Any, database: str) -> dict[str, Any]:
     totals["raw_rows"] = int(raw_rows)
     totals["consistent"] = all(totals[b] == totals["raw"] for b in BUCKETS)
     return totals
+
+
+def request_usage(client: Any, database: str, request_id: str) -> dict[str, Any]:
+    """The raw usage rows of one request (there is one, or none yet)."""
+    result = client.query(
+        f"SELECT request_id, tenant, model, tier, prompt_tokens, completion_tokens, input_cost_nanousd, "
+        f"output_cost_nanousd, finish_reason, cancelled, worker_id FROM {database}.usage_events "
+        "WHERE request_id = {id:String}",
+        parameters={"id": request_id},
+    )
+    return {"rows": [dict(zip(result.column_names, row)) for row in result.result_rows]}

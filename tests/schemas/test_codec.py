@@ -4,7 +4,17 @@ import random
 
 import pytest
 
-from schemas import AvroCodec, ChatMessage, ChatRequest, Completion, Control, ControlAction, DecodeError, TokenEvent
+from schemas import (
+    AvroCodec,
+    ChatMessage,
+    ChatRequest,
+    Completion,
+    Control,
+    ControlAction,
+    DecodeError,
+    ModerationDecision,
+    TokenEvent,
+)
 from schemas.codec import SCHEMA_DIR, SINGLE_OBJECT_MAGIC
 
 codec = AvroCodec()
@@ -50,7 +60,25 @@ def test_round_trip(record):
 
 def test_every_record_has_a_schema_file():
     names = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
-    assert names == {"ChatRequest", "TokenEvent", "Completion", "Control"}
+    assert names == {"ChatRequest", "TokenEvent", "Completion", "Control", "ModerationDecision"}
+
+
+def test_token_events_written_before_moderation_fields_still_read():
+    """History keeps v1 of TokenEvent (before truncate, tenant, tier): its records decode with the defaults."""
+    codec = AvroCodec()
+    v1 = json.loads((SCHEMA_DIR / "history" / "token_event.v1.avsc").read_text())
+    data = codec.encode_with(v1, {"request_id": "r", "seq": 3, "text": "hi", "token_ids": [1], "finish_reason": None,
+                                  "error": None, "prompt_tokens": None, "completion_tokens": None,
+                                  "worker_id": "w", "created_at_ms": 5})
+    event = codec.decode(data, TokenEvent)
+    assert (event.seq, event.text, event.truncate, event.tenant, event.tier) == (3, "hi", False, None, None)
+
+
+def test_moderation_decisions_round_trip():
+    codec = AvroCodec()
+    decision = ModerationDecision("r", "output", "block", tenant="t", tier="interactive", categories=["pii_card"],
+                                  scores={"pii_card": 1.0}, seq=12, policy="p@1")
+    assert codec.decode(codec.encode(decision), ModerationDecision) == decision
 
 
 def test_newer_reader_reads_older_record():
