@@ -51,3 +51,31 @@ async def test_idle_timeout_raises():
     with pytest.raises(ReplyStreamError, match="no token event"):
         async for _ in stream.events(idle_timeout=0.05):
             pass
+
+
+def truncation(seq: int) -> ReplyEvent:
+    event = TokenEvent("r", seq, finish_reason="content_filter", truncate=True, worker_id="moderation")
+    return ReplyEvent(event, partition=2, offset=500)
+
+
+async def test_a_truncation_ends_the_stream_where_the_reader_is():
+    """Output moderation's stop arrives with a seq the stream may already have passed: it still ends it,
+    and events held back for later seqs, or arriving after it, are never delivered."""
+    stream = ReplyStream("r")
+    for seq in [0, 1, 2, 4]:  # 4 waits for 3
+        stream.offer(reply(seq))
+    stream.offer(truncation(1))
+    stream.offer(reply(3))
+    stream.offer(reply(5, final=True))
+    delivered = [r.event async for r in stream.events(idle_timeout=1)]
+    assert [e.seq for e in delivered] == [0, 1, 2, 1]
+    assert delivered[-1].truncate and delivered[-1].finish_reason == "content_filter"
+    assert stream.done
+
+
+async def test_a_truncation_after_the_final_event_changes_nothing():
+    stream = ReplyStream("r")
+    stream.offer(reply(0))
+    stream.offer(reply(1, final=True))
+    stream.offer(truncation(1))
+    assert await drain(stream) == [0, 1]

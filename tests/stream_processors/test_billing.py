@@ -1,0 +1,153 @@
+"""Billing against real ClickHouse (chDB, embedded in this process), and the billing sink's
+retry and dead-letter paths against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from schemas import AvroCodec, Completion, ModerationDecision
+from stream_processors.billing.agent import ClickHouseSink
+from stream_processors.billing.clickhouse import ClickHouseSettings, UsageWriter, apply_schema, connect
+from stream_processors.billing.prices import Price, PriceTable
+from stream_processors.billing.report import UsageQuery, reconcile, usage_report
+from stream_processors.context import ProcessorContext
+from stream_processors.settings import ProcessorSettings
+from tests.stream_processors.helpers import read_topic
+from topics import BusSettings, TopicCatalog
+
+PRICES = PriceTable([Price("*", "*", 0.10, 0.40), Price("m", "interactive", 1.0, 2.0)])
+
+
+@pytest.fixture(scope="session")
+def chdb(tmp_path_factory):
+    """chDB allows one data directory per process: the whole session shares this one."""
+    return connect(ClickHouseSettings(url=f"chdb://{tmp_path_factory.mktemp('chdb')}"))
+
+
+@pytest.fixture
+def writer(chdb) -> UsageWriter:
+    database = f"t_{uuid.uuid4().hex[:8]}"  # a database per test keeps them apart
+    apply_schema(chdb, database)
+    return UsageWriter(chdb, database, PRICES)
+
+
+def completion(i: int, tenant: str = "acme", tier: str = "standard", at_ms: int | None = None) -> Completion:
+    at = at_ms if at_ms is not None else int(time.time() * 1000) - i * 61_000  # spread over minutes
+    return Completion(f"req-{i}", "m", tier, "text", "stop", 10 + i, 20 + i, at - 50, at - 40, at, tenant=tenant)
+
+
+def test_prices_pick_the_most_specific_entry():
+    assert PRICES.price("m", "interactive").input_usd_per_mtok == 1.0
+    assert PRICES.price("m", "batch").input_usd_per_mtok == 0.10
+    assert PRICES.cost_nanousd("m", "interactive", 1_000_000, 1) == (1_000_000_000, 2_000)
+    assert PriceTable([]).cost_nanousd("m", "t", 5, 5) == (0, 0)
+
+
+def test_default_price_file_loads():
+    table = PriceTable.load()
+    assert table.price("any-model", "batch").output_usd_per_mtok < table.price("any-model", "interactive").output_usd_per_mtok
+
+
+def test_each_request_is_billed_once_however_often_it_arrives(writer):
+    batch = [completion(i) for i in range(20)]
+    assert writer.write(batch) == 20
+    assert writer.write(batch) == 0  # a replay
+    assert writer.write(batch[:5] + batch[:5]) == 0  # duplicates inside one batch
+    totals = reconcile(writer.client, writer.database)
+    assert totals["raw_rows"] == 20 and totals["consistent"]
+    (row,) = totals["raw"]
+    assert row["requests"] == 20
+    assert row["prompt_tokens"] == sum(10 + i for i in range(20))
+    assert row["output_cost_nanousd"] == sum(20 + i for i in range(20)) * 400
+
+
+def test_rollups_equal_the_raw_rows_per_bucket(writer):
+    writer.write([completion(i, tenant=t, tier=tier) for i in range(30)
+                  for t, tier in (("a", "standard"), ("b", "interactive"))][:45])
+    totals = reconcile(writer.client, writer.database)
+    assert totals["consistent"]
+    for bucket in ("minute", "hour", "day"):
+        assert totals[bucket] == totals["raw"]
+    minutes = usage_report(writer.client, writer.database, UsageQuery(bucket="minute", tenant="b"))["rows"]
+    assert {r["tenant"] for r in minutes} == {"b"} and len(minutes) > 1
+    assert sum(r["requests"] for r in minutes) == sum(r["requests"] for r in totals["raw"] if r["tenant"] == "b")
+
+
+def test_report_filters(writer):
+    writer.write([completion(0, tenant="a"), completion(1, tenant="b", tier="batch")])
+    def rows(**filters):
+        return usage_report(writer.client, writer.database, UsageQuery(bucket="day", **filters))["rows"]
+    assert {r["tenant"] for r in rows()} == {"a", "b"}
+    assert [r["tenant"] for r in rows(tier="batch")] == ["b"]
+    assert rows(model="other") == []
+    with pytest.raises(ValueError):
+        UsageQuery(bucket="week")
+
+
+def test_moderation_decisions_are_stored(writer):
+    decisions = [ModerationDecision(f"r{i}", "input", "block", tenant="a", categories=["jailbreak"],
+                                    scores={"jailbreak": 1.0}) for i in range(3)]
+    assert writer.write_decisions(decisions) == 3
+    result = writer.client.query(f"SELECT count(), any(categories) FROM {writer.database}.moderation_decisions")
+    assert result.result_rows == [(3, ["jailbreak"])]
+
+
+class FlakyWriter:
+    """Stands in for ClickHouse being away: the first ``failures`` calls raise a connection error."""
+
+    def __init__(self, real: UsageWriter, failures: int) -> None:
+        self.real, self.failures, self.calls = real, failures, 0
+
+    def write(self, completions):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionRefusedError("clickhouse is down")
+        return self.real.write(completions)
+
+
+def messages_of(records: list, topic: str = "tokenbus.completions") -> list:
+    codec = AvroCodec()
+    return [SimpleNamespace(topic=topic, partition=0, offset=i, key=r.request_id.encode(),
+                            value=codec.encode(r) if not isinstance(r, bytes) else r) for i, r in enumerate(records)]
+
+
+async def test_a_batch_waits_for_clickhouse_and_lands_exactly_once(writer, bus: BusSettings):
+    ctx = ProcessorContext(ProcessorSettings(bus=bus, retry_max_delay_s=0.05))
+    flaky = FlakyWriter(writer, failures=3)
+    sink = ClickHouseSink(ctx, lambda: flaky)
+    try:
+        decoded, written = await sink.write_batch("bill-usage", messages_of([completion(i) for i in range(5)]),
+                                                  Completion, lambda w, records: w.write(records))
+    finally:
+        await ctx.stop()
+    assert (decoded, written, flaky.calls) == (5, 5, 4)
+    assert ctx.metrics.retries.labels("bill-usage")._value.get() == 3
+    assert reconcile(writer.client, writer.database)["raw_rows"] == 5
+
+
+async def test_undecodable_and_rejected_records_go_to_dlq_and_the_rest_is_billed(writer, bus: BusSettings):
+    ctx = ProcessorContext(ProcessorSettings(bus=bus))
+
+    def write(w: UsageWriter, records: list[Completion]) -> int:
+        if any(r.request_id == "req-2" for r in records):
+            raise ValueError("ClickHouse refused the row")  # not transient: find the culprit, dead-letter it
+        return w.write(records)
+
+    good = [completion(i) for i in range(4)]
+    messages = messages_of(good) + [SimpleNamespace(topic="tokenbus.completions", partition=0, offset=99,
+                                                    key=b"junk", value=b"junk")]
+    sink = ClickHouseSink(ctx, lambda: writer)
+    try:
+        decoded, written = await sink.write_batch("bill-usage", messages, Completion, write)
+    finally:
+        await ctx.stop()
+    assert (decoded, written) == (4, 3)
+    dlq = await read_topic(bus, TopicCatalog(bus).dlq)
+    reasons = sorted(dict(r.headers)["tokenbus.dlq.reason"].decode() for r in dlq)
+    assert reasons == ["store_rejected", "truncated"]
+    assert reconcile(writer.client, writer.database)["raw_rows"] == 3
