@@ -102,11 +102,12 @@ def add_moderation(app: faust.App, ctx: ProcessorContext, policy: Policy) -> Non
     ingress = IngressModeration(ctx, policy)
     output = OutputModeration(ctx, policy)
 
-    @app.agent(topic(app, ctx.catalog.ingress), name=ingress.name)
+    @app.agent(topic(app, ctx.catalog.ingress), name=ingress.name, concurrency=ctx.settings.ingress_concurrency)
     async def moderate_ingress(stream: faust.StreamT) -> None:
         async for event in stream.events():
             await ctx.process(ingress.name, event.message, ChatRequest, ingress.handle)
 
+    # One at a time: a stream's window needs its events in order.
     @app.agent(topic(app, ctx.catalog.tokens), name=output.name)
     async def moderate_output(stream: faust.StreamT) -> None:
         async for event in stream.events():

@@ -33,6 +33,10 @@ class ProcessorSettings(BaseSettings):
     # Billing inserts when this many completions are waiting, or this long after the first.
     billing_batch_size: int = 1000
     billing_batch_s: float = 0.5
+    # Requests the ingress agent moderates at once: each waits for two broker acks, and one at a
+    # time caps a worker at a few hundred requests/s. (Requests of one conversation may then
+    # reach their request topic in another order; offsets still commit only past finished ones.)
+    ingress_concurrency: int = 8
     # faust asks the broker to hold fetches 1.5 s; the ingress hop needs a small wait (PLATFORM.md).
     fetch_max_wait_ms: int = 5
     retry_max_delay_s: float = 5.0

@@ -8,6 +8,7 @@ matches masked. Every request gets one decision on the ``moderation`` topic.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -41,11 +42,11 @@ class IngressModeration:
 
     async def handle(self, request: ChatRequest, message: Any) -> None:
         verdict, forward = self.review(request)
+        decision = self.ctx.send(self.ctx.catalog.moderation, self.decision(request, verdict), request.request_id)
         if verdict.action == BLOCK:
-            await self.refuse(request)
+            await asyncio.gather(self.refuse(request), decision)
         else:
-            await self.route(forward)
-        await self.ctx.send(self.ctx.catalog.moderation, self.decision(request, verdict), request.request_id)
+            await asyncio.gather(self.route(forward), decision)  # both acked before the offset commits
         self.ctx.metrics.decisions.labels(INPUT, verdict.action).inc()
 
     async def route(self, request: ChatRequest) -> None:
