@@ -45,18 +45,25 @@ class ClickHouseSettings(BaseSettings):
         return Path(self.url.removeprefix("chdb://")) if self.url.startswith("chdb://") else None
 
 
+class ClickHouseUnavailable(ConnectionError):
+    """No client could be made: the server is down, or another process holds chDB's directory."""
+
+
 def connect(settings: ClickHouseSettings) -> Any:
     """A clickhouse-connect client. chDB allows one process per data directory."""
     import clickhouse_connect
 
-    if settings.embedded_path is not None:
-        settings.embedded_path.mkdir(parents=True, exist_ok=True)
-        return clickhouse_connect.get_client(interface="chdb", path=str(settings.embedded_path))
-    url = urlparse(settings.url)
-    return clickhouse_connect.get_client(
-        interface=url.scheme or "http", host=url.hostname or "127.0.0.1", port=url.port or 8123,
-        username=url.username or "default", password=url.password or "",
-    )
+    try:
+        if settings.embedded_path is not None:
+            settings.embedded_path.mkdir(parents=True, exist_ok=True)
+            return clickhouse_connect.get_client(interface="chdb", path=str(settings.embedded_path))
+        url = urlparse(settings.url)
+        return clickhouse_connect.get_client(
+            interface=url.scheme or "http", host=url.hostname or "127.0.0.1", port=url.port or 8123,
+            username=url.username or "default", password=url.password or "",
+        )
+    except Exception as exc:  # the driver raises several types for "cannot connect"
+        raise ClickHouseUnavailable(f"cannot open ClickHouse at {settings.url}: {exc}") from exc
 
 
 def schema_statements(database: str) -> list[str]:
