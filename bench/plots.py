@@ -52,3 +52,12 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_soak(samples: list[dict[str, Any]], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name in samples[0]["rss_mib"]:
+        ax.plot([s["t_s"] / 60 for s in samples], [s["rss_mib"][name] for s in samples], label=name)
+    ax.set(xlabel="minutes under steady load", ylabel="RSS (MiB)", title="memory of every process during the soak")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -25,7 +25,12 @@ DEFAULT_QUEUE_SIZE = 4096
 
 
 class ReplyStreamError(RuntimeError):
-    """The stream cannot continue: its reader fell too far behind, or nothing arrived in time."""
+    """The stream cannot continue: its reader fell too far behind, nothing arrived in time,
+    or the bus went away. ``code`` says which, for the client's error event."""
+
+    def __init__(self, message: str, code: str = "stream_timeout") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +162,15 @@ class ReplyRouter:
 
     async def stop(self) -> None:
         await stop_reader(self._task, self._consumer)
-        for stream in self._streams.values():
-            stream.fail(ReplyStreamError("reply router stopped"))
+        self.fail_all(ReplyStreamError("reply router stopped"))
+
+    def fail_all(self, error: ReplyStreamError) -> int:
+        """End every open stream with ``error``; returns how many there were."""
+        streams = list(self._streams.values())
+        for stream in streams:
+            stream.fail(error)
         self._streams.clear()
+        return len(streams)
 
     def position(self, partition: int) -> int:
         """An offset no event published from now on can precede: where a new stream's replay starts."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from producers import ReplyRouter, RequestPublisher
 from schemas import AvroCodec
+from sse_edge.broker_watch import BrokerWatch
 from sse_edge.settings import EdgeSettings
 from topics import TopicCatalog, make_producer
 
@@ -16,11 +17,14 @@ class EdgeBus:
         self.producer = make_producer(settings.bus)
         self.publisher = RequestPublisher(self.producer, self.catalog, self.codec)
         self.router = ReplyRouter(settings.bus, settings.reply_partitions, self.codec)
+        self.watch = BrokerWatch(self.producer, self.router, settings.broker_check_s, settings.broker_grace_s)
 
     async def start(self) -> None:
         await self.producer.start()
         await self.router.start()
+        await self.watch.start()
 
     async def stop(self) -> None:
+        await self.watch.stop()
         await self.router.stop()
         await self.producer.stop()

@@ -50,6 +50,7 @@ async def chat_completions(request: Request) -> Response:
         if earlier is not None:
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
     try:
+        check_bus(edge)
         check_queue_depth(edge, chat.model, key.tier)
         buckets = await rate_limit_buckets(edge, key, chat)
         decision = await admit(edge, buckets)
@@ -117,6 +118,12 @@ async def claim_idempotency_key(edge: EdgeServices, key: ApiKey, idempotency_key
     except (redis.RedisError, OSError):
         raise ApiError(503, "Idempotent requests are unavailable right now; retry shortly.", type="server_error",
                        code="idempotency_unavailable", headers={"Retry-After": "1"}) from None
+
+
+def check_bus(edge: EdgeServices) -> None:
+    if not edge.bus.watch.available:
+        raise ApiError(503, "The request bus is unavailable; retry shortly.", type="server_error",
+                       code="bus_unavailable", headers={"Retry-After": "2"})
 
 
 def check_queue_depth(edge: EdgeServices, model: str, tier: str) -> None:

@@ -40,6 +40,11 @@ def generation_error(event: TokenEvent) -> ApiError | None:
                     code="generation_failed")
 
 
+def stream_error(exc: ReplyStreamError) -> ApiError:
+    status = 503 if exc.code == "bus_unavailable" else 504
+    return ApiError(status, str(exc), type="server_error", code=exc.code)
+
+
 @dataclass
 class RelayHooks:
     """What the relay reports back: usage when the stream ends, or that the client went away first."""
@@ -80,7 +85,7 @@ async def sse_frames(
         metrics.e2e.observe(time.perf_counter() - started)
     except ReplyStreamError as exc:
         finished = True
-        yield frame(ApiError(504, str(exc), type="server_error", code="stream_timeout").body())
+        yield frame(stream_error(exc).body())
     finally:
         metrics.open_streams.dec()
         await events.aclose()  # a replayed stream holds a Kafka consumer: release it now, not at GC
@@ -104,7 +109,7 @@ async def collect_completion(
     try:
         text, final = collecting.result()
     except ReplyStreamError as exc:
-        raise ApiError(504, str(exc), type="server_error", code="stream_timeout") from None
+        raise stream_error(exc) from None
     await hooks.on_final(final)
     error = generation_error(final)
     if error is not None:
