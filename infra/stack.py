@@ -192,6 +192,7 @@ class EmbeddedStack:
             "TOKENBUS_EDGE_HOST": self.settings.host,
             "TOKENBUS_EDGE_PORT": str(port),
             "TOKENBUS_EDGE_REPLY_PARTITIONS": reply_partitions,
+            "TOKENBUS_EDGE_USAGE_URL": self.processors_url,
             **(env or {}),
         }
         edge = self._spawn(name, [sys.executable, "-m", "sse_edge"], edge_env)

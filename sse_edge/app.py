@@ -21,6 +21,7 @@ from sse_edge.resume import resume_stream
 from sse_edge.services import EdgeServices
 from sse_edge.settings import EdgeSettings
 from sse_edge.transcripts import list_conversations, list_messages
+from sse_edge.usage import tenant_usage
 
 
 async def list_models(request: Request) -> Response:
@@ -108,6 +109,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),
+            Route("/v1/usage", tenant_usage, methods=["GET"]),
             Route("/v1/conversations/{conversation_id}/messages", list_messages, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),

@@ -42,6 +42,8 @@ class EdgeSettings(BaseSettings):
     stream_ttl_s: int = 86_400  # how long streams stay resumable and idempotency keys bind
     disconnect_grace_s: float = 5.0  # a dropped client has this long to resume before its generation is cancelled
     stream_idle_timeout_s: float = 60.0
+    # The billing processor's web address (its /usage page serves GET /v1/usage).
+    usage_url: str = "http://127.0.0.1:8702"
     broker_check_s: float = 1.0  # how often the edge asks whether the broker answers
     broker_grace_s: float = 5.0  # open streams end with an error once the broker is away this long
     heartbeat_s: float = 15.0

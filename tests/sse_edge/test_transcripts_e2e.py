@@ -97,3 +97,24 @@ async def test_bad_metadata_is_a_400(stack, api_key, metadata):
         response = await client.post(f"{stack.edge_url}/v1/chat/completions", json=body,
                                      headers={"Authorization": f"Bearer {api_key}"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "metadata"
+
+
+async def test_usage_is_the_keys_tenant_only_whatever_the_query_says(stack):
+    tenant_a, tenant_b = f"ua-{uuid.uuid4().hex[:6]}", f"ub-{uuid.uuid4().hex[:6]}"
+    key_a, key_b = await stack.create_key(tenant_a, "standard"), await stack.create_key(tenant_b, "standard")
+    answer_a = await chat(stack, key_a, "usage-a", "count me")
+    await chat(stack, key_b, "usage-b", "and me")
+    await chat(stack, key_b, "usage-b", "me too")
+
+    async def usage_of(key: str, expected_requests: int, **params):
+        response = await get(stack, key, "/usage", bucket="day", **params)
+        rows = response.json()["data"] if response.status_code == 200 else []
+        return rows if sum(r["requests"] for r in rows) == expected_requests else None
+
+    rows_a = await eventually(lambda: usage_of(key_a, 1))
+    assert rows_a[0]["completion_tokens"] == answer_a["usage"]["completion_tokens"]
+    assert "tenant" not in rows_a[0]
+    assert await eventually(lambda: usage_of(key_a, 1, tenant=tenant_b))  # asking for b still shows a
+    assert await eventually(lambda: usage_of(key_b, 2))
+    bad = await get(stack, key_a, "/usage", bucket="week")
+    assert bad.status_code == 400

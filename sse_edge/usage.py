@@ -1,0 +1,36 @@
+"""``GET /v1/usage``: a tenant's own usage and cost, from the billing rollups.
+
+The edge asks the billing processor's ``/usage`` page (the one process that holds the
+embedded ClickHouse; in production the same page in front of a ClickHouse server) and
+always names the key's tenant itself, so no query parameter can reach another tenant."""
+
+from __future__ import annotations
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sse_edge.errors import ApiError
+from sse_edge.services import EdgeServices
+
+FILTERS = ("bucket", "model", "tier", "since", "until")
+
+
+async def tenant_usage(request: Request) -> Response:
+    edge: EdgeServices = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    params = {name: request.query_params[name] for name in FILTERS if name in request.query_params}
+    params["tenant"] = key.tenant  # last: whatever the query said, this tenant only
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.get(f"{edge.settings.usage_url}/usage", params=params)
+    except httpx.HTTPError:
+        raise ApiError(503, "Usage is unavailable right now; retry shortly.", type="server_error",
+                       code="usage_unavailable", headers={"Retry-After": "5"}) from None
+    if response.status_code == 400:
+        raise ApiError(400, response.json().get("error", "bad usage query"), code="invalid_value")
+    if response.status_code != 200:
+        raise ApiError(503, "Usage is unavailable right now; retry shortly.", type="server_error",
+                       code="usage_unavailable", headers={"Retry-After": "5"})
+    rows = [{k: v for k, v in row.items() if k != "tenant"} for row in response.json()["rows"]]
+    return JSONResponse({"object": "list", "data": rows})
