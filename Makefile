@@ -15,7 +15,7 @@ test: setup
 bench: setup
 	$(BIN)/python -m bench
 
-# Fault injection at full strength (about 18 minutes here): every fault case of tests/faults
+# Fault injection at full strength (about 13 minutes here): every fault case of tests/faults
 # three times, the GPU-consumer crash takeover five times, then a soak of SOAK_S seconds.
 # RELIABILITY.md reports one such run. The cheaper cases run once in `make test`.
 SOAK_S ?= 480
