@@ -19,6 +19,10 @@ def page_params(request: Request, default_limit: int) -> tuple[int, str | None]:
     return int(raw), request.query_params.get("after") or None
 
 
+def invalid_cursor() -> ApiError:
+    return ApiError(400, "The 'after' cursor is not valid.", param="after", code="invalid_cursor")
+
+
 def list_body(page: Page, rows: list[dict]) -> dict:
     return {"object": "list", "data": rows, "has_more": page.next_cursor is not None, "next_cursor": page.next_cursor}
 
@@ -30,7 +34,7 @@ async def list_conversations(request: Request) -> Response:
     try:
         page = await edge.transcripts().list_conversations(key.tenant, limit, after)
     except BadCursor:
-        raise ApiError(400, "The 'after' cursor is not valid.", param="after", code="invalid_cursor") from None
+        raise invalid_cursor() from None
     rows = [{"object": "conversation", "id": c.conversation_id, "model": c.model,
              "last_turn_at": c.last_turn_at_ms / 1000, "last_request_id": c.last_request_id} for c in page.items]
     return JSONResponse(list_body(page, rows))
@@ -44,7 +48,7 @@ async def list_messages(request: Request) -> Response:
     try:
         page = await edge.transcripts().list_messages(key.tenant, conversation_id, limit, after)
     except BadCursor:
-        raise ApiError(400, "The 'after' cursor is not valid.", param="after", code="invalid_cursor") from None
+        raise invalid_cursor() from None
     if not page.items and after is None:
         # Another tenant's conversation and one that does not exist look the same.
         raise ApiError(404, f"No conversation '{conversation_id}'.", code="conversation_not_found")

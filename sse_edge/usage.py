@@ -16,6 +16,11 @@ from sse_edge.services import EdgeServices
 FILTERS = ("bucket", "model", "tier", "since", "until")
 
 
+def usage_unavailable() -> ApiError:
+    return ApiError(503, "Usage is unavailable right now; retry shortly.", type="server_error",
+                    code="usage_unavailable", headers={"Retry-After": "5"})
+
+
 async def tenant_usage(request: Request) -> Response:
     edge: EdgeServices = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
@@ -25,12 +30,10 @@ async def tenant_usage(request: Request) -> Response:
         async with httpx.AsyncClient(timeout=10) as client:
             response = await client.get(f"{edge.settings.usage_url}/usage", params=params)
     except httpx.HTTPError:
-        raise ApiError(503, "Usage is unavailable right now; retry shortly.", type="server_error",
-                       code="usage_unavailable", headers={"Retry-After": "5"}) from None
+        raise usage_unavailable() from None
     if response.status_code == 400:
         raise ApiError(400, response.json().get("error", "bad usage query"), code="invalid_value")
     if response.status_code != 200:
-        raise ApiError(503, "Usage is unavailable right now; retry shortly.", type="server_error",
-                       code="usage_unavailable", headers={"Retry-After": "5"})
+        raise usage_unavailable()
     rows = [{k: v for k, v in row.items() if k != "tenant"} for row in response.json()["rows"]]
     return JSONResponse({"object": "list", "data": rows})

@@ -58,6 +58,7 @@ class ProcessorContext:
         self.transient = transient_errors()
         self._producer: AIOKafkaProducer | None = None
         self._producer_lock = asyncio.Lock()
+        self._publisher: RequestPublisher | None = None
         self.positions: dict[tuple[str, str, int], int] = {}  # (processor, topic, partition) -> next offset
 
     async def producer(self) -> AIOKafkaProducer:
@@ -78,7 +79,9 @@ class ProcessorContext:
         await delivery
 
     async def request_publisher(self) -> RequestPublisher:
-        return RequestPublisher(await self.producer(), self.catalog, self.codec)
+        if self._publisher is None:
+            self._publisher = RequestPublisher(await self.producer(), self.catalog, self.codec)
+        return self._publisher
 
     async def dead_letter(self, processor: str, message: Any, reason: str, detail: str = "") -> None:
         self.metrics.dead_letters.labels(processor, reason).inc()

@@ -12,7 +12,6 @@ each request once too.
 from __future__ import annotations
 
 import datetime as dt
-from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -21,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import Completion, ModerationDecision
 from stream_processors.billing.prices import PriceTable
+from stream_processors.ddl import ddl_statements
 
 BUCKETS = ("minute", "hour", "day")
 USAGE_COLUMNS = [
@@ -67,11 +67,8 @@ def connect(settings: ClickHouseSettings) -> Any:
 
 
 def schema_statements(database: str) -> list[str]:
-    text = resources.files("infra").joinpath("clickhouse/schema.sql").read_text()
-    lines = [line for line in text.splitlines() if not line.strip().startswith("--")]
-    statements = [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
     out = []
-    for statement in statements:
+    for statement in ddl_statements("clickhouse/schema.sql"):
         variants = [statement]
         if "{bucket}" in statement:
             variants = [statement.replace("{bucket}", b).replace("{Bucket}", b.capitalize()) for b in BUCKETS]

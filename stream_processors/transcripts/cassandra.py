@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from importlib import resources
 from typing import Any
 
+from stream_processors.ddl import ddl_statements
 from stream_processors.transcripts.model import Conversation, Page, TranscriptMessage, Turn, decode_cursor
 from stream_processors.transcripts.store import TranscriptSettings, page_size
 
@@ -40,9 +40,7 @@ RETRY_BASE_DELAY_S = 0.05
 
 def schema_statements(keyspace: str) -> list[str]:
     """The DDL of ``infra/cassandra/schema.cql`` for ``keyspace``, one statement each."""
-    text = resources.files("infra").joinpath("cassandra/schema.cql").read_text()
-    lines = [line for line in text.splitlines() if not line.strip().startswith("--")]
-    return [s.strip().replace("{keyspace}", keyspace) for s in "\n".join(lines).split(";") if s.strip()]
+    return [s.replace("{keyspace}", keyspace) for s in ddl_statements("cassandra/schema.cql")]
 
 
 def transient_errors() -> tuple[type[BaseException], ...]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from schemas import now_ms
 from stream_processors.transcripts.model import (
     Conversation,
     Page,
@@ -70,10 +70,6 @@ SELECT turn_at_ms, request_id, position, role, content, model, finish_reason FRO
 WHERE tenant = ? AND conversation_id = ? AND (turn_at_ms, request_id, position) > (?, ?, ?) AND {LIVE}
 ORDER BY turn_at_ms, request_id, position LIMIT ?
 """
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class SqliteTranscriptStore:

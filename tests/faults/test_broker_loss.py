@@ -91,8 +91,7 @@ async def test_broker_loss_fails_fast_ends_streams_and_recovers(own_stack: Embed
             await asyncio.sleep(0.5)
         assert response.status_code == 200, response.text
         recovered_s = time.monotonic() - back
-    assert [name for name, p in own_stack.processes.items() if not p.alive()] == ["broker"] or all(
-        p.alive() for p in own_stack.processes.values())  # no service died with the broker
+    assert all(p.alive() for p in own_stack.processes.values())  # no service died with the broker
     with capsys.disabled():  # the figures RELIABILITY.md reports
         print(f"\nbroker loss: {STREAMS} streams ended after {streams_ended_s:.1f}s, new request refused in "
               f"{refused_s * 1000:.0f} ms, first success {recovered_s:.1f}s after the broker returned")
