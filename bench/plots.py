@@ -55,9 +55,26 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def plot_soak(samples: list[dict[str, Any]], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    minutes = [s["t_s"] / 60 for s in samples]
+    fig, (memory, served, latency) = plt.subplots(1, 3, figsize=(15, 4.5))
     for name in samples[0]["rss_mib"]:
-        ax.plot([s["t_s"] / 60 for s in samples], [s["rss_mib"][name] for s in samples], label=name)
-    ax.set(xlabel="minutes under steady load", ylabel="RSS (MiB)", title="memory of every process during the soak")
-    ax.legend(fontsize=8)
+        memory.plot(minutes, [s["rss_mib"][name] for s in samples], label=name)
+    memory.set(xlabel="minutes", ylabel="RSS (MiB)", title="memory of every process")
+    memory.legend(fontsize=8)
+    served.plot(minutes, [s.get("completed_in_window", 0) / 10 for s in samples], label="completed")
+    served.plot(minutes, [s.get("failed", 0) for s in samples], label="failed (total)")
+    served.set(xlabel="minutes", ylabel="requests/s, failed count", title="requests completed per second")
+    served.legend(fontsize=8)
+    for key, label in (("ttft_p50_ms", "TTFT p50"), ("ttft_p99_ms", "TTFT p99")):
+        latency.plot(minutes, [s.get(key) for s in samples], label=label)
+    latency.set(xlabel="minutes", ylabel="ms", title="time to first token per 10 s window")
+    latency.legend(fontsize=8)
     return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

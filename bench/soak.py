@@ -1,11 +1,16 @@
-"""Scenario 9, soak: steady streaming load for a bounded time (TOKENBUS_SOAK_S, default
-600 s) against the whole stack, sampling every process's memory; the run should end
-with zero failed requests and flat memory curves."""
+"""Scenario 9, soak: a steady arrival rate of streaming requests (TOKENBUS_SOAK_RATE per
+second, open loop) against the whole stack for a bounded time (TOKENBUS_SOAK_S, default
+600 s), sampling every process's memory, throughput and latency every 10 s. The run should
+end with zero failed requests, flat memory for every tokenbus process and flat latency.
+
+``TOKENBUS_SOAK_RATE=0`` runs the saturating variant instead: 16 clients back to back, as
+fast as the machine serves them (what RELIABILITY.md's broker limit was measured with)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -15,10 +20,10 @@ import httpx
 from bench.plots import plot_soak
 from bench.stack import MODEL, bench_stack, process_rss_kib
 from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen import stream_chat
+from infra.loadgen import RequestResult, stream_chat
 
 SIM = SimulatedEngineSettings(seed=5, ttft_ms=20, tokens_per_s=100, min_tokens=16, max_tokens=48)
-CONCURRENCY = 16
+SATURATING_CLIENTS = 16
 SAMPLE_EVERY_S = 10.0
 
 
@@ -26,38 +31,82 @@ def duration_s() -> float:
     return float(os.environ.get("TOKENBUS_SOAK_S", "600"))
 
 
-async def soak(stack, seconds: float) -> dict[str, Any]:
+def arrival_rate() -> float:
+    return float(os.environ.get("TOKENBUS_SOAK_RATE", "8"))
+
+
+class SoakLoad:
+    """Sends requests and keeps per-window counts and time-to-first-token."""
+
+    def __init__(self, stack, stop_at: float) -> None:
+        self.url = f"{stack.edge_url}/v1/chat/completions"
+        self.headers = {"Authorization": f"Bearer {stack.dev_key}"}
+        self.stop_at = stop_at
+        self.ok = self.failed = 0
+        self.errors: dict[str, int] = {}
+        self.window_ttft_ms: list[float] = []
+        self.sent = 0
+
+    async def one(self, http: httpx.AsyncClient) -> None:
+        self.sent += 1
+        payload = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"soak {self.sent}"}]}
+        result: RequestResult = await stream_chat(http, self.url, payload, self.headers)
+        if result.success:
+            self.ok += 1
+            self.window_ttft_ms.append(result.ttft * 1000)
+        else:
+            self.failed += 1
+            self.errors[result.error[:80]] = self.errors.get(result.error[:80], 0) + 1
+
+    async def steady(self, http: httpx.AsyncClient, rate: float) -> None:
+        """Open loop: one request every 1/rate s whatever the answers do (a backlog shows as latency)."""
+        in_flight: set[asyncio.Task[None]] = set()
+        next_at = time.monotonic()
+        while next_at < self.stop_at:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            task = asyncio.create_task(self.one(http))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+            next_at += 1 / rate
+        await asyncio.gather(*in_flight)
+
+    async def saturating(self, http: httpx.AsyncClient) -> None:
+        async def client() -> None:
+            while time.monotonic() < self.stop_at:
+                await self.one(http)
+        await asyncio.gather(*(client() for _ in range(SATURATING_CLIENTS)))
+
+
+async def soak(stack, seconds: float, rate: float) -> dict[str, Any]:
     pids = {name: p.pid for name, p in stack.processes.items() if p.pid}
-    url = f"{stack.edge_url}/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {stack.dev_key}"}
-    counts = {"ok": 0, "failed": 0}
-    errors: dict[str, int] = {}
-    stop_at = time.monotonic() + seconds
-
-    async def client(http: httpx.AsyncClient, worker: int) -> None:
-        i = 0
-        while time.monotonic() < stop_at:
-            payload = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"soak {worker} {i}"}]}
-            result = await stream_chat(http, url, payload, headers)
-            if result.success:
-                counts["ok"] += 1
-            else:
-                counts["failed"] += 1
-                errors[result.error[:80]] = errors.get(result.error[:80], 0) + 1
-            i += 1
-
-    samples = []
     started = time.monotonic()
+    load = SoakLoad(stack, started + seconds)
+    samples: list[dict[str, Any]] = []
+    done = asyncio.Event()
 
     async def sampler() -> None:
-        while time.monotonic() < stop_at + 1:
-            samples.append({"t_s": round(time.monotonic() - started, 1), "requests": counts["ok"],
-                            "rss_mib": {n: round(process_rss_kib(pid) / 1024, 1) for n, pid in pids.items()}})
-            await asyncio.sleep(SAMPLE_EVERY_S)
+        completed = 0
+        while not done.is_set():
+            ttft, load.window_ttft_ms = load.window_ttft_ms, []
+            samples.append({
+                "t_s": round(time.monotonic() - started, 1), "requests": load.ok, "failed": load.failed,
+                "completed_in_window": load.ok - completed,
+                "ttft_p50_ms": round(statistics.median(ttft), 1) if ttft else None,
+                "ttft_p99_ms": round(statistics.quantiles(ttft, n=100)[98], 1) if len(ttft) > 1 else None,
+                "rss_mib": {n: round(process_rss_kib(pid) / 1024, 1) for n, pid in pids.items()}})
+            completed = load.ok
+            try:
+                await asyncio.wait_for(done.wait(), SAMPLE_EVERY_S)
+            except TimeoutError:
+                pass
 
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=CONCURRENCY + 4)) as http:
-        await asyncio.gather(sampler(), *(client(http, w) for w in range(CONCURRENCY)))
-    return {"counts": counts, "errors": errors, "samples": samples}
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        sampling = asyncio.create_task(sampler())
+        await (load.steady(http, rate) if rate > 0 else load.saturating(http))
+        done.set()
+        await sampling
+    return {"counts": {"ok": load.ok, "failed": load.failed}, "errors": load.errors, "samples": samples}
 
 
 def growth(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -69,12 +118,22 @@ def growth(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                    "change_mib": round(last["rss_mib"][name] - warm["rss_mib"][name], 1)} for name in last["rss_mib"]}
 
 
+def latency_drift(samples: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Median of the windows' TTFT p50 in the first and the last quarter of the run."""
+    windows = [s["ttft_p50_ms"] for s in samples if s["ttft_p50_ms"] is not None]
+    if len(windows) < 4:
+        return {"first_quarter_ms": None, "last_quarter_ms": None}
+    quarter = len(windows) // 4
+    return {"first_quarter_ms": statistics.median(windows[:quarter]),
+            "last_quarter_ms": statistics.median(windows[-quarter:])}
+
+
 def run() -> dict[str, Any]:
-    seconds = duration_s()
+    seconds, rate = duration_s(), arrival_rate()
     with bench_stack(SIM) as stack:
-        result = asyncio.run(soak(stack, seconds))
-    result.update(scenario="soak", seconds=seconds, concurrency=CONCURRENCY, engine=SIM.model_dump(),
-                  memory=growth(result["samples"]))
+        result = asyncio.run(soak(stack, seconds, rate))
+    result.update(scenario="soak", seconds=seconds, rate=rate, engine=SIM.model_dump(),
+                  memory=growth(result["samples"]), ttft_p50=latency_drift(result["samples"]))
     return result
 
 
@@ -84,8 +143,13 @@ def plot(result: dict[str, Any], out_dir: Path) -> Path:
 
 def table(result: dict[str, Any]) -> str:
     c = result["counts"]
-    lines = [f"{result['seconds']:.0f} s at {result['concurrency']} concurrent streams: {c['ok']} requests completed, "
-             f"{c['failed']} failed {result['errors'] or ''}", "",
+    load = (f"{result['rate']:g} requests/s (open loop)" if result["rate"] > 0
+            else f"{SATURATING_CLIENTS} clients back to back")
+    drift = result["ttft_p50"]
+    lines = [f"{result['seconds']:.0f} s at {load}: {c['ok']} requests completed, {c['failed']} failed "
+             f"{result['errors'] or ''}",
+             f"TTFT p50 (median of 10 s windows): {drift['first_quarter_ms']} ms in the first quarter, "
+             f"{drift['last_quarter_ms']} ms in the last", "",
              "| process | RSS after warm-up MiB | at the end MiB | max MiB | change MiB |", "|---|---:|---:|---:|---:|"]
     for name, m in result["memory"].items():
         lines.append(f"| {name} | {m['warm_mib']} | {m['end_mib']} | {m['max_mib']} | {m['change_mib']:+.1f} |")

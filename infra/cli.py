@@ -101,7 +101,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
         try:
             if args.keys_command == "create":
                 models = tuple(m for m in (args.models or "").split(",") if m)
-                key, record = await store.create(args.tenant, args.tier, models, Limits(args.rpm, args.tpm))
+                try:
+                    key, record = await store.create(args.tenant, args.tier, models, Limits(args.rpm, args.tpm))
+                except ValueError as exc:
+                    print(exc, file=sys.stderr)
+                    return 2
                 print(json.dumps({"key": key, **record.public()}, indent=2))
             elif args.keys_command == "list":
                 for record in await store.list(args.tenant):

@@ -27,6 +27,10 @@ from sse_edge.keys import KeyStore, Limits
 from topics import BusSettings, TopicCatalog, ensure_topics
 from topics.settings import split_csv
 
+# The stack's own edge rotates through the upper half of `tokens`; extra edges and clients that
+# tests and benchmarks start take single partitions below it.
+MAIN_EDGE_REPLY_PARTITIONS = "8-23"
+
 
 class StackSettings(BaseSettings):
     """``TOKENBUS_STACK_*`` environment variables."""
@@ -108,7 +112,7 @@ class EmbeddedStack:
             self.start_worker(f"gpu-consumer-{model}", port, model=model, env=(worker_env or {}).get(model))
             port = free_port()
         self.start_processors("processors", self.settings.processors_port)
-        self.start_edge("edge", self.settings.edge_port)
+        self.start_edge("edge", self.settings.edge_port, reply_partitions=MAIN_EDGE_REPLY_PARTITIONS)
         self.dev_key = asyncio.run(self.create_key("dev", "standard"))
         self._write_pids()
 

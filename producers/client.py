@@ -81,7 +81,7 @@ class TokenbusClient:
 
     async def submit(self, request: ChatRequest) -> ReplyStream:
         """Open the reply stream first, then publish: no event can slip past."""
-        stream = self.router.open(request.request_id)
+        stream = self.router.open(request.request_id, request.reply_partition)
         try:
             await self.publisher.publish(request)
         except BaseException:

@@ -5,6 +5,12 @@ request's bounded queue.
 Why one shared consumer and not a topic per request: creating and deleting a topic
 per request costs broker round trips and metadata that grows with traffic, while a
 partition that the requester owns needs nothing per request.
+
+Why new requests move to the next owned partition every ``rotate_every_s``: a broker
+without retention (the embedded one) scans a partition's whole list of record batches on
+every fetch, and a fetch whose scan outlasts ``fetch_max_wait_ms`` returns nothing, so one
+ever-growing hot partition eventually stops delivering. Rotating keeps the partition being
+written small and reads only the partitions that still have open streams.
 """
 
 from __future__ import annotations
@@ -120,7 +126,10 @@ class ReplyStream:
 
 
 class ReplyRouter:
-    """Reads this process's reply partitions and routes events to open streams."""
+    """Reads this process's reply partitions and routes events to open streams.
+
+    New requests go to the ``reply_partition`` of the moment; the consumer reads that one and
+    every partition that still has an open stream, from the position it last routed."""
 
     def __init__(
         self,
@@ -128,21 +137,35 @@ class ReplyRouter:
         partitions: list[int],
         codec: AvroCodec | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
+        rotate_every_s: float = 0.0,
     ) -> None:
+        if not partitions:
+            raise ValueError("a reply router needs at least one partition")
         self.settings = settings
         self.topic = TopicCatalog(settings).tokens
         self.partitions = partitions
+        self.rotate_every_s = rotate_every_s
         self._codec = codec or AvroCodec()
         self._queue_size = queue_size
         self._streams: dict[str, ReplyStream] = {}
+        self._stream_partitions: dict[str, int] = {}
+        self._current = partitions[0]
+        self._reading: set[int] = set()
         self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._positions: dict[int, int] = {}
         self.undecodable = 0
+        self.rotations = 0
 
     @property
     def reply_partition(self) -> int:
-        return self.partitions[0]
+        """Where a request published now should have its events written."""
+        return self._current
+
+    @property
+    def reading(self) -> set[int]:
+        """The partitions the consumer reads now."""
+        return set(self._reading)
 
     @property
     def open_streams(self) -> int:
@@ -151,17 +174,17 @@ class ReplyRouter:
     async def start(self) -> None:
         self._consumer = make_consumer(self.settings)
         await self._consumer.start()
-        tps = [TopicPartition(self.topic, p) for p in self.partitions]
-        self._consumer.assign(tps)
-        # Start from about now. On the embedded broker end offsets can point a batch
-        # early; the extra events belong to no open request and are dropped.
-        await self._consumer.seek_to_end(*tps)
-        for tp in tps:
-            self._positions[tp.partition] = await self._consumer.position(tp)
-        self._task = asyncio.create_task(self._run(), name="reply-router")
+        self._positions[self._current] = await self._end_offset(self._current)
+        self._read({self._current})
+        self._tasks = [asyncio.create_task(self._run(), name="reply-router")]
+        if self.rotate_every_s > 0 and len(self.partitions) > 1:
+            self._tasks.append(asyncio.create_task(self._rotate(), name="reply-rotation"))
 
     async def stop(self) -> None:
-        await stop_reader(self._task, self._consumer)
+        for task in self._tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*self._tasks[1:], return_exceptions=True)
+        await stop_reader(self._tasks[0] if self._tasks else None, self._consumer)
         self.fail_all(ReplyStreamError("reply router stopped"))
 
     def fail_all(self, error: ReplyStreamError) -> int:
@@ -170,20 +193,63 @@ class ReplyRouter:
         for stream in streams:
             stream.fail(error)
         self._streams.clear()
+        self._stream_partitions.clear()
         return len(streams)
 
     def position(self, partition: int) -> int:
         """An offset no event published from now on can precede: where a new stream's replay starts."""
         return self._positions.get(partition, 0)
 
-    def open(self, request_id: str) -> ReplyStream:
-        """Register interest before publishing the request, so no event can be missed."""
+    def open(self, request_id: str, partition: int | None = None) -> ReplyStream:
+        """Register interest before publishing the request, so no event can be missed.
+        ``partition``: the request's reply partition (the current one if not given)."""
         stream = ReplyStream(request_id, queue_size=self._queue_size)
         self._streams[request_id] = stream
+        self._stream_partitions[request_id] = self._current if partition is None else partition
+        if self._stream_partitions[request_id] not in self._reading and self._consumer is not None:
+            self._read(self._wanted())
         return stream
 
     def close(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+        self._stream_partitions.pop(request_id, None)
+
+    async def _end_offset(self, partition: int) -> int:
+        assert self._consumer is not None
+        tp = TopicPartition(self.topic, partition)
+        # On the embedded broker this can point a batch early; the extra events belong to no
+        # open request and are dropped.
+        return (await self._consumer.end_offsets([tp]))[tp]
+
+    def _wanted(self) -> set[int]:
+        return {self._current, *self._stream_partitions.values()}
+
+    def _read(self, partitions: set[int]) -> None:
+        """Read exactly ``partitions``, each from the position last routed (nothing skipped)."""
+        assert self._consumer is not None
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self._consumer.assign(tps)
+        for tp in tps:
+            self._consumer.seek(tp, self._positions.get(tp.partition, 0))
+        self._reading = set(partitions)
+
+    async def _rotate(self) -> None:
+        """Every ``rotate_every_s``: move new requests to the next owned partition, starting
+        from its end; stop reading partitions whose streams have all ended."""
+        tick = min(1.0, self.rotate_every_s)
+        loop = asyncio.get_running_loop()
+        rotate_at = loop.time() + self.rotate_every_s
+        while True:
+            await asyncio.sleep(tick)
+            if loop.time() >= rotate_at:
+                rotate_at = loop.time() + self.rotate_every_s
+                following = self.partitions[(self.partitions.index(self._current) + 1) % len(self.partitions)]
+                if following not in self._reading:
+                    self._positions[following] = await self._end_offset(following)
+                self._current = following
+                self.rotations += 1
+            if self._wanted() != self._reading:
+                self._read(self._wanted())
 
     async def _run(self) -> None:
         assert self._consumer is not None
@@ -207,4 +273,4 @@ class ReplyRouter:
             return
         stream.offer(ReplyEvent(event, record.partition, record.offset))
         if stream.done:
-            self._streams.pop(request_id, None)
+            self.close(request_id)

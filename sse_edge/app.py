@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sse_edge.chat import chat_completions
 from sse_edge.errors import ApiError, handle_api_error
+from sse_edge.framing import RefuseAmbiguousFraming
 from sse_edge.openapi import openapi_spec
 from sse_edge.protocol import model_list_body
 from sse_edge.resume import resume_stream
@@ -120,4 +121,5 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
         lifespan=lifespan,
     )
     app.add_middleware(CountResponses)
+    app.add_middleware(RefuseAmbiguousFraming)  # added last: runs first
     return app

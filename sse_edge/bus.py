@@ -16,7 +16,8 @@ class EdgeBus:
         self.codec = AvroCodec()
         self.producer = make_producer(settings.bus)
         self.publisher = RequestPublisher(self.producer, self.catalog, self.codec)
-        self.router = ReplyRouter(settings.bus, settings.reply_partitions, self.codec)
+        self.router = ReplyRouter(settings.bus, settings.reply_partitions, self.codec,
+                                  rotate_every_s=settings.reply_rotate_s)
         self.watch = BrokerWatch(self.producer, self.router, settings.broker_check_s, settings.broker_grace_s)
 
     async def start(self) -> None:

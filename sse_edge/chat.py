@@ -81,7 +81,7 @@ async def live_events(edge: EdgeServices, stream: ReplyStream) -> AsyncGenerator
 
 async def publish(edge: EdgeServices, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str):
     """Open the reply stream, record where it lives, then publish: no event can slip past."""
-    stream = edge.bus.router.open(bus_request.request_id)
+    stream = edge.bus.router.open(bus_request.request_id, bus_request.reply_partition)
     try:
         await register_stream(edge, bus_request, chat, digest)
         ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None

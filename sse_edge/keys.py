@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,16 @@ from dataclasses import asdict, dataclass, field
 import redis.asyncio as redis
 
 KEY_PREFIX = "tb"
+# Tenant names become parts of Redis keys, topic records and store rows: with no ':' or
+# whitespace in them, no tenant's name can spell another tenant's key.
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_tenant_name(tenant: str) -> str:
+    if not TENANT_NAME.fullmatch(tenant):
+        raise ValueError(f"tenant name {tenant!r} must be 1-64 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +85,7 @@ class KeyStore:
 
     async def create(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits()) -> tuple[str, ApiKey]:
         """Returns the key (shown once) and its stored record."""
+        check_tenant_name(tenant)
         key_id = secrets.token_hex(6)
         key = f"{KEY_PREFIX}-{key_id}-{secrets.token_urlsafe(32)}"
         record = ApiKey(key_id, tenant, tier, tuple(models), limits, hash_key(key), int(time.time()))
@@ -116,6 +128,7 @@ class KeyStore:
         return True
 
     async def set_tenant_limits(self, tenant: str, limits: Limits) -> None:
+        check_tenant_name(tenant)
         await self._redis.hset(self._tenant(tenant), mapping={"rpm": limits.rpm, "tpm": limits.tpm})
 
     async def tenant_limits(self, tenant: str) -> Limits:

@@ -20,6 +20,17 @@ def parse_tier_numbers(value: object) -> object:
     return value
 
 
+def parse_partitions(value: object) -> object:
+    """``0,3`` or ``0-7`` (or both, ``0-3,8``) as a list of partition numbers."""
+    if not isinstance(value, str):
+        return value
+    numbers: list[int] = []
+    for part in split_csv(value):
+        first, dash, last = part.partition("-")
+        numbers += range(int(first), int(last) + 1) if dash else [int(first)]
+    return numbers
+
+
 class EdgeSettings(BaseSettings):
     """``TOKENBUS_EDGE_*`` environment variables."""
 
@@ -32,8 +43,11 @@ class EdgeSettings(BaseSettings):
     route: Literal["ingress", "direct"] = "ingress"
     host: str = "127.0.0.1"
     port: int = 8700
-    # The partitions of `tokens` this process owns; each edge process needs its own.
+    # The partitions of `tokens` this process owns (`0,3` or `0-7`); each edge process needs its own.
     reply_partitions: Annotated[list[int], NoDecode] = [0]
+    # New requests move to the next owned reply partition this often (0: never); see
+    # producers/replies.py for why a broker without retention needs it.
+    reply_rotate_s: float = 15.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "tokenbus:"
     # When Redis is unreachable: `local` keeps rate limiting per process; `closed` refuses requests.
@@ -55,5 +69,5 @@ class EdgeSettings(BaseSettings):
     # leave room for what the consumers run at once. Unlisted tiers are unbounded.
     max_queue_depth: Annotated[dict[str, int], NoDecode] = {"interactive": 512, "standard": 2048, "batch": 8192}
 
-    _split_partitions = field_validator("reply_partitions", mode="before")(split_csv)
+    _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _tier_numbers = field_validator("max_queue_depth", mode="before")(parse_tier_numbers)

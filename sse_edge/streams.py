@@ -4,6 +4,7 @@ the client comes back."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 
@@ -35,7 +36,8 @@ class StreamRegistry:
         return f"{self._prefix}stream:{request_id}"
 
     def _idempotency(self, tenant: str, key: str) -> str:
-        return f"{self._prefix}idem:{tenant}:{key}"
+        # The client's key is hashed: whatever bytes it holds, it names one Redis key of one tenant.
+        return f"{self._prefix}idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
 
     def _detached(self, request_id: str) -> str:
         return f"{self._prefix}detached:{request_id}"

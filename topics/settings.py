@@ -25,7 +25,8 @@ class BusSettings(BaseSettings):
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]
     tiers: Annotated[list[str], NoDecode] = ["interactive", "standard", "batch"]
     request_partitions: int = 4
-    token_partitions: int = 8
+    # Reply partitions: edges own disjoint sets and rotate through them (producers/replies.py).
+    token_partitions: int = 24
     service_partitions: int = 4
 
     _split_models = field_validator("models", "tiers", mode="before")(split_csv)

@@ -5,6 +5,7 @@ import json
 import httpx
 import pytest
 
+from sse_edge.framing import framing_problem
 from tests.conftest import MODEL
 
 CHAT = "/v1/chat/completions"
@@ -83,3 +84,16 @@ async def test_healthz(edge_url):
     async with httpx.AsyncClient(base_url=edge_url, timeout=10) as http:
         response = await http.get("/healthz")
     assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(("headers", "problem"), [
+    ([(b"content-length", b"3"), (b"transfer-encoding", b"chunked")], "both"),
+    ([(b"content-length", b"3"), (b"content-length", b"4")], "more than once"),
+    ([(b"transfer-encoding", b"gzip, chunked")], "other than chunked"),
+    ([(b"content-length", b"3")], None),
+    ([(b"transfer-encoding", b"Chunked")], None),
+])
+def test_framing_problems_are_named(headers, problem):
+    found = framing_problem(headers)
+    assert (found is None) if problem is None else (problem in found)
+

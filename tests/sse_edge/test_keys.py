@@ -78,3 +78,13 @@ async def test_without_redis_known_keys_work_and_unknown_keys_get_503(store):
         await auth.authenticate("Bearer tb-abc-neverseen")
     assert exc.value.status == 503  # never served unauthenticated
     await down.aclose()
+
+
+@pytest.mark.parametrize("tenant", ["", "a:b", "acme idem", "-lead", "x" * 65, "new\nline", "ü"])
+async def test_tenant_names_that_could_spell_another_key_are_refused(store, tenant):
+    keys, client, prefix = store
+    with pytest.raises(ValueError, match="tenant name"):
+        await keys.create(tenant, "standard")
+    with pytest.raises(ValueError, match="tenant name"):
+        await keys.set_tenant_limits(tenant, Limits(1, 1))
+    assert [name async for name in client.scan_iter(f"{prefix}*")] == []

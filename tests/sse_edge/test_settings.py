@@ -1,0 +1,19 @@
+"""EdgeSettings from TOKENBUS_EDGE_* variables."""
+
+import pytest
+from pydantic import ValidationError
+
+from sse_edge.settings import EdgeSettings
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("0", [0]), ("0,3", [0, 3]), ("8-11", [8, 9, 10, 11]),
+                                               ("0-1, 5", [0, 1, 5])])
+def test_reply_partitions_take_lists_and_ranges(monkeypatch, raw, expected):
+    monkeypatch.setenv("TOKENBUS_EDGE_REPLY_PARTITIONS", raw)
+    assert EdgeSettings().reply_partitions == expected
+
+
+def test_reply_partitions_reject_words(monkeypatch):
+    monkeypatch.setenv("TOKENBUS_EDGE_REPLY_PARTITIONS", "first")
+    with pytest.raises(ValidationError):
+        EdgeSettings()
