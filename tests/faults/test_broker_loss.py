@@ -17,6 +17,7 @@ import pytest
 from infra.processes import free_port
 from infra.stack import EmbeddedStack
 from tests.conftest import MODEL, SIM_ENV, SLOW_MODEL, SLOW_SETTINGS, unique_prefix
+from tests.faults.conftest import FAULT_RUNS
 from tests.sse_edge.test_streams_e2e import CHAT, sse_events
 from topics import TopicCatalog, ensure_topics
 
@@ -45,7 +46,8 @@ async def post(http: httpx.AsyncClient, stack: EmbeddedStack) -> httpx.Response:
         {"role": "user", "content": "are you there?"}]})
 
 
-async def test_broker_loss_fails_fast_ends_streams_and_recovers(own_stack: EmbeddedStack, capsys):
+@pytest.mark.parametrize("run", range(FAULT_RUNS))
+async def test_broker_loss_fails_fast_ends_streams_and_recovers(own_stack: EmbeddedStack, capsys, run):
     headers = {"Authorization": f"Bearer {own_stack.dev_key}"}
     async with httpx.AsyncClient(timeout=60, headers=headers, limits=httpx.Limits(max_connections=32)) as http:
         assert (await post(http, own_stack)).status_code == 200
