@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from bench import (
+    broker_scan,
     consumer_throughput,
     edge_costs,
     load_sweep,
@@ -32,8 +33,9 @@ SCENARIOS = {
     "edge_costs": edge_costs,
     "processors": processors,
     "soak": soak,  # 10 minutes: run by `make faults`, not by default
+    "broker_scan": broker_scan,  # measures the embedded broker, not tokenbus: on request only
 }
-DEFAULT_SCENARIOS = [name for name in SCENARIOS if name != "soak"]
+DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ("soak", "broker_scan")]
 
 
 def machine() -> dict[str, str | int]:
