@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
 
 from schemas import AvroCodec, DecodeError, TokenEvent
 from topics import BusSettings, TopicCatalog, make_consumer, stop_reader
@@ -152,7 +153,8 @@ class ReplyRouter:
         self._current = partitions[0]
         self._reading: set[int] = set()
         self._consumer: AIOKafkaConsumer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._reader: asyncio.Task[None] | None = None
+        self._rotation: asyncio.Task[None] | None = None
         self._positions: dict[int, int] = {}
         self.undecodable = 0
         self.rotations = 0
@@ -176,15 +178,15 @@ class ReplyRouter:
         await self._consumer.start()
         self._positions[self._current] = await self._end_offset(self._current)
         self._read({self._current})
-        self._tasks = [asyncio.create_task(self._run(), name="reply-router")]
+        self._reader = asyncio.create_task(self._run(), name="reply-router")
         if self.rotate_every_s > 0 and len(self.partitions) > 1:
-            self._tasks.append(asyncio.create_task(self._rotate(), name="reply-rotation"))
+            self._rotation = asyncio.create_task(self._rotate(), name="reply-rotation")
 
     async def stop(self) -> None:
-        for task in self._tasks[1:]:
-            task.cancel()
-        await asyncio.gather(*self._tasks[1:], return_exceptions=True)
-        await stop_reader(self._tasks[0] if self._tasks else None, self._consumer)
+        if self._rotation:
+            self._rotation.cancel()
+            await asyncio.gather(self._rotation, return_exceptions=True)
+        await stop_reader(self._reader, self._consumer)
         self.fail_all(ReplyStreamError("reply router stopped"))
 
     def fail_all(self, error: ReplyStreamError) -> int:
@@ -243,13 +245,19 @@ class ReplyRouter:
             await asyncio.sleep(tick)
             if loop.time() >= rotate_at:
                 rotate_at = loop.time() + self.rotate_every_s
-                following = self.partitions[(self.partitions.index(self._current) + 1) % len(self.partitions)]
-                if following not in self._reading:
-                    self._positions[following] = await self._end_offset(following)
-                self._current = following
-                self.rotations += 1
+                try:
+                    await self._move_to_next_partition()
+                except KafkaError as exc:  # the broker is away: keep writing where we are, try next time
+                    log.warning("reply partition not rotated: %s", exc)
             if self._wanted() != self._reading:
                 self._read(self._wanted())
+
+    async def _move_to_next_partition(self) -> None:
+        following = self.partitions[(self.partitions.index(self._current) + 1) % len(self.partitions)]
+        if following not in self._reading:
+            self._positions[following] = await self._end_offset(following)
+        self._current = following
+        self.rotations += 1
 
     async def _run(self) -> None:
         assert self._consumer is not None

@@ -110,3 +110,29 @@ async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(bus):
         await producer.stop()
         await router.stop()
     assert [(r.partition, r.event.text) for r in got] == [(4, "found")]
+
+
+async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(bus, monkeypatch):
+    """While the broker is away the end offset of the next partition cannot be read: new requests
+    stay where they are, and the next rotation goes ahead once the broker answers."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    router = ReplyRouter(bus, partitions=[6, 7], rotate_every_s=0.2)
+    await router.start()
+    real_end_offset = router._end_offset
+    failures = []
+
+    async def unreachable_once(partition: int) -> int:
+        if not failures:
+            failures.append(partition)
+            raise KafkaTimeoutError()
+        return await real_end_offset(partition)
+
+    monkeypatch.setattr(router, "_end_offset", unreachable_once)
+    try:
+        await wait_for(lambda: failures)
+        assert router.reply_partition == 6 and router.rotations == 0
+        await wait_for(lambda: router.reply_partition == 7)
+    finally:
+        await router.stop()
+    assert failures == [7]
