@@ -31,8 +31,8 @@ async def raw_exchange(edge_url: str, request: bytes, read_timeout: float = 10.0
         writer.close()
 
 
-def chat_body(content: str, **extra: object) -> bytes:
-    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}).encode()
+def chat_body(content: str) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}]}).encode()
 
 
 def post(api_key: str, body: bytes, *headers: bytes) -> bytes:
@@ -54,16 +54,17 @@ async def still_serves(edge_url: str, auth: dict[str, str]) -> str:
     return response.json()["choices"][0]["message"]["content"]
 
 
-@pytest.mark.parametrize("injected", [
-    b"Idempotency-Key: a\rX-Injected: yes",   # bare CR
-    b"Idempotency-Key: a\x00X-Injected: yes",  # NUL
-    b"X-Note: a\r\n X-Injected: yes",          # obsolete line folding
-    b"X-Injected : yes",                       # space before the colon
+@pytest.mark.parametrize(("injected", "expected_status"), [
+    (b"Idempotency-Key: a\rX-Injected: yes", 400),   # bare CR
+    (b"Idempotency-Key: a\x00X-Injected: yes", 400),  # NUL
+    (b"X-Note: a\r\n X-Injected: yes", 200),          # obsolete folding: joins X-Note, harmless
+    (b"X-Injected : yes", 400),                       # space before the colon
 ])
-async def test_header_injection_is_refused_and_never_reaches_a_response(edge_url, auth, api_key, injected):
+async def test_header_injection_is_refused_and_never_reaches_a_response(edge_url, auth, api_key, injected,
+                                                                         expected_status):
     response = await raw_exchange(edge_url, post(api_key, chat_body("inject"), injected))
     status, headers = status_and_headers(response)
-    assert status == 400 or status == 200
+    assert status == expected_status
     assert not any(line.startswith(b"x-injected") for line in headers)
     assert response.count(b"HTTP/1.1 ") == 1
     assert await still_serves(edge_url, auth)
