@@ -34,7 +34,7 @@ async def chat_completions(request: Request) -> Response:
     settings = edge.settings
     started = time.perf_counter()
     key = await edge.auth.authenticate(request.headers.get("authorization"))
-    raw = await read_body(request, settings.max_body_bytes)
+    raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
     chat = parse_chat_request(raw, settings)
     if chat.model not in settings.bus.models:
         raise model_not_found(chat.model)

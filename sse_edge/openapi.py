@@ -54,7 +54,7 @@ def openapi_spec() -> dict[str, Any]:
                 "responses": {"200": {"description": "A completion, or an SSE stream of chunks when stream is true",
                                       "content": {"application/json": {"schema": CHAT_COMPLETION},
                                                   "text/event-stream": {"schema": {"type": "string"}}}},
-                              **_errors(400, 401, 403, 404, 409, 413, 429, 503)},
+                              **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
             }},
             "/v1/chat/completions/{completion_id}/stream": {"get": {
                 "operationId": "resumeChatCompletionStream", "security": secured,

@@ -62,6 +62,7 @@ class EdgeSettings(BaseSettings):
     broker_grace_s: float = 5.0  # open streams end with an error once the broker is away this long
     heartbeat_s: float = 15.0
     max_body_bytes: int = 1_000_000
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this
     max_messages: int = 256
     max_prompt_chars: int = 200_000
     max_output_tokens: int = 4096

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from typing import Any
@@ -14,15 +15,22 @@ from sse_edge.protocol import UNSUPPORTED, ChatCompletionRequest
 from sse_edge.settings import EdgeSettings
 
 
-async def read_body(request: Request, max_body_bytes: int) -> bytes:
+async def read_body(request: Request, max_body_bytes: int, timeout_s: float) -> bytes:
+    """The whole body within ``timeout_s``: a client that announces a body and trickles it, or
+    stops, would otherwise hold its connection (and this handler) for as long as it likes."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_body_bytes:
         raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > max_body_bytes:
-            raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > max_body_bytes:
+                    raise ApiError(413, f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout",
+                       headers={"Connection": "close"}) from None
     return bytes(raw)
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from infra.processes import free_port
+from infra.stack import EmbeddedStack
 from tests.conftest import MODEL
 
 CHAT = "/v1/chat/completions"
@@ -108,6 +111,25 @@ async def test_a_body_that_never_finishes_holds_up_no_one(edge_url, auth, api_ke
     finally:
         writer.close()
     assert await still_serves(edge_url, auth)
+
+
+async def test_a_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes(stack: EmbeddedStack, auth,
+                                                                                       api_key):
+    """With ``TOKENBUS_EDGE_BODY_TIMEOUT_S`` the stalled client of the test above is answered
+    and let go instead of holding its connection; the edge serves the next request."""
+    name, port = f"edge-body-{uuid.uuid4().hex[:4]}", free_port()
+    stack.start_edge(name, port, reply_partitions="4", env={"TOKENBUS_EDGE_BODY_TIMEOUT_S": "1"})
+    edge_url = f"http://127.0.0.1:{port}"
+    try:
+        body = chat_body("never finished")
+        request = post(api_key, body)
+        response = await raw_exchange(edge_url, request[: len(request) - len(body) // 2], read_timeout=10)
+        status, headers = status_and_headers(response)
+        assert status == 408 and b"connection: close" in headers
+        assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+        assert await still_serves(edge_url, auth)
+    finally:
+        stack.processes[name].stop()
 
 
 async def test_a_client_that_stops_reading_still_gets_every_token(edge_url, auth):
