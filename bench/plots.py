@@ -46,14 +46,6 @@ def plot_tiers(rows: list[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
 def plot_soak(samples: list[dict[str, Any]], path: Path) -> Path:
     minutes = [s["t_s"] / 60 for s in samples]
     fig, (memory, served, latency) = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -61,7 +53,9 @@ def plot_soak(samples: list[dict[str, Any]], path: Path) -> Path:
         memory.plot(minutes, [s["rss_mib"][name] for s in samples], label=name)
     memory.set(xlabel="minutes", ylabel="RSS (MiB)", title="memory of every process")
     memory.legend(fontsize=8)
-    served.plot(minutes, [s.get("completed_in_window", 0) / 10 for s in samples], label="completed")
+    # Each sample counts what completed since the one before; the last window can be shorter.
+    gaps = [later["t_s"] - earlier["t_s"] for earlier, later in zip(samples, samples[1:])]
+    served.plot(minutes[1:], [s["completed_in_window"] / gap for s, gap in zip(samples[1:], gaps)], label="completed")
     served.plot(minutes, [s.get("failed", 0) for s in samples], label="failed (total)")
     served.set(xlabel="minutes", ylabel="requests/s, failed count", title="requests completed per second")
     served.legend(fontsize=8)
