@@ -13,6 +13,7 @@ from bench import (
     broker_scan,
     consumer_throughput,
     edge_costs,
+    gpu,
     load_sweep,
     pipeline_overhead,
     processors,
@@ -34,8 +35,9 @@ SCENARIOS = {
     "processors": processors,
     "soak": soak,  # 10 minutes: run by `make faults`, not by default
     "broker_scan": broker_scan,  # measures the embedded broker, not tokenbus: on request only
+    "gpu": gpu,  # needs a CUDA GPU: on request only
 }
-DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ("soak", "broker_scan")]
+DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ("soak", "broker_scan", "gpu")]
 
 
 def machine() -> dict[str, str | int]:

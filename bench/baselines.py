@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import time
 
-from gpu_consumers.engines import Engine, GenerationInput, SamplingParams
-from infra.loadgen import RequestResult
-from infra.loadgen.prompts import BenchPrompt
-from schemas import ChatMessage
+from tokenbus.gpu_consumers.engines import Engine, GenerationInput, SamplingParams
+from tokenbus.infra.loadgen import RequestResult
+from tokenbus.infra.loadgen.prompts import BenchPrompt
+from tokenbus.schemas import ChatMessage
 
 _ids = itertools.count()
 

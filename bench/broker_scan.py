@@ -17,8 +17,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from infra.broker import broker_argv
-from infra.processes import free_port, port_open
+from tokenbus.infra.devstack.broker import broker_argv
+from tokenbus.infra.devstack.processes import free_port, port_open
 
 BATCH_COUNTS = (2_000, 8_000, 16_000, 32_000, 64_000)
 FETCH_WAITS_MS = (5, 20, 50)
@@ -92,4 +92,5 @@ def table(result: dict[str, Any]) -> str:
         cells = " | ".join("nothing" if row[f"wait_{w}_ms"] is None else f"{row[f'wait_{w}_ms']} ms"
                            for w in FETCH_WAITS_MS)
         lines.append(f"| {row['batches']:,} | {cells} |")
-    return "\n".join(lines) + f"\n\n(ms: median time to fetch the last records; nothing: no record in {result['give_up_s']:.0f} s)"
+    give_up = f"{result['give_up_s']:.0f} s"
+    return "\n".join(lines) + f"\n\n(ms: median time to fetch the last records; nothing: no record in {give_up})"

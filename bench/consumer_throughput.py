@@ -3,7 +3,11 @@ Kafka (requests from a backlog on the bus, every token event published and ackno
 against the tokens/s the same engine produces alone, in the same run.
 
 The engine is `simulated` by default; on a GPU host, `TOKENBUS_BENCH_ENGINE=hf` runs the
-transformers engine on CUDA (model from TOKENBUS_HF_MODEL_PATH, else SmolLM2-135M-Instruct)."""
+transformers engine on CUDA (model from TOKENBUS_HF_MODEL_PATH, else SmolLM2-135M-Instruct, and the
+other `TOKENBUS_HF_*` settings). The sizes default per engine and can be set:
+`TOKENBUS_BENCH_MAX_NUM_SEQS`, `TOKENBUS_BENCH_REQUESTS`, `TOKENBUS_BENCH_OUTPUT_TOKENS`, and for the
+simulated engine `TOKENBUS_BENCH_SIM_TOKENS_PER_S` (per sequence): 256 sequences at 200 tokens/s
+offer the 51,200 tokens/s of a TensorRT-LLM-class GPU. It needs the broker only (no Redis)."""
 
 from __future__ import annotations
 
@@ -11,18 +15,18 @@ import asyncio
 import os
 from typing import Any
 
-from bench.baselines import engine_sender
-from bench.stack import MODEL, bench_stack
-from gpu_consumers.engines import Engine, SimulatedEngine, SimulatedEngineSettings
-from gpu_consumers.settings import WorkerSettings
-from gpu_consumers.worker import GpuWorker
-from infra.loadgen import run_load
-from infra.loadgen.prompts import synthetic_prompts
-from producers import TokenbusClient
 from aiokafka import TopicPartition
 
-from schemas import AvroCodec, ChatMessage, TokenEvent
-from topics import BusSettings, TopicCatalog, make_consumer
+from bench.baselines import engine_sender
+from bench.stack import MODEL, bench_stack
+from tokenbus.gpu_consumers.engines import Engine, SimulatedEngine, SimulatedEngineSettings
+from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.worker import GpuWorker
+from tokenbus.infra.loadgen import run_load
+from tokenbus.infra.loadgen.prompts import synthetic_prompts
+from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import AvroCodec, ChatMessage, TokenEvent
+from tokenbus.topics import BusSettings, TopicCatalog, make_consumer
 
 REPLY_PARTITION = 3
 # (max_num_seqs, requests, output tokens): a real model on a CPU gets a smaller run.
@@ -33,17 +37,25 @@ def engine_name() -> str:
     return os.environ.get("TOKENBUS_BENCH_ENGINE", "simulated")
 
 
-MAX_NUM_SEQS, REQUESTS, OUTPUT_TOKENS = SIZES[engine_name()]
-SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=100, min_tokens=OUTPUT_TOKENS, max_tokens=OUTPUT_TOKENS)
+def sized(name: str, default: int) -> int:
+    return int(os.environ.get(f"TOKENBUS_BENCH_{name}", default))
+
+
+_seqs, _requests, _tokens = SIZES[engine_name()]
+MAX_NUM_SEQS = sized("MAX_NUM_SEQS", _seqs)
+REQUESTS = sized("REQUESTS", _requests)
+OUTPUT_TOKENS = sized("OUTPUT_TOKENS", _tokens)
+SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=sized("SIM_TOKENS_PER_S", 100), min_tokens=OUTPUT_TOKENS,
+                              max_tokens=OUTPUT_TOKENS)
 
 
 def make_engine() -> Engine:
     if engine_name() == "hf":
-        from gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+        from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
 
         # Greedy decoding runs each prompt to its natural end; the cap keeps every request to OUTPUT_TOKENS.
-        return HfEngine(HfEngineSettings(max_requests_per_batch=MAX_NUM_SEQS, num_blocks=256,
-                                         default_max_tokens=OUTPUT_TOKENS))
+        settings = HfEngineSettings()
+        return HfEngine(settings.model_copy(update={"default_max_tokens": OUTPUT_TOKENS}), max_num_seqs=MAX_NUM_SEQS)
     return SimulatedEngine(SIM)
 
 
@@ -78,12 +90,12 @@ async def through_consumer(bus: BusSettings) -> dict[str, float]:
     return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
 
 
-async def delivered_tokens(bus: BusSettings) -> tuple[int, int, int]:
+async def delivered_tokens(bus: BusSettings, partition: int = REPLY_PARTITION) -> tuple[int, int, int]:
     """Tokens in the reply partition, and the first and last record timestamps (ms)."""
     codec = AvroCodec()
     consumer = make_consumer(bus)
     await consumer.start()
-    tp = TopicPartition(TopicCatalog(bus).tokens, REPLY_PARTITION)
+    tp = TopicPartition(TopicCatalog(bus).tokens, partition)
     consumer.assign([tp])
     await consumer.seek_to_beginning(tp)
     tokens, stamps = 0, []
@@ -101,7 +113,7 @@ async def delivered_tokens(bus: BusSettings) -> tuple[int, int, int]:
 
 
 def run() -> dict[str, Any]:
-    with bench_stack(SIM, start_services=False) as stack:
+    with bench_stack(SIM, start_services=False, redis=False) as stack:
         alone = asyncio.run(engine_alone())
         consumer = asyncio.run(through_consumer(stack.bus_settings()))
     ratio = consumer["tokens_per_s"] / max(alone["tokens_per_s"], 1e-9)

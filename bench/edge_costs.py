@@ -15,10 +15,10 @@ from typing import Any
 import redis.asyncio as redis
 
 from bench.stack import bench_stack, serve_config
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen import percentile
-from infra.loadgen.serve import run_serve
-from sse_edge.ratelimit import Bucket, RateLimiter
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.loadgen import percentile
+from tokenbus.infra.loadgen.serve import run_serve
+from tokenbus.sse_edge.plumbing.ratelimit import Bucket, RateLimiter
 
 CALLS = 3000
 SIM = SimulatedEngineSettings(seed=7, ttft_ms=5, tokens_per_s=100, min_tokens=200, max_tokens=200)

@@ -9,8 +9,8 @@ from typing import Any
 
 from bench.plots import plot_load_sweep
 from bench.stack import bench_stack, serve_config
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen.serve import run_serve
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.loadgen.serve import run_serve
 
 OUTPUT_TOKENS = 48
 MAX_NUM_SEQS = 32

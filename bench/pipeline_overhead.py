@@ -9,10 +9,10 @@ from typing import Any
 
 from bench.baselines import engine_sender
 from bench.stack import bench_stack, serve_config
-from gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
-from infra.loadgen import Summary, run_load, summarize
-from infra.loadgen.prompts import synthetic_prompts
-from infra.loadgen.serve import run_serve
+from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
+from tokenbus.infra.loadgen import Summary, run_load, summarize
+from tokenbus.infra.loadgen.prompts import synthetic_prompts
+from tokenbus.infra.loadgen.serve import run_serve
 
 OUTPUT_TOKENS = 32
 SIM = SimulatedEngineSettings(seed=1, ttft_ms=20, tokens_per_s=100, min_tokens=OUTPUT_TOKENS, max_tokens=OUTPUT_TOKENS)

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 
 from bench.stack import MODEL, bench_stack, serve_config
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen import summarize
-from infra.loadgen.serve import run_serve
-from infra.processes import free_port
-from schemas import AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent, now_ms
-from topics import TopicCatalog, make_producer
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.loadgen import summarize
+from tokenbus.infra.loadgen.serve import run_serve
+from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent, now_ms
+from tokenbus.topics import TopicCatalog, make_producer
 
 OUTPUT_TOKENS = 16
 SIM = SimulatedEngineSettings(seed=1, ttft_ms=20, tokens_per_s=200, min_tokens=OUTPUT_TOKENS, max_tokens=OUTPUT_TOKENS)

@@ -8,9 +8,9 @@ import asyncio
 from typing import Any
 
 from bench.stack import bench_stack, serve_config
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen.serve import run_serve
-from infra.processes import free_port
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.loadgen.serve import run_serve
 
 OUTPUT_TOKENS = 32
 MAX_NUM_SEQS = 16  # one consumer serves about 16 / 0.66 s = 24 req/s

@@ -19,8 +19,8 @@ import httpx
 
 from bench.plots import plot_soak
 from bench.stack import MODEL, bench_stack, process_rss_kib
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen import RequestResult, stream_chat
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.loadgen import RequestResult, stream_chat
 
 SIM = SimulatedEngineSettings(seed=5, ttft_ms=20, tokens_per_s=100, min_tokens=16, max_tokens=48)
 SATURATING_CLIENTS = 16

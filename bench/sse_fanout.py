@@ -13,8 +13,8 @@ import httpx
 
 from bench.plots import plot_fanout
 from bench.stack import MODEL, bench_stack, process_rss_kib
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen import stream_chat
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.loadgen import stream_chat
 
 LEVELS = (250, 500, 1000, 1500, 2000)
 TOKENS_PER_STREAM = 40

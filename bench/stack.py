@@ -9,10 +9,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen.serve import ServeConfig
-from infra.processes import free_port
-from infra.stack import EmbeddedStack, StackSettings
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
+from tokenbus.infra.loadgen.serve import ServeConfig
 
 MODEL = "tokenbus-sim"
 
@@ -30,9 +30,9 @@ def raise_open_file_limit() -> int:
 
 @contextlib.contextmanager
 def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env: dict[str, str] | None = None,
-                start_services: bool = True, unserved: tuple[str, ...] = ()) -> Iterator[EmbeddedStack]:
-    """A stack on free ports; without services it is only the bus (broker, Redis, topics).
-    ``unserved`` models have topics but no GPU consumer."""
+                start_services: bool = True, unserved: tuple[str, ...] = (), redis: bool = True) -> Iterator[EmbeddedStack]:
+    """A stack on free ports; without services it is only the bus (broker, Redis unless ``redis`` is
+    false, topics). ``unserved`` models have topics but no GPU consumer."""
     raise_open_file_limit()
     with tempfile.TemporaryDirectory(prefix="tokenbus-bench-") as tmp:
         settings = StackSettings(
@@ -50,7 +50,7 @@ def bench_stack(sim: SimulatedEngineSettings, max_num_seqs: int = 256, extra_env
                **(extra_env or {})}
         stack = EmbeddedStack(settings, extra_env=env)
         try:
-            stack.start(unserved=unserved) if start_services else stack.start_bus()
+            stack.start(unserved=unserved) if start_services else stack.start_bus(redis=redis)
             yield stack
         finally:
             stack.stop()

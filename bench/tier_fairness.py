@@ -11,10 +11,10 @@ from typing import Any
 
 from bench.plots import plot_tiers
 from bench.stack import MODEL, bench_stack
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.loadgen import RequestResult, arrival_gaps, summarize
-from producers import TokenbusClient
-from schemas import ChatMessage
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.loadgen import RequestResult, arrival_gaps, summarize
+from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import ChatMessage
 
 OUTPUT_TOKENS = 24
 MAX_NUM_SEQS = 8

@@ -1,3 +1,3 @@
-from gpu_consumers.service import main
+from tokenbus.gpu_consumers.server import main
 
 main()

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas import AvroCodec, Control, ControlAction, DecodeError
-from topics import BusSettings, TopicCatalog, make_consumer, stop_reader
+from tokenbus.schemas import AvroCodec, Control, ControlAction, DecodeError
+from tokenbus.topics import BusSettings, TopicCatalog, make_consumer, stop_reader
 
 log = logging.getLogger(__name__)
 

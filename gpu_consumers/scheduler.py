@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
-from schemas import ChatRequest
+from tokenbus.schemas import ChatRequest
 
 
 @dataclass(eq=False)
@@ -59,10 +59,10 @@ class _TierQueue:
         self.size -= 1
         return pending
 
-    def remove_where(self, predicate) -> list[Pending]:
-        removed = []
+    def remove_where(self, predicate: Callable[[Pending], bool]) -> list[Pending]:
+        removed: list[Pending] = []
         for tenant in list(self.tenants):
-            kept = deque()
+            kept: deque[Pending] = deque()
             for pending in self.tenants[tenant]:
                 (removed if predicate(pending) else kept).append(pending)
             if kept:

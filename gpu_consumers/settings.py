@@ -9,8 +9,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from topics import BusSettings
-from topics.settings import split_csv
+from tokenbus.topics import BusSettings
+from tokenbus.topics.settings import split_csv
 
 
 def default_worker_id() -> str:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas import AvroCodec, ChatRequest, DecodeError, TokenEvent
-from topics import BusSettings, make_consumer, stop_reader
+from tokenbus.schemas import AvroCodec, ChatRequest, DecodeError, TokenEvent
+from tokenbus.topics import BusSettings, make_consumer, stop_reader
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Published:
 
     @classmethod
     def contiguous(cls, by_seq: dict[int, TokenEvent]) -> Published:
-        events = []
+        events: list[TokenEvent] = []
         while len(events) in by_seq:
             events.append(by_seq[len(events)])
             if events[-1].is_final:

@@ -22,16 +22,30 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from gpu_consumers.control import ControlListener
-from gpu_consumers.engines import FINISH_CANCELLED, FINISH_CONTENT_FILTER, FINISH_ERROR, Engine, GenerationInput, GenerationStream, StepOutput
-from gpu_consumers.metrics import WorkerMetrics
-from gpu_consumers.offsets import OffsetTracker
-from gpu_consumers.scheduler import Pending, TierScheduler
-from gpu_consumers.settings import WorkerSettings
-from gpu_consumers.token_log import Published, TokenLog
-from producers import BatchingPublisher, DeadLetterPublisher
-from schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms
-from topics import TopicCatalog, make_consumer, make_producer, topic_safe
+from tokenbus.gpu_consumers.control import ControlListener
+from tokenbus.gpu_consumers.engines import (
+    FINISH_CANCELLED,
+    FINISH_CONTENT_FILTER,
+    FINISH_ERROR,
+    Engine,
+    GenerationInput,
+    GenerationStream,
+    StepOutput,
+)
+from tokenbus.gpu_consumers.metrics import WorkerMetrics
+from tokenbus.gpu_consumers.offsets import OffsetTracker
+from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
+from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.token_log import Published, TokenLog
+from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms
+from tokenbus.topics import (
+    BatchingPublisher,
+    DeadLetterPublisher,
+    RecordSender,
+    TopicCatalog,
+    make_consumer,
+    make_producer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +98,7 @@ class GpuWorker:
         self.token_log = TokenLog(settings.bus, self.codec, settings.takeover_clock_skew_ms)
         self.control = ControlListener(settings.bus, self.codec, self.cancel)
         self.ready = asyncio.Event()
-        self.group_id = f"{settings.bus.topic_prefix}gpu.{topic_safe(settings.model)}"
+        self.group_id = self.catalog.gpu_group(settings.model)
         self._topics_by_tier = {t: self.catalog.requests(settings.model, t) for t in settings.bus.tiers}
         self._running: dict[str, _Running] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
@@ -92,6 +106,7 @@ class GpuWorker:
         self._tokens_in_flight = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._sender: RecordSender | None = None
         self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
         self._stopping = asyncio.Event()
@@ -120,8 +135,9 @@ class GpuWorker:
     async def _start(self) -> None:
         self._producer = make_producer(self.settings.bus)
         await self._producer.start()
+        self._sender = RecordSender(self._producer, self.codec, self.catalog)
         self._dead_letters = DeadLetterPublisher(self._producer, self.catalog)
-        self._batches = BatchingPublisher(self._producer)
+        self._batches = BatchingPublisher(self._producer, self.codec)
         await self.engine.start()
         await self.token_log.start()
         await self.control.start()
@@ -153,10 +169,10 @@ class GpuWorker:
         for pending in self.scheduler.remove_partitions(partitions):
             if pending.published is not None:
                 pending.published.cancel()
-        stopping = [r for r in self._running.values() if r.pending.tp in partitions and r.task]
-        for running in stopping:
-            running.task.cancel()
-        await asyncio.gather(*(r.task for r in stopping), return_exceptions=True)
+        stopping = [r.task for r in self._running.values() if r.pending.tp in partitions and r.task is not None]
+        for task in stopping:
+            task.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
         if self._batches:
             await self._batches.flush()
         if self._producer:
@@ -233,8 +249,7 @@ class GpuWorker:
                   record.offset, maybe_seen)
 
     def _cost(self, request: ChatRequest) -> int:
-        prompt = sum(len(m.content) for m in request.messages) // 4  # a rough token estimate, for the budget only
-        return prompt + (request.max_tokens or self.settings.default_max_tokens)
+        return request.estimated_prompt_tokens + (request.max_tokens or self.settings.default_max_tokens)
 
     def _admit_waiting(self) -> None:
         while len(self._running) < self.settings.max_num_seqs:
@@ -320,13 +335,12 @@ class GpuWorker:
         deliveries: list[asyncio.Future] = []
         last_sent: float | None = None
         assert self._batches is not None
-        key = request.request_id.encode()
+        key = request.request_id
         async for out in self._outputs(running, published):
             if out.finish_reason == FINISH_CANCELLED:
                 out = dataclasses.replace(out, finish_reason=running.stop_reason)
             event = self._token_event(request, len(events), out)
-            deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key,
-                                                    self.codec.encode(event)))
+            deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key, event))
             events.append(event)
             sent = time.time()
             if out.token_ids_diff:
@@ -369,14 +383,8 @@ class GpuWorker:
     async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent]) -> asyncio.Future:
         final = events[-1]
         token_times = [e.created_at_ms for e in events if e.token_ids]
-        completion = Completion(
-            request_id=request.request_id,
-            model=request.model,
-            tier=request.tier,
-            tenant=request.tenant,
-            key_id=request.key_id,
-            conversation_id=request.conversation_id,
-            messages=request.messages,
+        completion = Completion.for_request(
+            request,
             text="".join(e.text for e in events),
             finish_reason=final.finish_reason or FINISH_ERROR,
             prompt_tokens=final.prompt_tokens or 0,
@@ -384,17 +392,13 @@ class GpuWorker:
             cancelled=final.finish_reason in CANCELLED_REASONS,
             error=final.error,
             worker_id=self.settings.worker_id,
-            created_at_ms=request.created_at_ms,
             started_at_ms=events[0].created_at_ms,
             first_token_at_ms=token_times[0] if token_times else None,
             finished_at_ms=final.created_at_ms,
         )
         self.metrics.finished(completion.finish_reason)
-        return await self._send(self.catalog.completions, completion, request.request_id)
-
-    async def _send(self, topic: str, record, key: str, partition: int | None = None) -> asyncio.Future:
-        assert self._producer is not None
-        return await self._producer.send(topic, self.codec.encode(record), key=key.encode(), partition=partition)
+        assert self._sender is not None
+        return await self._sender.send(self.catalog.completions, completion, request.request_id)
 
 
 async def _one(out: StepOutput) -> AsyncIterator[StepOutput]:

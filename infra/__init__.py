@@ -1,1 +1,2 @@
-"""The embedded dev stack, the `tokenbus` CLI, and deployment files."""
+"""Operating tokenbus: the ``tokenbus`` command (``cli``), the embedded development stack
+(``devstack``), the administration commands (``admin``) and the load generator (``loadgen``)."""

@@ -1,3 +1,3 @@
-from infra.cli import main
+from tokenbus.infra.cli import main
 
 main()

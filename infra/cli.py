@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
 import sys
 import time
 
-import redis.asyncio as redis
-
-from infra.banner import ready_banner
-from infra.loadgen.serve import add_arguments as add_serve_arguments
-from infra.broker import BrokerNotFound, broker_binary
-from infra.processes import StartupError
-from infra.redis_server import install_redis_server, redis_answers
-from infra.stack import EmbeddedStack, StackSettings, stop_recorded
-from infra.usage import add_arguments as add_usage_arguments
-from infra.usage import cmd_usage
-from sse_edge.keys import KeyStore, Limits
-from sse_edge.settings import EdgeSettings
-from topics import BusSettings, TopicCatalog, ensure_topics
+from tokenbus.infra.admin.keys import add_key_commands
+from tokenbus.infra.admin.usage import add_arguments as add_usage_arguments
+from tokenbus.infra.admin.usage import cmd_usage
+from tokenbus.infra.devstack.banner import ready_banner
+from tokenbus.infra.devstack.broker import BrokerNotFound, broker_binary
+from tokenbus.infra.devstack.processes import StartupError
+from tokenbus.infra.devstack.redis_server import install_redis_server, redis_answers
+from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings, stop_recorded
+from tokenbus.infra.loadgen.serve import add_arguments as add_serve_arguments
+from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
@@ -88,69 +84,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _key_store() -> tuple[KeyStore, object]:
-    settings = EdgeSettings()
-    client = redis.Redis.from_url(settings.redis_url)
-    return KeyStore(client, settings.redis_prefix), client
-
-
-def cmd_keys(args: argparse.Namespace) -> int:
-    """Keys and limits live in Redis (TOKENBUS_EDGE_REDIS_URL); a key is printed once, at creation."""
-    async def run() -> int:
-        store, client = _key_store()
-        try:
-            if args.keys_command == "create":
-                models = tuple(m for m in (args.models or "").split(",") if m)
-                try:
-                    key, record = await store.create(args.tenant, args.tier, models, Limits(args.rpm, args.tpm))
-                except ValueError as exc:
-                    print(exc, file=sys.stderr)
-                    return 2
-                print(json.dumps({"key": key, **record.public()}, indent=2))
-            elif args.keys_command == "list":
-                for record in await store.list(args.tenant):
-                    print(json.dumps(record.public()))
-            elif args.keys_command == "revoke":
-                if not await store.revoke(args.key_id):
-                    print(f"no key {args.key_id}", file=sys.stderr)
-                    return 1
-                print(f"revoked {args.key_id}")
-            elif args.keys_command == "tenant-limits":
-                await store.set_tenant_limits(args.tenant, Limits(args.rpm, args.tpm))
-                print(f"tenant {args.tenant}: {args.rpm} requests/min, {args.tpm} tokens/min")
-            elif args.keys_command == "route-limits":
-                await store.set_route_limits(args.model, args.tier, Limits(args.rpm, args.tpm))
-                print(f"{args.model} {args.tier}: {args.rpm} requests/min, {args.tpm} tokens/min")
-            return 0
-        finally:
-            await client.aclose()
-
-    return asyncio.run(run())
-
-
-def add_key_commands(commands: argparse._SubParsersAction) -> None:
-    keys = commands.add_parser("keys", help="API keys, tenants and limits").add_subparsers(dest="keys_command",
-                                                                                        required=True)
-    create = keys.add_parser("create", help="create a key (printed once)")
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--tier", default="standard")
-    create.add_argument("--models", help="comma-separated models the key may use (default: all)")
-    keys_list = keys.add_parser("list", help="list keys (never their secrets)")
-    keys_list.add_argument("--tenant")
-    revoke = keys.add_parser("revoke", help="revoke a key by id")
-    revoke.add_argument("key_id")
-    tenant = keys.add_parser("tenant-limits", help="per-tenant limits")
-    tenant.add_argument("tenant")
-    route = keys.add_parser("route-limits", help="per model and tier limits")
-    route.add_argument("model")
-    route.add_argument("tier")
-    for sub in (create, tenant, route):
-        sub.add_argument("--rpm", type=int, default=0, help="requests per minute (0: no limit)")
-        sub.add_argument("--tpm", type=int, default=0, help="tokens per minute (0: no limit)")
-    for sub in (create, keys_list, revoke, tenant, route):
-        sub.set_defaults(run=cmd_keys)
-
-
 def cmd_topics(args: argparse.Namespace) -> int:
     bus = BusSettings()
     created = asyncio.run(ensure_topics(bus.bootstrap_servers, TopicCatalog(bus).all_topics()))
@@ -159,28 +92,28 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
-    from sse_edge.service import main
+    from tokenbus.sse_edge.server import main
 
     main()
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from gpu_consumers.service import main
+    from tokenbus.gpu_consumers.server import main
 
     main()
     return 0
 
 
 def cmd_processors(args: argparse.Namespace) -> int:
-    from stream_processors.__main__ import main
+    from tokenbus.stream_processors.__main__ import main
 
     main()
     return 0
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from infra.loadgen.serve import cmd_serve
+    from tokenbus.infra.loadgen.serve import cmd_serve
 
     return cmd_serve(args)
 

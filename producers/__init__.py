@@ -1,22 +1,10 @@
-"""Publishing requests to the bus and reading their token streams back."""
+"""The SDK internal services use to publish requests onto the bus and read their token
+streams back, with no HTTP hop::
 
-from producers.batching import BatchingPublisher
-from producers.client import TokenbusClient, new_request_id
-from producers.dead_letters import DeadLetterPublisher
-from producers.publisher import RequestPublisher, UnknownRoute
-from producers.replay import replay
-from producers.replies import ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
+    from tokenbus.producers import TokenbusClient
+"""
 
-__all__ = [
-    "BatchingPublisher",
-    "DeadLetterPublisher",
-    "ReplyEvent",
-    "ReplyRouter",
-    "ReplyStream",
-    "ReplyStreamError",
-    "RequestPublisher",
-    "TokenbusClient",
-    "UnknownRoute",
-    "new_request_id",
-    "replay",
-]
+from tokenbus.producers.client import TokenbusClient, new_request_id
+from tokenbus.producers.publisher import RequestPublisher, UnknownRoute
+
+__all__ = ["RequestPublisher", "TokenbusClient", "UnknownRoute", "new_request_id"]

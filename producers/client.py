@@ -7,7 +7,7 @@ straight from the bus, with no HTTP hop.
             print(reply.event.text, end="")
 
 Fire-and-forget batch work: ``await client.publish(request)`` at a low tier and read
-the results later from the ``completions`` topic.
+the results later from the ``completions`` topic. The edge is built on this client too.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from producers.publisher import RequestPublisher
-from producers.replies import ReplyEvent, ReplyRouter, ReplyStream
-from schemas import AvroCodec, ChatMessage, ChatRequest, Control, ControlAction
-from topics import BusSettings, TopicCatalog, make_producer
+from tokenbus.producers.publisher import RequestPublisher
+from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest
+from tokenbus.topics import BusSettings, RecordSender, ReplyEvent, ReplyRouter, ReplyStream, TopicCatalog, make_producer
 
 
 def new_request_id() -> str:
@@ -34,22 +34,24 @@ class TokenbusClient:
         settings: BusSettings | None = None,
         reply_partitions: list[int] | None = None,
         idle_timeout: float | None = 60.0,
+        rotate_every_s: float = 0.0,
     ) -> None:
         self.settings = settings or BusSettings()
         self.catalog = TopicCatalog(self.settings)
         self.codec = AvroCodec()
         self.idle_timeout = idle_timeout
-        self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec)
-        self._producer = make_producer(self.settings)
-        self.publisher = RequestPublisher(self._producer, self.catalog, self.codec)
+        self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec, rotate_every_s=rotate_every_s)
+        self.producer: AIOKafkaProducer = make_producer(self.settings)
+        self.sender = RecordSender(self.producer, self.codec, self.catalog)
+        self.publisher = RequestPublisher(self.sender)
 
     async def start(self) -> None:
-        await self._producer.start()
+        await self.producer.start()
         await self.router.start()
 
     async def stop(self) -> None:
         await self.router.stop()
-        await self._producer.stop()
+        await self.producer.stop()
 
     async def __aenter__(self) -> TokenbusClient:
         await self.start()
@@ -70,20 +72,20 @@ class TokenbusClient:
             **params,
         )
 
-    async def publish(self, request: ChatRequest) -> RecordMetadata:
-        return await self.publisher.publish(request)
+    async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata:
+        """Publish to the request's model and tier topic (or ``topic``, e.g. ``requests.ingress``)."""
+        return await self.publisher.publish(request, topic)
 
     async def cancel(self, request_id: str, reason: str = "") -> None:
         """Ask whichever GPU consumer holds the request to stop it (within one engine step)."""
-        control = Control(request_id, ControlAction.CANCEL, reason)
-        delivery = await self._producer.send(self.catalog.control, self.codec.encode(control), key=request_id.encode())
-        await delivery
+        await self.sender.cancel(request_id, reason)
 
-    async def submit(self, request: ChatRequest) -> ReplyStream:
-        """Open the reply stream first, then publish: no event can slip past."""
+    async def submit(self, request: ChatRequest, topic: str | None = None) -> ReplyStream:
+        """Open the reply stream first, then publish: no event can slip past. The caller reads
+        ``stream.events()`` and closes the stream with ``router.close`` when done."""
         stream = self.router.open(request.request_id, request.reply_partition)
         try:
-            await self.publisher.publish(request)
+            await self.publisher.publish(request, topic)
         except BaseException:
             self.router.close(request.request_id)
             raise

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from schemas import AvroCodec, ChatRequest
-from topics import TopicCatalog
+from tokenbus.schemas import ChatRequest
+from tokenbus.topics import RecordSender
 
 
 class UnknownRoute(ValueError):
@@ -14,10 +13,9 @@ class UnknownRoute(ValueError):
 
 
 class RequestPublisher:
-    def __init__(self, producer: AIOKafkaProducer, catalog: TopicCatalog, codec: AvroCodec) -> None:
-        self._producer = producer
-        self._catalog = catalog
-        self._codec = codec
+    def __init__(self, sender: RecordSender) -> None:
+        self._sender = sender
+        self._catalog = sender.catalog
 
     def topic_for(self, request: ChatRequest) -> str:
         settings = self._catalog.settings
@@ -28,10 +26,6 @@ class RequestPublisher:
         return self._catalog.requests(request.model, request.tier)
 
     async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata:
-        """Publish and wait for the broker's ack; returns where the request landed."""
-        delivery = await self._producer.send(
-            topic or self.topic_for(request),
-            self._codec.encode(request),
-            key=request.partition_key.encode(),
-        )
-        return await delivery
+        """Publish and wait for the broker's ack; returns where the request landed. Requests are
+        keyed by conversation (or request id), so a conversation's turns share a partition."""
+        return await self._sender.send_and_wait(topic or self.topic_for(request), request, request.partition_key)

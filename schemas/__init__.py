@@ -1,7 +1,7 @@
 """Avro schemas of every record on the bus, their dataclasses and the codec."""
 
-from schemas.codec import AvroCodec, DecodeError
-from schemas.records import (
+from tokenbus.schemas.codec import AvroCodec, DecodeError
+from tokenbus.schemas.records import (
     ChatMessage,
     ChatRequest,
     Completion,
@@ -10,6 +10,7 @@ from schemas.records import (
     ModerationDecision,
     Record,
     TokenEvent,
+    estimate_prompt_tokens,
     now_ms,
 )
 
@@ -24,5 +25,6 @@ __all__ = [
     "ModerationDecision",
     "Record",
     "TokenEvent",
+    "estimate_prompt_tokens",
     "now_ms",
 ]

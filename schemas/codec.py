@@ -12,12 +12,12 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
-from schemas.records import RECORD_TYPES, Record
+from tokenbus.schemas.records import RECORD_TYPES, Record
 
 SCHEMA_DIR = Path(__file__).parent / "avro"
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -54,7 +54,7 @@ class AvroCodec:
         self._writer_fingerprints: dict[str, bytes] = {}
         self._writers_by_fingerprint: dict[bytes, Any] = {}
         for raw in _load_schema_files(schema_dir):
-            parsed = parse_schema(raw)
+            parsed = cast(dict[str, Any], parse_schema(raw))
             name = parsed["name"]
             self._readers[name] = parsed
             self._writer_fingerprints[name] = self.register_writer_schema(raw)
@@ -91,11 +91,12 @@ class AvroCodec:
     def decode(self, data: bytes | None, record_type: type[R]) -> R:
         """Decode ``data`` as ``record_type``; any problem raises :class:`DecodeError`."""
         writer = self._writer_for(data)
+        assert data is not None  # _writer_for refused None
         if writer["name"] != record_type.schema_name:
             raise DecodeError("wrong_schema", f"expected {record_type.schema_name}, got {writer['name']}")
         payload = self._read_body(data, writer, self._readers[record_type.schema_name])
         try:
-            return record_type.from_avro(payload)
+            return cast(R, record_type.from_avro(payload))
         except (TypeError, ValueError, KeyError) as exc:
             raise DecodeError("invalid_record", str(exc)) from exc
 
@@ -118,4 +119,4 @@ class AvroCodec:
             raise DecodeError("corrupt_body", f"{type(exc).__name__}: {exc}") from exc
         if body.tell() != len(data) - HEADER_SIZE:
             raise DecodeError("trailing_bytes", f"{len(data) - HEADER_SIZE - body.tell()} left")
-        return payload
+        return cast(dict[str, Any], payload)

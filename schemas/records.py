@@ -11,12 +11,19 @@ import dataclasses
 import enum
 import functools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def estimate_prompt_tokens(texts: Iterable[str]) -> int:
+    """Prompt tokens of messages with these texts, without a tokenizer: about four characters a
+    token, plus a few per message. For budgets and admission only; engines count exactly."""
+    return sum(len(text) // 4 + 4 for text in texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +37,10 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def _fields(record: Any) -> dict[str, Any]:
+def _fields(record: object) -> dict[str, Any]:
     """A record's fields as a shallow dict: ``dataclasses.asdict`` deep-copies, and this is the hot path."""
-    return {name: getattr(record, name) for name in _field_names(type(record))}
+    # mypy does not take a class for Hashable here; it is.
+    return {name: getattr(record, name) for name in _field_names(type(record))}  # type: ignore[arg-type]
 
 
 def _messages_to_avro(messages: list[ChatMessage]) -> list[dict[str, str]]:
@@ -68,6 +76,10 @@ class ChatRequest:
     def partition_key(self) -> str:
         """Requests of one conversation share a partition, so they share a GPU consumer's caches."""
         return self.conversation_id or self.request_id
+
+    @property
+    def estimated_prompt_tokens(self) -> int:
+        return estimate_prompt_tokens(m.content for m in self.messages)
 
     def to_avro(self) -> dict[str, Any]:
         return {**_fields(self), "messages": _messages_to_avro(self.messages)}
@@ -136,6 +148,14 @@ class Completion:
     worker_id: str = ""
     first_token_at_ms: int | None = None
 
+    @classmethod
+    def for_request(cls, request: ChatRequest, **outcome: Any) -> Completion:
+        """The Completion that closes ``request``: who asked and what is carried over from the
+        request, plus ``outcome`` (text, finish_reason, token counts, timings, worker_id, ...)."""
+        return cls(request_id=request.request_id, model=request.model, tier=request.tier, tenant=request.tenant,
+                   key_id=request.key_id, conversation_id=request.conversation_id, messages=request.messages,
+                   created_at_ms=request.created_at_ms, **outcome)
+
     def to_avro(self) -> dict[str, Any]:
         return {**_fields(self), "messages": _messages_to_avro(self.messages)}
 
@@ -194,4 +214,4 @@ class ModerationDecision:
 
 
 Record = ChatRequest | TokenEvent | Completion | Control | ModerationDecision
-RECORD_TYPES: tuple[type, ...] = (ChatRequest, TokenEvent, Completion, Control, ModerationDecision)
+RECORD_TYPES: tuple[type[Record], ...] = (ChatRequest, TokenEvent, Completion, Control, ModerationDecision)

@@ -1,3 +1,3 @@
-from sse_edge.service import main
+from tokenbus.sse_edge.server import main
 
 main()

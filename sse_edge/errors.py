@@ -1,4 +1,10 @@
-"""Errors in OpenAI's format: ``{"error": {"message", "type", "param", "code"}}``."""
+"""The edge's one error vocabulary, in OpenAI's format:
+``{"error": {"message", "type", "param", "code"}}`` with the HTTP status and headers to send.
+
+Raise the subclass that says what went wrong (``InvalidRequest``, ``Unavailable``, ...); each
+knows its status and type, and ``Unavailable`` its ``Retry-After``. ``ApiError`` itself takes
+any status, for the rare one without a class.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +13,28 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 
 class ApiError(Exception):
+    status: int = 500
+    type: str = "invalid_request_error"
+
     def __init__(
         self,
-        status: int,
+        status: int | None,
         message: str,
-        type: str = "invalid_request_error",
+        type: str | None = None,
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
         self.message = message
-        self.type = type
         self.param = param
         self.code = code
         self.headers = headers
@@ -35,13 +46,83 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+class _Fixed(ApiError):
+    """An error whose status (and type) the class fixes."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(None, message, None, param, code, headers)
+
+
+class InvalidRequest(_Fixed):
+    status = 400
+
+
+class Unauthorized(_Fixed):
+    status = 401
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message, code=code, headers={"WWW-Authenticate": "Bearer"})
+
+
+class PermissionDenied(_Fixed):
+    status = 403
+    type = "permission_error"
+
+
+class NotFound(_Fixed):
+    status = 404
+
+
+class RequestTimeout(_Fixed):
+    """The request body did not arrive in time; the connection is closed."""
+
+    status = 408
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="request_timeout", headers={"Connection": "close"})
+
+
+class Conflict(_Fixed):
+    status = 409
+
+
+class PayloadTooLarge(_Fixed):
+    status = 413
+
+
+class RateLimited(ApiError):
+    """429, typed by the limit's dimension (``requests`` or ``tokens``) as OpenAI does."""
+
+    def __init__(self, message: str, dimension: str, retry_after_s: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(429, message, dimension, code="rate_limit_exceeded",
+                         headers={**(headers or {}), "Retry-After": str(retry_after_s)})
+
+
+class ClientClosed(_Fixed):
+    """The client went away before a non-streaming answer was ready (nginx's 499)."""
+
+    status = 499
+
+    def __init__(self) -> None:
+        super().__init__("The client closed the request.", code="client_closed_request")
+
+
+class ServerError(_Fixed):
+    status = 500
+    type = "server_error"
+
+
+class Unavailable(ApiError):
+    """503: something the edge depends on does not answer, or a queue is full; retry after a while."""
+
+    def __init__(self, message: str, code: str, retry_after_s: int = 1, *, status: int = 503) -> None:
+        super().__init__(status, message, "server_error", code=code, headers={"Retry-After": str(retry_after_s)})
+
+
 def model_not_found(model: str) -> ApiError:
-    return ApiError(
-        404,
-        f"The model `{model}` does not exist or you do not have access to it.",
-        param="model",
-        code="model_not_found",
-    )
+    return NotFound(f"The model `{model}` does not exist or you do not have access to it.", param="model",
+                    code="model_not_found")
 
 
 # Pydantic names the member of a union that failed inside ``loc`` (``str``,
@@ -74,9 +155,25 @@ def from_validation_error(exc: ValidationError) -> ApiError:
     else:
         message = f"Invalid value for '{param}': {first['msg']}."
         code = "invalid_type" if kind.endswith("_type") or kind.endswith("parsing") else "invalid_value"
-    return ApiError(400, message, param=param, code=code)
+    return InvalidRequest(message, param=param, code=code)
 
 
-async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
+async def handle_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return exc.response()
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    return NotFound(f"Unknown path {request.url.path}.", code="not_found").response()
+
+
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
+    return ApiError(405, f"Method {request.method} is not allowed on {request.url.path}.",
+                    code="method_not_allowed").response()
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    return ServerError("The server had an error while processing your request.", code="internal_error").response()
+
+
+HANDLERS = {ApiError: handle_api_error, 404: not_found, 405: method_not_allowed, 500: server_error}

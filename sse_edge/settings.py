@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from stream_processors.transcripts.store import TranscriptSettings
-from topics import BusSettings
-from topics.settings import split_csv
+from tokenbus.stores.transcripts import TranscriptSettings
+from tokenbus.topics import BusSettings
+from tokenbus.topics.settings import csv_items
 
 
 def parse_tier_numbers(value: object) -> object:
@@ -25,7 +25,7 @@ def parse_partitions(value: object) -> object:
     if not isinstance(value, str):
         return value
     numbers: list[int] = []
-    for part in split_csv(value):
+    for part in csv_items(value):
         first, dash, last = part.partition("-")
         numbers += range(int(first), int(last) + 1) if dash else [int(first)]
     return numbers

@@ -1,10 +1,10 @@
-"""``python -m stream_processors``: one faust worker running the jobs its settings name."""
+"""``python -m tokenbus.stream_processors``: one faust worker running the jobs its settings name."""
 
 from __future__ import annotations
 
 import faust
 
-from stream_processors.app import create_app
+from tokenbus.stream_processors.app import create_app
 
 
 def main() -> None:

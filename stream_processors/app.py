@@ -14,28 +14,28 @@ import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Transport
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from schemas import ChatRequest, Completion, TokenEvent
-from stream_processors.billing.agent import ClickHouseSink
-from stream_processors.billing.clickhouse import UsageWriter, apply_schema, connect
-from stream_processors.billing.prices import PriceTable
-from stream_processors.billing.report import UsageQuery, reconcile, request_usage, usage_report
-from stream_processors.context import ProcessorContext
-from stream_processors.moderation.ingress import IngressModeration
-from stream_processors.moderation.output import OutputModeration
-from stream_processors.moderation.policy import Policy
-from stream_processors.settings import ProcessorSettings
-from stream_processors.transcripts.store import open_store
-from stream_processors.transcripts.writer import TranscriptWriter
+from tokenbus.schemas import ChatRequest, Completion, TokenEvent
+from tokenbus.stores.billing.clickhouse import UsageWriter, apply_schema, connect
+from tokenbus.stores.billing.prices import PriceTable
+from tokenbus.stores.billing.report import UsageQuery, reconcile, request_usage, usage_report
+from tokenbus.stores.transcripts import open_store
+from tokenbus.stream_processors.billing import ClickHouseSink
+from tokenbus.stream_processors.context import ProcessorContext
+from tokenbus.stream_processors.moderation.ingress import IngressModeration
+from tokenbus.stream_processors.moderation.output import OutputModeration
+from tokenbus.stream_processors.moderation.policy import Policy
+from tokenbus.stream_processors.settings import ProcessorSettings
+from tokenbus.stream_processors.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
 
-RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 LAG_INTERVAL_S = 1.0
 
 
 def low_latency_transport(fetch_max_wait_ms: int) -> type[Transport]:
     """faust hard-codes a 1.5 s fetch wait, and the embedded broker holds fetches for about
-    half of it (PLATFORM.md): the ingress hop would add ~750 ms. This transport asks for
+    half of it (docs/architecture.md, the embedded broker): the ingress hop would add ~750 ms. This transport asks for
     ``fetch_max_wait_ms`` instead."""
 
     class LowLatencyConsumerThread(AIOKafkaConsumerThread):
@@ -87,7 +87,7 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
     add_pages(app, ctx, sink)
     add_lag_timer(app, ctx)
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust's signal types want a sync receiver
     async def close(app: faust.App, **kwargs: Any) -> None:
         await ctx.stop()
 
@@ -139,12 +139,12 @@ def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:
 
     @app.agent(topic(app, ctx.catalog.completions), name="bill-usage")
     async def bill_usage(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(size, within=within):
+        async for events in stream.take_events(size, within=within):  # type: ignore[attr-defined]  # not in StreamT
             await sink.bill([e.message for e in events])
 
     @app.agent(topic(app, ctx.catalog.moderation), name="store-decisions")
     async def store_decisions(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(size, within=within):
+        async for events in stream.take_events(size, within=within):  # type: ignore[attr-defined]  # not in StreamT
             await sink.store_decisions([e.message for e in events])
 
     return sink

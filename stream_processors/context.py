@@ -18,14 +18,15 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from producers import DeadLetterPublisher, RequestPublisher
-from schemas import AvroCodec, DecodeError, Record
-from stream_processors.metrics import ProcessorMetrics
-from stream_processors.settings import ProcessorSettings
-from topics import TopicCatalog, make_producer
+from tokenbus.producers import RequestPublisher
+from tokenbus.schemas import AvroCodec, DecodeError, Record
+from tokenbus.stream_processors.metrics import ProcessorMetrics
+from tokenbus.stream_processors.settings import ProcessorSettings
+from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog, make_producer
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+RecordT = TypeVar("RecordT", bound=Record)
 
 
 class Rejected(ValueError):
@@ -58,6 +59,7 @@ class ProcessorContext:
         self.transient = transient_errors()
         self._producer: AIOKafkaProducer | None = None
         self._producer_lock = asyncio.Lock()
+        self._sender: RecordSender | None = None
         self._publisher: RequestPublisher | None = None
         self.positions: dict[tuple[str, str, int], int] = {}  # (processor, topic, partition) -> next offset
 
@@ -67,20 +69,25 @@ class ProcessorContext:
                 producer = make_producer(self.settings.bus)
                 await producer.start()
                 self._producer = producer
+                self._sender = RecordSender(producer, self.codec, self.catalog)
         return self._producer
 
     async def stop(self) -> None:
         if self._producer is not None:
             await self._producer.stop()
 
+    async def sender(self) -> RecordSender:
+        await self.producer()
+        assert self._sender is not None
+        return self._sender
+
     async def send(self, topic: str, record: Record, key: str, partition: int | None = None) -> None:
-        producer = await self.producer()
-        delivery = await producer.send(topic, self.codec.encode(record), key=key.encode(), partition=partition)
-        await delivery
+        """Send ``record`` and wait for the broker's acknowledgement."""
+        await (await self.sender()).send_and_wait(topic, record, key, partition)
 
     async def request_publisher(self) -> RequestPublisher:
         if self._publisher is None:
-            self._publisher = RequestPublisher(await self.producer(), self.catalog, self.codec)
+            self._publisher = RequestPublisher(await self.sender())
         return self._publisher
 
     async def dead_letter(self, processor: str, message: Any, reason: str, detail: str = "") -> None:
@@ -90,7 +97,7 @@ class ProcessorContext:
     async def _dead_letter(self, message: Any, reason: str, detail: str) -> None:
         await DeadLetterPublisher(await self.producer(), self.catalog).send(message, reason, detail)
 
-    def decode(self, message: Any, record_type: type[R]) -> R:
+    def decode(self, message: Any, record_type: type[RecordT]) -> RecordT:
         return self.codec.decode(message.value, record_type)
 
     async def retrying(self, processor: str, action: Callable[[], Awaitable[R]]) -> R:
@@ -105,8 +112,8 @@ class ProcessorContext:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_max_delay_s)
 
-    async def process(self, processor: str, message: Any, record_type: type[R],
-                      handle: Callable[[R, Any], Awaitable[None]]) -> None:
+    async def process(self, processor: str, message: Any, record_type: type[RecordT],
+                      handle: Callable[[RecordT, Any], Awaitable[None]]) -> None:
         """Decode one record and hand it to ``handle``; dead-letter what cannot be processed."""
         self.positions[(processor, message.topic, message.partition)] = message.offset + 1
         try:

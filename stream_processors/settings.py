@@ -8,10 +8,10 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from stream_processors.billing.clickhouse import ClickHouseSettings
-from stream_processors.transcripts.store import TranscriptSettings
-from topics import BusSettings
-from topics.settings import split_csv
+from tokenbus.stores.billing.clickhouse import ClickHouseSettings
+from tokenbus.stores.transcripts import TranscriptSettings
+from tokenbus.topics import BusSettings
+from tokenbus.topics.settings import split_csv
 
 JOBS = ("moderation", "transcripts", "billing")
 
@@ -37,7 +37,7 @@ class ProcessorSettings(BaseSettings):
     # time caps a worker at a few hundred requests/s. (Requests of one conversation may then
     # reach their request topic in another order; offsets still commit only past finished ones.)
     ingress_concurrency: int = 8
-    # faust asks the broker to hold fetches 1.5 s; the ingress hop needs a small wait (PLATFORM.md).
+    # faust asks the broker to hold fetches 1.5 s; the ingress hop needs a small wait on the embedded broker.
     fetch_max_wait_ms: int = 5
     retry_max_delay_s: float = 5.0
 

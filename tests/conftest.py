@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.processes import free_port
-from infra.stack import EmbeddedStack, StackSettings
-from stream_processors.moderation.policy import DEFAULT_POLICY_FILE
-from topics import BusSettings, TopicCatalog, ensure_topics
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
+from tokenbus.stream_processors.moderation.policy import DEFAULT_POLICY_FILE
+from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
 
 # The simulated engine every stack process runs; tests rebuild it in-process to know
 # exactly which tokens a request must produce.

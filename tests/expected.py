@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_consumers.engines import GenerationInput, SamplingParams, SimulatedEngine, SimulatedEngineSettings
-from schemas import ChatMessage
 from tests.conftest import SIM_SETTINGS
+from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams, SimulatedEngine, SimulatedEngineSettings
+from tokenbus.schemas import ChatMessage
 
 
 @dataclass(frozen=True)

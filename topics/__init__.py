@@ -1,18 +1,35 @@
-"""The topic catalog, its provisioning, and aiokafka client settings."""
+"""The bus library: topic names and provisioning, aiokafka client settings,
+and the two ways every service talks to the bus: sending a record
+(``RecordSender``, ``BatchingPublisher`` for many at once, ``DeadLetterPublisher``) and
+reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log)."""
 
-from topics.catalog import TopicCatalog, TopicSpec, topic_safe
-from topics.clients import make_consumer, make_producer, stop_reader
-from topics.provision import delete_topics, ensure_topics
-from topics.settings import BusSettings
+from tokenbus.topics.batching import BatchingPublisher
+from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe
+from tokenbus.topics.clients import cancel_task, make_consumer, make_producer, stop_reader
+from tokenbus.topics.dead_letters import DeadLetterPublisher
+from tokenbus.topics.provision import delete_topics, ensure_topics
+from tokenbus.topics.replay import replay
+from tokenbus.topics.replies import ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
+from tokenbus.topics.sending import RecordSender
+from tokenbus.topics.settings import BusSettings
 
 __all__ = [
+    "BatchingPublisher",
     "BusSettings",
+    "DeadLetterPublisher",
+    "RecordSender",
+    "ReplyEvent",
+    "ReplyRouter",
+    "ReplyStream",
+    "ReplyStreamError",
     "TopicCatalog",
     "TopicSpec",
+    "cancel_task",
     "delete_topics",
     "ensure_topics",
     "make_consumer",
     "make_producer",
+    "replay",
     "stop_reader",
     "topic_safe",
 ]

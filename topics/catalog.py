@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from topics.settings import BusSettings
+from tokenbus.topics.settings import BusSettings
 
 _UNSAFE_TOPIC_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -59,6 +59,10 @@ class TopicCatalog:
     @property
     def dlq(self) -> str:
         return self._name("dlq")
+
+    def gpu_group(self, model: str) -> str:
+        """The consumer group of a model's GPU consumers: its lag is the model's queue depth."""
+        return self._name("gpu", topic_safe(model))
 
     def tier_of(self, topic: str, model: str) -> str | None:
         for tier in self.settings.tiers:

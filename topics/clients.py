@@ -2,7 +2,7 @@
 
 The broker holds fetches for about half of ``fetch_max_wait_ms`` under steady
 traffic, so every latency-sensitive consumer asks for a small value; group joins
-wait half the session timeout, so local runs use a short one. See PLATFORM.md.
+wait half the session timeout, so local runs use a short one. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from topics.settings import BusSettings
+from tokenbus.topics.settings import BusSettings
 
 LATENCY_FETCH_MAX_WAIT_MS = 5
 GROUP_SESSION_TIMEOUT_MS = 6000
@@ -46,10 +46,15 @@ def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = No
     return AIOKafkaConsumer(*topics, **options)
 
 
-async def stop_reader(task: asyncio.Task | None, consumer: AIOKafkaConsumer | None) -> None:
-    """Stop a background task that reads with ``consumer``, then the consumer."""
+async def cancel_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task (a reader, a watch, a timer) and wait until it has ended."""
     if task:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def stop_reader(task: asyncio.Task[Any] | None, consumer: AIOKafkaConsumer | None) -> None:
+    """Stop a background task that reads with ``consumer``, then the consumer."""
+    await cancel_task(task)
     if consumer:
         await consumer.stop()

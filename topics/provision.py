@@ -6,7 +6,7 @@ import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from topics.catalog import TopicSpec
+from tokenbus.topics.catalog import TopicSpec
 
 log = logging.getLogger(__name__)
 

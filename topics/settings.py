@@ -8,10 +8,14 @@ from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
+def csv_items(value: str) -> list[str]:
+    """``"a, b,,c"`` as ``["a", "b", "c"]``."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 def split_csv(value: object) -> object:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
+    """A pydantic ``before`` validator: a comma-separated environment variable as a list."""
+    return csv_items(value) if isinstance(value, str) else value
 
 
 class BusSettings(BaseSettings):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_consumers.engines.base import (
+from tokenbus.gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_CONTENT_FILTER,
     FINISH_ERROR,
@@ -14,21 +14,22 @@ from gpu_consumers.engines.base import (
     SamplingParams,
     StepOutput,
 )
-from gpu_consumers.engines.simulated import SimulatedEngine, SimulatedEngineSettings
+from tokenbus.gpu_consumers.engines.simulated import SimulatedEngine, SimulatedEngineSettings
 
 ENGINE_NAMES = ("simulated", "hf", "trtllm")
 
 
-def load_engine(name: str) -> Engine:
-    """Build the engine called ``name`` from its own ``TOKENBUS_*`` settings; heavy imports stay lazy."""
+def load_engine(name: str, max_num_seqs: int = 64) -> Engine:
+    """Build the engine called ``name`` from its own ``TOKENBUS_*`` settings; heavy imports stay lazy.
+    ``max_num_seqs``: how many sequences the worker runs at once (an engine step's batch on CUDA)."""
     if name == "simulated":
         return SimulatedEngine(SimulatedEngineSettings())
     if name == "hf":
-        from gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+        from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
 
-        return HfEngine(HfEngineSettings())
+        return HfEngine(HfEngineSettings(), max_num_seqs=max_num_seqs)
     if name == "trtllm":
-        from gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
+        from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
 
         return TrtLlmEngine(TrtLlmEngineSettings())
     raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from schemas import ChatMessage, ChatRequest
+from tokenbus.schemas import ChatMessage, ChatRequest
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

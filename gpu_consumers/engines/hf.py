@@ -8,6 +8,13 @@ also makes a taken-over sequence continue exactly as the uninterrupted one would
 Prefix caching: the manager shares KV blocks between requests with a common prompt
 prefix (``allow_block_sharing``), so a conversation's next turn landing on the same
 consumer (requests are keyed by conversation id) reuses its cached prefix.
+
+On CUDA the defaults are the fastest measured (BENCHMARKS.md, "The GPU path"): PyTorch's cuDNN
+attention backend is switched off (with a key length that changes every step, as in continuous
+batching, each call re-plans: ~49 ms against ~1 ms), the KV cache is sized from free GPU memory,
+and a step takes as many requests as the worker runs at once. CUDA graphs and asynchronous
+batching are left to transformers, which turns them on only for flash attention: with SDPA's
+attention mask they made decoding ten times slower. On the CPU nothing of that changes.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpu_consumers.engines.base import (
+from tokenbus.gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_ERROR,
     FINISH_LENGTH,
@@ -30,7 +37,7 @@ from gpu_consumers.engines.base import (
     GenerationInput,
     StepOutput,
 )
-from gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +58,26 @@ class HfEngineSettings(BaseSettings):
     do_sample: bool = False
     seed: int | None = None
     default_max_tokens: int = 256
-    # KV cache, sized explicitly: the defaults would size it from all of system RAM on CPU.
-    num_blocks: int = 64
+    # KV cache. 0: on the CPU 64 blocks of 32 tokens and 512 tokens a step (transformers would size
+    # it from all of system RAM); on CUDA sized by transformers from free GPU memory.
+    num_blocks: int = 0
     page_size: int = 32
-    max_batch_tokens: int = 512
-    max_requests_per_batch: int = 16
+    max_batch_tokens: int = 0
+    max_memory_percent: float = 0.0  # of free GPU memory for the KV cache; 0: transformers' default
+    # Requests in one engine step. 0: 16 on the CPU; on CUDA the worker's max_num_seqs, so that every
+    # sequence the worker admits runs in the same step.
+    max_requests_per_batch: int = 0
+    # CUDA only. Empty: the model's default attention (SDPA); a flash implementation where installed.
+    # cuDNN attention re-plans for every new key length. Graphs and async batching: None lets
+    # transformers decide (on for flash attention only).
+    attn_implementation: str = ""
+    cudnn_attention: bool = False
+    cuda_graphs: bool | None = None
+    async_batching: bool | None = None
+    compile_level: int = 0  # transformers' default_compile_level (0-3): torch.compile the step
+    # CPU only: torch's threads (0: torch's default, one per core). Its OpenMP threads spin while
+    # waiting, so on a small machine shared with the broker and the edge fewer threads are faster.
+    cpu_threads: int = 0
 
 
 def smollm2_source() -> tuple[Path, str]:
@@ -82,14 +104,43 @@ def save_converted(model: Any, tokenizer: Any, target: Path) -> None:
     partial.rename(target)
 
 
+def resolve_device(settings: HfEngineSettings) -> str:
+    if settings.device != "auto":
+        return settings.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def batching_config(settings: HfEngineSettings, device: str, max_num_seqs: int) -> dict[str, Any]:
+    """``ContinuousBatchingConfig`` arguments for ``device`` (None: transformers decides)."""
+    on_cuda = device == "cuda"
+
+    def either(value: float, cpu: float, cuda: float | None) -> Any:
+        return value or (cuda if on_cuda else cpu)
+
+    return dict(
+        num_blocks=either(settings.num_blocks, 64, None),
+        page_size=settings.page_size,
+        max_batch_tokens=either(settings.max_batch_tokens, 512, None),
+        max_memory_percent=settings.max_memory_percent or None,
+        max_requests_per_batch=either(settings.max_requests_per_batch, 16, max_num_seqs),
+        use_cuda_graph=settings.cuda_graphs if on_cuda else False,
+        use_async_batching=settings.async_batching if on_cuda else False,
+        default_compile_level=settings.compile_level,
+    )
+
+
 def load_model(settings: HfEngineSettings) -> tuple[Any, Any, str]:
     """Load tokenizer and model (blocking); returns them and the device used."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(settings)
+    if device == "cuda" and not settings.cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    if device == "cpu" and settings.cpu_threads:
+        torch.set_num_threads(settings.cpu_threads)
     dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.dtype]
     if settings.model_path:
@@ -98,10 +149,11 @@ def load_model(settings: HfEngineSettings) -> tuple[Any, Any, str]:
         source, gguf = smollm2_source()
     extra = {"gguf_file": gguf} if gguf else {}
     tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
+    attention = {"attn_implementation": settings.attn_implementation} if settings.attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra, **attention)
     if gguf and not settings.model_path:
         save_converted(model, tokenizer, MODEL_CACHE / "SmolLM2-135M-Instruct")
-    return tokenizer, model.to(device), device
+    return tokenizer, model.to(device), device  # type: ignore[arg-type]  # transformers types .to oddly
 
 
 class _HfSequence:
@@ -163,8 +215,9 @@ class _HfSequence:
 class HfEngine:
     name = "hf"
 
-    def __init__(self, settings: HfEngineSettings | None = None) -> None:
+    def __init__(self, settings: HfEngineSettings | None = None, max_num_seqs: int = 64) -> None:
         self.settings = settings or HfEngineSettings()
+        self.max_num_seqs = max_num_seqs  # the worker's: what one step should take on CUDA
         self.tokenizer: Any = None
         self.device = ""
         self.eos_token_ids: set[int] = set()
@@ -187,8 +240,7 @@ class HfEngine:
         generation = GenerationConfig(max_new_tokens=s.default_max_tokens, do_sample=s.do_sample,
                                       eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id or eos)
         batching = ContinuousBatchingConfig(
-            num_blocks=s.num_blocks, page_size=s.page_size, max_batch_tokens=s.max_batch_tokens,
-            max_requests_per_batch=s.max_requests_per_batch, seed=s.seed,
+            **batching_config(s, self.device, self.max_num_seqs), seed=s.seed,
             per_request_processors=s.do_sample, auto_switch_to_flash=False,
         )
         manager = self._model.init_continuous_batching(generation_config=generation,

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpu_consumers.engines.detokenize import StopFilter
-from gpu_consumers.engines.base import (
+from tokenbus.gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_ERROR,
     FINISH_LENGTH,
@@ -27,12 +26,14 @@ from gpu_consumers.engines.base import (
     GenerationInput,
     StepOutput,
 )
+from tokenbus.gpu_consumers.engines.detokenize import StopFilter
+from tokenbus.topics import cancel_task
 
-VOCABULARY = (
-    "the bus carries every token from the engine to the edge and each event can be "
-    "replayed so a stream survives a crash without a gap or a duplicate while billing "
-    "counts usage exactly once per request for every tenant model and tier"
-).split()
+VOCABULARY = """
+the bus carries every token from the engine to the edge and each event can be replayed so a
+stream survives a crash without a gap or a duplicate while billing counts usage exactly once per
+request for every tenant model and tier
+""".split()
 
 
 class SimulatedEngineSettings(BaseSettings):
@@ -128,9 +129,7 @@ class SimulatedEngine:
         self._loop_task = asyncio.create_task(self._step_loop(), name="simulated-engine")
 
     async def close(self) -> None:
-        if self._loop_task:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await cancel_task(self._loop_task)
 
     @property
     def running(self) -> int:

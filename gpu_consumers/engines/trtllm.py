@@ -16,8 +16,15 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpu_consumers.engines.base import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, GenerationInput, StepOutput
-from gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+from tokenbus.gpu_consumers.engines.base import (
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationInput,
+    StepOutput,
+)
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
 
 KNOWN_FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "cancelled": FINISH_CANCELLED}
 

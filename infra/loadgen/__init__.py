@@ -1,10 +1,10 @@
 """A load generator for OpenAI-compatible streaming endpoints (``tokenbus bench serve``)."""
 
-from infra.loadgen.arrivals import arrival_gaps
-from infra.loadgen.metrics import Slo, Summary, format_summary, percentile, summarize
-from infra.loadgen.results import RequestResult
-from infra.loadgen.runner import Progress, run_load
-from infra.loadgen.sse_client import stream_chat
+from tokenbus.infra.loadgen.arrivals import arrival_gaps
+from tokenbus.infra.loadgen.metrics import Slo, Summary, format_summary, percentile, summarize
+from tokenbus.infra.loadgen.results import RequestResult
+from tokenbus.infra.loadgen.runner import Progress, run_load
+from tokenbus.infra.loadgen.sse_client import stream_chat
 
 __all__ = [
     "Progress",

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.loadgen.results import RequestResult
+from tokenbus.infra.loadgen.results import RequestResult
 
 DEFAULT_PERCENTILES = (99.0,)
 

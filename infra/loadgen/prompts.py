@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WORDS = (
-    "stream token partition offset broker consumer producer schema event replay edge tenant "
-    "batch tier model engine latency throughput cache prefix queue commit record topic log"
-).split()
+WORDS = """
+stream token partition offset broker consumer producer schema event replay edge tenant batch
+tier model engine latency throughput cache prefix queue commit record topic log
+""".split()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from infra.loadgen.arrivals import arrival_gaps
-from infra.loadgen.results import RequestResult
+from tokenbus.infra.loadgen.arrivals import arrival_gaps
+from tokenbus.infra.loadgen.results import RequestResult
 
 P = TypeVar("P")
 SendFn = Callable[[P], Awaitable[RequestResult]]

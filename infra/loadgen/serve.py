@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 
-from infra.loadgen.metrics import Slo, Summary, format_summary, summarize
-from infra.loadgen.prompts import BenchPrompt, sharegpt_prompts, synthetic_prompts
-from infra.loadgen.results import RequestResult
-from infra.loadgen.runner import Progress, run_load
-from infra.loadgen.sse_client import stream_chat
+from tokenbus.infra.loadgen.metrics import Slo, Summary, format_summary, summarize
+from tokenbus.infra.loadgen.prompts import BenchPrompt, sharegpt_prompts, synthetic_prompts
+from tokenbus.infra.loadgen.results import RequestResult
+from tokenbus.infra.loadgen.runner import Progress, run_load
+from tokenbus.infra.loadgen.sse_client import stream_chat
 
 
 @dataclass

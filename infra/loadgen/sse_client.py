@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from infra.loadgen.results import RequestResult
+from tokenbus.infra.loadgen.results import RequestResult
 
 
 class MalformedStream(ValueError):
@@ -37,7 +37,8 @@ def _chunk_content(data: str) -> tuple[str, dict[str, Any] | None]:
     return text, body.get("usage")
 
 
-async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any], headers: dict[str, str] | None = None) -> RequestResult:
+async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any],
+                      headers: dict[str, str] | None = None) -> RequestResult:
     """POST a streaming request; every failure (HTTP, framing, JSON) is recorded, never raised."""
     result = RequestResult()
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Moderation: a policy (categories, detectors, per-tier actions, classifier hook) applied to
 prompts on the ingress path and to token streams on the way out."""
 
-from stream_processors.moderation.policy import (
+from tokenbus.stream_processors.moderation.policy import (
     ALLOW,
     BLOCK,
     FLAG,
@@ -13,7 +13,7 @@ from stream_processors.moderation.policy import (
     PolicyError,
     Verdict,
 )
-from stream_processors.moderation.window import StreamWindows
+from tokenbus.stream_processors.moderation.window import StreamWindows
 
 __all__ = ["ALLOW", "BLOCK", "FLAG", "INPUT", "OUTPUT", "REDACT", "Finding", "Policy", "PolicyError", "StreamWindows",
            "Verdict"]

@@ -12,10 +12,10 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from producers import UnknownRoute
-from schemas import ChatMessage, ChatRequest, Completion, ModerationDecision, TokenEvent, now_ms
-from stream_processors.context import ProcessorContext, Rejected
-from stream_processors.moderation.policy import BLOCK, INPUT, REDACT, Finding, Policy, Verdict
+from tokenbus.producers import UnknownRoute
+from tokenbus.schemas import ChatMessage, ChatRequest, Completion, ModerationDecision, TokenEvent, now_ms
+from tokenbus.stream_processors.context import ProcessorContext, Rejected
+from tokenbus.stream_processors.moderation.policy import BLOCK, INPUT, REDACT, Finding, Policy, Verdict
 
 MODERATION_WORKER = "moderation"
 
@@ -67,12 +67,9 @@ class IngressModeration:
         final = TokenEvent(request.request_id, 0, text=text, finish_reason=finish_reason, error=error,
                            prompt_tokens=0, completion_tokens=0, worker_id=MODERATION_WORKER, created_at_ms=at)
         await self.ctx.send(request.reply_topic, final, request.request_id, partition=request.reply_partition)
-        completion = Completion(
-            request_id=request.request_id, model=request.model, tier=request.tier, text=text,
-            finish_reason=finish_reason, prompt_tokens=0, completion_tokens=0, created_at_ms=request.created_at_ms,
-            started_at_ms=at, finished_at_ms=at, tenant=request.tenant, key_id=request.key_id,
-            conversation_id=request.conversation_id, messages=request.messages, error=error,
-            worker_id=MODERATION_WORKER,
+        completion = Completion.for_request(
+            request, text=text, finish_reason=finish_reason, prompt_tokens=0, completion_tokens=0,
+            started_at_ms=at, finished_at_ms=at, error=error, worker_id=MODERATION_WORKER,
         )
         await self.ctx.send(self.ctx.catalog.completions, completion, request.request_id)
 

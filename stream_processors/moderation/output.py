@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from schemas import Control, ControlAction, ModerationDecision, TokenEvent
-from stream_processors.context import ProcessorContext
-from stream_processors.moderation.policy import BLOCK, OUTPUT, Policy
-from stream_processors.moderation.window import StreamWindows
+from tokenbus.schemas import Control, ControlAction, ModerationDecision, TokenEvent
+from tokenbus.stream_processors.context import ProcessorContext
+from tokenbus.stream_processors.moderation.policy import BLOCK, OUTPUT, Policy
+from tokenbus.stream_processors.moderation.window import StreamWindows
 
 FINISH_CONTENT_FILTER = "content_filter"
 MODERATION_WORKER = "moderation"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stream_processors.moderation.detectors import BUILT_IN, Detector, RegexDetector, phrase_detector
+from tokenbus.stream_processors.moderation.detectors import BUILT_IN, Detector, RegexDetector, phrase_detector
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("default_policy.toml")
 
@@ -125,7 +125,7 @@ class Policy:
         """Replace the spans of categories whose action is ``redact`` (or ``block``) with a marker."""
         spans = sorted((f for f in findings if f.start is not None
                         and SEVERITY[self.action_for(f.category, tier, stage)] >= SEVERITY[REDACT]),
-                       key=lambda f: f.start)
+                       key=lambda f: f.start or 0)
         out, position = [], 0
         for finding in spans:
             assert finding.start is not None and finding.end is not None

@@ -1,8 +1,9 @@
 """An in-memory stand-in for a cassandra-driver ``Session``, for tests where no Cassandra
-server can run (PLATFORM.md). It is faithful where the store depends on the driver:
+server can be installed on the machines this suite runs on (no CQL server ships in the
+package registries they reach). It is faithful where the store depends on the driver:
 
 - ``prepare`` returns the driver's own ``PreparedStatement`` with bind metadata built from
-  the real DDL (``infra/cassandra/schema.cql``), so ``bind`` serializes values with the
+  the real DDL (``stores/transcripts/schema.cql``), so ``bind`` serializes values with the
   driver's CQL types and rejects wrong arity or types exactly as it would against a server;
 - ``execute_async`` takes the driver's ``BoundStatement`` / ``BatchStatement``, decodes the
   serialized values back with those types, and answers through a ``ResponseFuture``-shaped

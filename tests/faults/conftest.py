@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.processes import free_port
-from infra.stack import EmbeddedStack
 from tests.conftest import unique_prefix
-from topics import TopicCatalog, ensure_topics
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.devstack.stack import EmbeddedStack
+from tokenbus.topics import TopicCatalog, ensure_topics
 
 # `make faults` repeats each fault this many times; `make test` once.
 FAULT_RUNS = int(os.environ.get("TOKENBUS_FAULT_RUNS", "1"))

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import AvroCodec, ChatRequest, Completion, Control, ControlAction, ModerationDecision, TokenEvent
-from schemas.codec import SINGLE_OBJECT_MAGIC
-from sse_edge.protocol import ChunkWriter
-from sse_edge.relay import frame
-from stream_processors.context import ProcessorContext
-from stream_processors.settings import ProcessorSettings
+from tokenbus.schemas import AvroCodec, ChatRequest, Completion, Control, ControlAction, ModerationDecision, TokenEvent
+from tokenbus.schemas.codec import SINGLE_OBJECT_MAGIC
+from tokenbus.sse_edge.plumbing.relay import frame
+from tokenbus.sse_edge.protocol.chat import ChunkWriter
+from tokenbus.stream_processors.context import ProcessorContext
+from tokenbus.stream_processors.settings import ProcessorSettings
 
 TRICKY = st.sampled_from(["\n", "\r", "\r\n", "\n\n", "data: [DONE]\n\n", "id: 9-9\n", "event: error\n", ":", "\u2028",
                           "\x00", "\"", "\\", "}", "</script>"])

@@ -11,12 +11,12 @@ import uuid
 import httpx
 import pytest
 
-from infra.processes import free_port
-from infra.stack import EmbeddedStack
 from tests.conftest import SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.faults.conftest import FAULT_RUNS
 from tests.sse_edge.test_streams_e2e import CHAT, content_of, sse_events
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.devstack.stack import EmbeddedStack
 
 pytestmark = pytest.mark.stack
 STREAMS = 16

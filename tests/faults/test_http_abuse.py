@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from infra.processes import free_port
-from infra.stack import EmbeddedStack
 from tests.conftest import MODEL
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.devstack.stack import EmbeddedStack
 
 CHAT = "/v1/chat/completions"
 

@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
-from infra.stack import EmbeddedStack
-from schemas import AvroCodec, ChatMessage, Completion
 from tests.faults.conftest import FAULT_RUNS
 from tests.stream_processors.helpers import Processors, eventually
-from topics import TopicCatalog, make_producer
+from tokenbus.infra.devstack.stack import EmbeddedStack
+from tokenbus.schemas import AvroCodec, ChatMessage, Completion
+from tokenbus.topics import TopicCatalog, make_producer
 
 pytestmark = pytest.mark.stack
 CODEC = AvroCodec()

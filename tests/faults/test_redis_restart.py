@@ -13,13 +13,13 @@ import httpx
 import pytest
 import redis.asyncio as redis
 
-from infra.processes import free_port
-from infra.redis_server import redis_answers, redis_server_argv
-from infra.stack import EmbeddedStack
-from sse_edge.keys import KeyStore
 from tests.conftest import MODEL
 from tests.faults.conftest import FAULT_RUNS
 from tests.stream_processors.helpers import eventually
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.devstack.redis_server import redis_answers, redis_server_argv
+from tokenbus.infra.devstack.stack import EmbeddedStack
+from tokenbus.stores.keys import KeyStore
 
 pytestmark = pytest.mark.stack
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}

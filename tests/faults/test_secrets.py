@@ -8,9 +8,9 @@ import httpx
 import pytest
 import redis
 
-from infra.stack import EmbeddedStack
 from tests.conftest import MODEL
 from tests.stream_processors.helpers import Processors, eventually
+from tokenbus.infra.devstack.stack import EmbeddedStack
 
 pytestmark = pytest.mark.stack
 

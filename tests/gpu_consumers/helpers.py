@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 from aiokafka import TopicPartition
 
-from gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
-from gpu_consumers.settings import WorkerSettings
-from gpu_consumers.worker import GpuWorker
 from tests.conftest import MODEL
-from topics import BusSettings, make_consumer
+from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
+from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.worker import GpuWorker
+from tokenbus.topics import BusSettings, make_consumer
 
 
 @contextlib.asynccontextmanager

@@ -12,14 +12,14 @@ import httpx
 import pytest
 from aiokafka import TopicPartition
 
-from gpu_consumers.engines import SimulatedEngineSettings
-from infra.processes import free_port
-from infra.stack import EmbeddedStack
-from producers import TokenbusClient
-from schemas import AvroCodec, ChatMessage, TokenEvent
 from tests.conftest import MODEL
 from tests.expected import expected_output
-from topics import TopicCatalog, make_consumer
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.infra.devstack.stack import EmbeddedStack
+from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import AvroCodec, ChatMessage, TokenEvent
+from tokenbus.topics import TopicCatalog, make_consumer
 
 RUNS = int(os.environ.get("TOKENBUS_TAKEOVER_RUNS", "1"))
 STREAMS = 20

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from gpu_consumers.engines import (
+from tests.gpu_consumers.tiny_model import build_tiny_model
+from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -20,8 +21,7 @@ from gpu_consumers.engines import (
     SimulatedEngine,
     SimulatedEngineSettings,
 )
-from schemas import ChatMessage
-from tests.gpu_consumers.tiny_model import build_tiny_model
+from tokenbus.schemas import ChatMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 FAKES = Path(__file__).parent.parent / "fakes"
@@ -37,10 +37,10 @@ async def make_engine(name: str, tiny_model: Path):
     if name == "simulated":
         return SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=500, min_tokens=40, max_tokens=40))
     if name == "hf":
-        from gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+        from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
 
         return HfEngine(HfEngineSettings(model_path=str(tiny_model), default_max_tokens=40, device="cpu"))
-    from gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
+    from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
 
     if name == "trtllm-fake":
         sys.path.insert(0, str(FAKES))

@@ -1,6 +1,6 @@
 from aiokafka import TopicPartition
 
-from gpu_consumers.offsets import OffsetTracker
+from tokenbus.gpu_consumers.offsets import OffsetTracker
 
 TP = TopicPartition("t", 0)
 

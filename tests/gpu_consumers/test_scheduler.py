@@ -1,7 +1,7 @@
 from aiokafka import TopicPartition
 
-from gpu_consumers.scheduler import Pending, TierScheduler
-from schemas import ChatMessage, ChatRequest
+from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
+from tokenbus.schemas import ChatMessage, ChatRequest
 
 TIERS = ["interactive", "standard", "batch"]
 WEIGHTS = {"interactive": 16, "standard": 4, "batch": 1}

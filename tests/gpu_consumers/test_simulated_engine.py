@@ -1,6 +1,6 @@
 import asyncio
 
-from gpu_consumers.engines import (
+from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_ERROR,
     FINISH_LENGTH,
@@ -10,7 +10,7 @@ from gpu_consumers.engines import (
     SimulatedEngine,
     SimulatedEngineSettings,
 )
-from schemas import ChatMessage
+from tokenbus.schemas import ChatMessage
 
 FAST = dict(ttft_ms=1, tokens_per_s=2000)
 

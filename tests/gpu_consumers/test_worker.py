@@ -2,12 +2,12 @@
 
 import asyncio
 
-from producers import TokenbusClient
-from producers.dead_letters import HEADER_REASON, HEADER_SOURCE
-from schemas import AvroCodec, ChatMessage, Completion, now_ms
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, running_worker
-from topics import TopicCatalog, make_producer
+from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import AvroCodec, ChatMessage, Completion, now_ms
+from tokenbus.topics import TopicCatalog, make_producer
+from tokenbus.topics.dead_letters import HEADER_REASON, HEADER_SOURCE
 
 codec = AvroCodec()
 
@@ -42,7 +42,7 @@ async def test_requests_stream_back_and_close_with_a_completion(bus):
 
 async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(bus):
     catalog = TopicCatalog(bus)
-    async with running_worker(bus) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+    async with running_worker(bus), TokenbusClient(bus, idle_timeout=20) as client:
         producer = make_producer(bus)
         await producer.start()
         try:
@@ -61,7 +61,7 @@ async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(bus):
 
 
 async def test_request_past_its_deadline_is_not_generated(bus):
-    async with running_worker(bus) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+    async with running_worker(bus), TokenbusClient(bus, idle_timeout=20) as client:
         request = client.new_request(MODEL, [ChatMessage("user", "too late")], deadline_ms=now_ms() - 1000)
         events = [r.event async for r in client.stream(request)]
     assert len(events) == 1

@@ -3,13 +3,13 @@
 import asyncio
 import time
 
-from producers import TokenbusClient
-from schemas import AvroCodec, ChatMessage, ChatRequest, Completion
-from gpu_consumers.engines import SimulatedEngineSettings
 from tests.conftest import MODEL
 from tests.expected import expected_output
 from tests.gpu_consumers.helpers import read_all, running_worker
-from topics import TopicCatalog
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion
+from tokenbus.topics import TopicCatalog
 
 FAST = dict(min_tokens=2, max_tokens=2, tokens_per_s=2000)
 

@@ -1,9 +1,12 @@
 """Acceptance for the harness: against a reference server with a known, injected TTFT
 and token gap, the reported figures match; malformed streams count as failures.
 
-Tolerance: measured values may not be below what the server injects (minus 1 ms of
-clock slack) and may exceed it by at most 40 ms for TTFT and E2EL (request handling on a
-shared 2-core machine) and 8 ms for the median ITL and mean TPOT."""
+Tolerance: no request's TTFT or E2EL may be below what the server injects (minus 1 ms of clock
+slack): the harness never under-reports. Above it, the medians may exceed the injected values
+by at most 40 ms for TTFT (request handling on a shared 2-core machine), 8 ms for ITL and TPOT
+(each of the server's sleeps can overshoot on a busy machine), and for E2EL by what those add up
+to (40 ms + 8 ms per gap). A harness that adds delay moves the medians; one request delayed by
+the machine (the suite runs beside other processes) moves a mean but not a median of 12."""
 
 import json
 import subprocess
@@ -11,9 +14,9 @@ import sys
 
 import pytest
 
-from infra.loadgen.prompts import sharegpt_prompts
-from infra.loadgen.serve import ServeConfig, run_serve
-from infra.processes import free_port, port_open, wait_until
+from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
+from tokenbus.infra.loadgen.prompts import sharegpt_prompts
+from tokenbus.infra.loadgen.serve import ServeConfig, run_serve
 
 TTFT_MS, GAP_MS, TOKENS = 80.0, 20.0, 12
 
@@ -21,7 +24,7 @@ TTFT_MS, GAP_MS, TOKENS = 80.0, 20.0, 12
 @pytest.fixture(scope="module")
 def reference_url():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "infra.loadgen.reference_server", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "tokenbus.infra.loadgen.reference_server", "--port", str(port),
                              "--ttft-ms", str(TTFT_MS), "--gap-ms", str(GAP_MS)])
     try:
         wait_until(lambda: port_open("127.0.0.1", port), "the reference server", timeout=20)
@@ -42,11 +45,13 @@ async def test_reported_figures_match_the_injected_timings(reference_url):
     assert (summary.completed, summary.failed) == (12, 0)
     assert summary.total_output_tokens == 12 * TOKENS
     assert all(len(r.itl) == TOKENS - 1 for r in results)
-    assert TTFT_MS - 1 <= summary.ttft_ms["mean"] <= TTFT_MS + 40
-    assert GAP_MS - 1 <= summary.itl_ms["median"] <= GAP_MS + 8
-    assert GAP_MS - 1 <= summary.tpot_ms["mean"] <= GAP_MS + 8
     e2el = TTFT_MS + (TOKENS - 1) * GAP_MS
-    assert e2el - 1 <= summary.e2el_ms["mean"] <= e2el + 40
+    assert min(r.ttft for r in results) * 1000 >= TTFT_MS - 1
+    assert min(r.latency for r in results) * 1000 >= e2el - 1
+    assert summary.ttft_ms["median"] <= TTFT_MS + 40
+    assert GAP_MS - 1 <= summary.itl_ms["median"] <= GAP_MS + 8
+    assert GAP_MS - 1 <= summary.tpot_ms["median"] <= GAP_MS + 8
+    assert summary.e2el_ms["median"] <= e2el + 40 + (TOKENS - 1) * 8
     assert summary.request_goodput == pytest.approx(summary.request_throughput)
 
 
@@ -60,7 +65,7 @@ async def test_malformed_streams_are_failures_not_crashes(reference_url, model):
 def test_cli_writes_a_result_file(reference_url, tmp_path):
     out = tmp_path / "result.json"
     done = subprocess.run(
-        [sys.executable, "-m", "infra", "bench", "serve", "--base-url", reference_url, "--model", "ok",
+        [sys.executable, "-m", "tokenbus.infra", "bench", "serve", "--base-url", reference_url, "--model", "ok",
          "--num-prompts", "4", "--random-output-len", "4", "--percentiles", "50,90,99", "--result-file", str(out)],
         capture_output=True, text=True, timeout=60,
     )

@@ -4,8 +4,8 @@ import statistics
 
 import pytest
 
-from infra.loadgen import RequestResult, Slo, arrival_gaps, percentile, summarize
-from infra.loadgen.prompts import synthetic_prompts
+from tokenbus.infra.loadgen import RequestResult, Slo, arrival_gaps, percentile, summarize
+from tokenbus.infra.loadgen.prompts import synthetic_prompts
 
 
 def result(ttft: float, latency: float, tokens: int, gaps: list[float], ok: bool = True) -> RequestResult:
@@ -39,7 +39,8 @@ def test_summary_uses_vllm_definitions():
 
 
 def test_goodput_counts_requests_meeting_every_slo():
-    results = [result(0.05, 0.3, 3, [0.1, 0.1]), result(0.5, 0.9, 3, [0.1, 0.1]), result(0.05, 0.45, 3, [0.2, 0.2])]  # slow TTFT; TPOT 200 ms
+    # the second has a slow TTFT; the third a TPOT of 200 ms
+    results = [result(0.05, 0.3, 3, [0.1, 0.1]), result(0.5, 0.9, 3, [0.1, 0.1]), result(0.05, 0.45, 3, [0.2, 0.2])]
     s = summarize(results, 1.0, slo=Slo.parse(["ttft:100", "tpot:150"]))
     assert s.request_goodput == 1.0
     assert summarize(results, 1.0).request_goodput is None

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from infra.processes import free_port
 from tests.conftest import MODEL, SIM_ENV
+from tokenbus.infra.devstack.processes import free_port
 
 
 def process_exists(pid: int) -> bool:
@@ -58,7 +58,7 @@ def up_env(run_root, edge_port: int) -> dict[str, str]:
 def up_process(tmp_path):
     edge_port = free_port()
     env = {**up_env(tmp_path / "run", edge_port), **SIM_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "infra", "up"], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "tokenbus.infra", "up"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     yield proc, edge_port, tmp_path / "run"
     if proc.poll() is None:

@@ -9,15 +9,15 @@ import sys
 import openai
 import pytest
 
-from infra.processes import free_port
 from tests.infra.test_up import up_env, wait_for_line
+from tokenbus.infra.devstack.processes import free_port
 
 
 @pytest.fixture
 def hf_stack(tmp_path):
     edge_port = free_port()
     env = up_env(tmp_path / "run", edge_port)
-    proc = subprocess.Popen([sys.executable, "-m", "infra", "up", "--engine", "hf"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tokenbus.infra", "up", "--engine", "hf"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = wait_for_line(proc, "Ctrl-C", timeout=240)

@@ -14,16 +14,16 @@ import uuid
 import httpx
 import pytest
 
-from infra.stack import EmbeddedStack
 from tests.conftest import MODEL
 from tests.stream_processors.helpers import Processors, eventually
+from tokenbus.infra.devstack.stack import EmbeddedStack
 
 pytestmark = pytest.mark.stack
 
 
 def usage(stack: EmbeddedStack, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOKENBUS_CLICKHOUSE_URL": f"chdb://{stack.clickhouse_path}"}
-    return subprocess.run([sys.executable, "-m", "infra", "usage", "--processors-url", stack.processors_url, *args],
+    return subprocess.run([sys.executable, "-m", "tokenbus.infra", "usage", "--processors-url", stack.processors_url, *args],
                           capture_output=True, text=True, env=env, timeout=60)
 
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from schemas import (
+from tokenbus.schemas import (
     AvroCodec,
     ChatMessage,
     ChatRequest,
@@ -15,7 +15,7 @@ from schemas import (
     ModerationDecision,
     TokenEvent,
 )
-from schemas.codec import SCHEMA_DIR, SINGLE_OBJECT_MAGIC
+from tokenbus.schemas.codec import SCHEMA_DIR, SINGLE_OBJECT_MAGIC
 
 codec = AvroCodec()
 

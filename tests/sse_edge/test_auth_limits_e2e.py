@@ -3,8 +3,8 @@
 import openai
 import pytest
 
-from sse_edge.keys import Limits
 from tests.conftest import MODEL, SLOW_MODEL
+from tokenbus.stores.keys import Limits
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -20,9 +20,11 @@ async def test_a_wrong_key_is_401(edge_url):
 
 
 async def test_a_revoked_key_stops_working(stack, edge_url):
-    from sse_edge.keys import KeyStore
     import asyncio
+
     import redis.asyncio as redis
+
+    from tokenbus.stores.keys import KeyStore
 
     key = await stack.create_key("revoker", "standard")
     client = client_for(edge_url, key)
@@ -58,7 +60,8 @@ async def test_over_the_request_limit_is_a_rate_limit_error_with_retry_after(sta
 
 async def test_tenant_limits_bind_every_key_of_the_tenant(stack, edge_url):
     import redis.asyncio as redis
-    from sse_edge.keys import KeyStore
+
+    from tokenbus.stores.keys import KeyStore
 
     connection = redis.Redis.from_url(stack.settings.redis_url)
     await KeyStore(connection, stack.settings.redis_prefix).set_tenant_limits("team", Limits(rpm=1))

@@ -5,8 +5,8 @@ import json
 import httpx
 import pytest
 
-from sse_edge.framing import framing_problem
 from tests.conftest import MODEL
+from tokenbus.sse_edge.plumbing.framing import framing_problem
 
 CHAT = "/v1/chat/completions"
 

@@ -5,9 +5,9 @@ import uuid
 import pytest
 import redis.asyncio as redis
 
-from sse_edge.auth import Authenticator
-from sse_edge.errors import ApiError
-from sse_edge.keys import KeyStore, Limits, hash_key, parse_key_id
+from tokenbus.sse_edge.errors import ApiError
+from tokenbus.sse_edge.plumbing.auth import Authenticator
+from tokenbus.stores.keys import KeyStore, Limits, hash_key, parse_key_id
 
 UNREACHABLE = "redis://127.0.0.1:1/0"
 

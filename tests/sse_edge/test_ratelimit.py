@@ -5,7 +5,7 @@ import uuid
 import pytest
 import redis.asyncio as redis
 
-from sse_edge.ratelimit import Bucket, LocalBuckets, RateLimiter, RedisUnavailable, format_reset
+from tokenbus.sse_edge.plumbing.ratelimit import Bucket, LocalBuckets, RateLimiter, RedisUnavailable, format_reset
 
 
 @pytest.fixture

@@ -3,13 +3,12 @@ holds a Kafka consumer) and the request's entry in the reply router."""
 
 from types import SimpleNamespace
 
-from producers import ReplyEvent, ReplyRouter
-from schemas import TokenEvent
-from sse_edge.chat import live_events
-from sse_edge.metrics import EdgeMetrics
-from sse_edge.protocol import ChunkWriter
-from sse_edge.relay import RelayHooks, sse_frames
-from topics import BusSettings
+from tokenbus.schemas import TokenEvent
+from tokenbus.sse_edge.api.chat import live_events
+from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, sse_frames
+from tokenbus.sse_edge.protocol.chat import ChunkWriter
+from tokenbus.topics import BusSettings, ReplyEvent, ReplyRouter
 
 
 async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment():

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from sse_edge.settings import EdgeSettings
+from tokenbus.sse_edge.settings import EdgeSettings
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("0", [0]), ("0,3", [0, 3]), ("8-11", [8, 9, 10, 11]),

@@ -6,7 +6,7 @@ import uuid
 import pytest
 import redis.asyncio as redis
 
-from sse_edge.streams import IdempotencyConflict, StreamRegistry
+from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRegistry
 
 
 @pytest.fixture

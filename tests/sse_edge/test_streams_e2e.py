@@ -9,12 +9,12 @@ import httpx
 import openai
 import pytest
 
-from infra.processes import free_port
-from schemas import AvroCodec, Completion
 from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.gpu_consumers.helpers import read_all
-from topics import TopicCatalog
+from tokenbus.infra.devstack.processes import free_port
+from tokenbus.schemas import AvroCodec, Completion
+from tokenbus.topics import TopicCatalog
 
 CHAT = "/v1/chat/completions"
 

@@ -7,9 +7,9 @@ import uuid
 import httpx
 import pytest
 
-from infra.stack import EmbeddedStack
 from tests.conftest import MODEL
 from tests.stream_processors.helpers import eventually
+from tokenbus.infra.devstack.stack import EmbeddedStack
 
 pytestmark = pytest.mark.stack
 

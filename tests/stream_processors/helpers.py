@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import httpx
 from aiokafka import ConsumerRecord, TopicPartition
 
-from topics import BusSettings, make_consumer, make_producer
+from tokenbus.topics import BusSettings, make_consumer, make_producer
 
 T = TypeVar("T")
 

@@ -3,22 +3,21 @@ retry and dead-letter paths against the real broker."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from types import SimpleNamespace
 
 import pytest
 
-from schemas import AvroCodec, Completion, ModerationDecision
-from stream_processors.billing.agent import ClickHouseSink
-from stream_processors.billing.clickhouse import ClickHouseSettings, UsageWriter, apply_schema, connect
-from stream_processors.billing.prices import Price, PriceTable
-from stream_processors.billing.report import UsageQuery, reconcile, usage_report
-from stream_processors.context import ProcessorContext
-from stream_processors.settings import ProcessorSettings
 from tests.stream_processors.helpers import read_topic
-from topics import BusSettings, TopicCatalog
+from tokenbus.schemas import AvroCodec, Completion, ModerationDecision
+from tokenbus.stores.billing.clickhouse import ClickHouseSettings, UsageWriter, apply_schema, connect
+from tokenbus.stores.billing.prices import Price, PriceTable
+from tokenbus.stores.billing.report import UsageQuery, reconcile, usage_report
+from tokenbus.stream_processors.billing import ClickHouseSink
+from tokenbus.stream_processors.context import ProcessorContext
+from tokenbus.stream_processors.settings import ProcessorSettings
+from tokenbus.topics import BusSettings, TopicCatalog
 
 PRICES = PriceTable([Price("*", "*", 0.10, 0.40), Price("m", "interactive", 1.0, 2.0)])
 

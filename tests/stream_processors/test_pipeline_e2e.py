@@ -10,13 +10,13 @@ import uuid
 import pytest
 from openai import AsyncOpenAI
 
-from infra.stack import EmbeddedStack
-from producers.dead_letters import HEADER_REASON, HEADER_SOURCE
-from schemas import AvroCodec, ChatRequest, Completion, Control, ControlAction, DecodeError
 from tests.conftest import MODEL, SIM_PHRASE, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.stream_processors.helpers import Processors, eventually, produce, read_topic
-from topics import TopicCatalog
+from tokenbus.infra.devstack.stack import EmbeddedStack
+from tokenbus.schemas import AvroCodec, ChatRequest, Completion, Control, ControlAction, DecodeError
+from tokenbus.topics import TopicCatalog
+from tokenbus.topics.dead_letters import HEADER_REASON, HEADER_SOURCE
 
 pytestmark = pytest.mark.stack
 CODEC = AvroCodec()
@@ -60,7 +60,7 @@ async def test_a_request_yields_its_transcript_and_one_usage_row(stack, processo
                                                   metadata={"conversation_id": conversation})
 
     for response in (first, second):
-        rows = await eventually(lambda: processors.usage_rows(response.id))
+        rows = await eventually(lambda response=response: processors.usage_rows(response.id))
         assert len(rows) == 1
         assert (rows[0]["tenant"], rows[0]["prompt_tokens"], rows[0]["completion_tokens"]) == (
             tenant, response.usage.prompt_tokens, response.usage.completion_tokens)
@@ -175,7 +175,7 @@ async def test_poison_records_on_every_input_topic_go_to_dlq_and_processing_cont
     response = await client(stack, key).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "still there?"}])
     assert response.choices[0].finish_reason in ("stop", "length")
-    assert len(await eventually(lambda: processors.usage_rows(response.id))) == 1
+    assert len(await eventually(lambda response=response: processors.usage_rows(response.id))) == 1
 
 
 def transcript_rows(stack: EmbeddedStack) -> list[tuple]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import TokenEvent
-from stream_processors.moderation import BLOCK, FLAG, REDACT, Policy, PolicyError, StreamWindows
-from stream_processors.moderation.detectors import CARD, EMAIL, PHONE, luhn_valid
+from tokenbus.schemas import TokenEvent
+from tokenbus.stream_processors.moderation import BLOCK, FLAG, REDACT, Policy, PolicyError, StreamWindows
+from tokenbus.stream_processors.moderation.detectors import CARD, EMAIL, PHONE, luhn_valid
 
 CARD_TEXT = "my card is 4111 1111 1111 1111, thanks"
 

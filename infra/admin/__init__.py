@@ -1,0 +1,1 @@
+"""Administration commands of the ``tokenbus`` CLI: API keys and limits, usage reports."""

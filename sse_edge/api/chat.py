@@ -1,0 +1,153 @@
+"""``POST /v1/chat/completions``: authenticate, validate, admit, publish to the bus, relay the
+token stream. With an ``Idempotency-Key`` seen before (same body), the request is not
+published again: the client is attached to the first one's stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+
+import redis.asyncio as redis
+from aiokafka.errors import KafkaError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenbus.producers import new_request_id
+from tokenbus.schemas import ChatMessage, ChatRequest, TokenEvent, estimate_prompt_tokens
+from tokenbus.sse_edge.api.resume import parse_last_event_id, relay_existing
+from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, PermissionDenied, Unavailable, model_not_found
+from tokenbus.sse_edge.plumbing.admission import Admitted
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
+from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChunkWriter
+from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
+from tokenbus.sse_edge.state import EdgeState
+from tokenbus.stores.keys import ApiKey
+from tokenbus.topics import ReplyEvent, ReplyStream
+
+IDEMPOTENT_WAIT_S = 3.0
+
+
+async def chat_completions(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    settings = edge.settings
+    started = time.perf_counter()
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+    chat = parse_chat_request(raw, settings)
+    if chat.model not in settings.bus.models:
+        raise model_not_found(chat.model)
+    if not key.allows(chat.model):
+        raise PermissionDenied(f"This API key may not use the model `{chat.model}`.", param="model",
+                               code="model_not_allowed")
+
+    request_id = new_request_id()
+    digest = body_hash(raw)
+    idempotency_key = request.headers.get("idempotency-key")
+    if idempotency_key:
+        earlier = await claim_idempotency_key(edge, key, idempotency_key, digest, request_id)
+        if earlier is not None:
+            return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
+    try:
+        admitted = await edge.admission.admit(key, chat.model, estimate_prompt_tokens(m.text() for m in chat.messages))
+        stream = await publish(edge, to_bus_request(chat, edge, key, request_id), chat, digest)
+    except ApiError:
+        if idempotency_key:  # never published: a retry with this key must be able to try again
+            await edge.streams.release(key.tenant, idempotency_key, request_id)
+        raise
+
+    hooks = relay_hooks(edge, request_id, admitted)
+    events = live_events(edge, stream)
+    if chat.stream:
+        writer = ChunkWriter(request_id, chat.model, chat.include_usage)
+        return sse_response(sse_frames(events, writer, hooks, edge.metrics, started), settings.heartbeat_s,
+                            admitted.headers)
+    return await collect_completion(request, events, request_id, chat.model, hooks, admitted.headers)
+
+
+async def live_events(edge: EdgeState, stream: ReplyStream) -> AsyncGenerator[ReplyEvent, None]:
+    """The request's events from this edge's reply router; its entry there goes when this ends."""
+    try:
+        async for reply in stream.events(edge.settings.stream_idle_timeout_s):
+            yield reply
+    finally:
+        edge.bus.router.close(stream.request_id)
+
+
+async def publish(edge: EdgeState, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str) -> ReplyStream:
+    """Record where the stream will live, then open it and publish (the SDK's submit): no event
+    can slip past, and any edge can find the stream once it exists."""
+    await register_stream(edge, bus_request, chat, digest)
+    ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
+    try:
+        return await edge.bus.submit(bus_request, topic=ingress)
+    except KafkaError as exc:
+        raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
+
+
+async def claim_idempotency_key(edge: EdgeState, key: ApiKey, idempotency_key: str, digest: str,
+                                request_id: str) -> StreamRecord | None:
+    """None if this request now owns the key; the earlier request's stream if the key was used
+    with the same body. A duplicate arriving while the first is still being admitted waits for it."""
+    if len(idempotency_key) > 255:
+        raise InvalidRequest("Idempotency-Key may be at most 255 characters.", param="Idempotency-Key")
+    deadline = time.monotonic() + IDEMPOTENT_WAIT_S
+    try:
+        while True:
+            earlier_id = await edge.streams.claim(key.tenant, idempotency_key, digest, request_id)
+            if earlier_id is None:
+                return None
+            record = await edge.streams.get(earlier_id)
+            if record is not None:
+                return record
+            if time.monotonic() > deadline:
+                raise Conflict("The request bound to this Idempotency-Key is still being admitted.",
+                               param="Idempotency-Key", code="idempotency_key_in_use")
+            await asyncio.sleep(0.02)
+    except IdempotencyConflict:
+        raise Conflict("This Idempotency-Key was already used with a different request body.",
+                       param="Idempotency-Key", code="idempotency_key_reused") from None
+    except (redis.RedisError, OSError):
+        raise Unavailable("Idempotent requests are unavailable right now; retry shortly.",
+                          "idempotency_unavailable") from None
+
+
+def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
+    return ChatRequest(
+        request_id=request_id,
+        model=chat.model,
+        tier=key.tier,
+        tenant=key.tenant,
+        key_id=key.key_id,
+        conversation_id=chat.conversation_id,
+        messages=[ChatMessage(role=m.role, content=m.text()) for m in chat.messages],
+        max_tokens=chat.token_limit,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        seed=chat.seed,
+        stop=chat.stop_sequences,
+        reply_topic=edge.bus.catalog.tokens,
+        reply_partition=edge.bus.router.reply_partition,
+    )
+
+
+async def register_stream(edge: EdgeState, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str) -> None:
+    """Record where the stream will be, before any event of it can exist."""
+    partition = bus_request.reply_partition
+    record = StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, partition,
+                          edge.bus.router.position(partition), chat.include_usage, digest)
+    try:
+        await edge.streams.register(record)
+    except (redis.RedisError, OSError):
+        pass  # the stream is served; it just cannot be resumed elsewhere
+
+
+def relay_hooks(edge: EdgeState, request_id: str, admitted: Admitted) -> RelayHooks:
+    async def on_final(event: TokenEvent) -> None:
+        await edge.admission.charge_completion(admitted, event.completion_tokens or 0)
+
+    def on_abandoned() -> None:
+        edge.in_background(edge.cancel_unless_resumed(request_id))
+
+    return RelayHooks(on_final, on_abandoned)

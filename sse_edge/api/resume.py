@@ -1,0 +1,80 @@
+"""Resuming a stream: ``GET /v1/chat/completions/{id}/stream`` with ``Last-Event-ID`` (or a
+retried POST with the same Idempotency-Key) continues right after the last event the client
+got, on any edge process, replayed from the log and then live. Only the tenant that made the
+request can resume it; anyone else is told it does not exist."""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as redis
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenbus.schemas import TokenEvent
+from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.streams import StreamRecord
+from tokenbus.sse_edge.protocol.chat import ChunkWriter
+from tokenbus.sse_edge.state import EdgeState
+from tokenbus.stores.keys import ApiKey
+from tokenbus.topics import replay
+
+
+def parse_last_event_id(request: Request) -> tuple[int, int] | None:
+    raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+    if not raw:
+        return None
+    partition, _, offset = raw.partition("-")
+    if not (partition.isdigit() and offset.isdigit()):
+        raise InvalidRequest("Last-Event-ID must be an event id from this stream, like '3-1042'.",
+                             param="Last-Event-ID", code="invalid_last_event_id")
+    return int(partition), int(offset)
+
+
+def not_found(request_id: str) -> NotFound:
+    return NotFound(f"No stream `{request_id}` exists for this API key.", param="completion_id",
+                    code="stream_not_found")
+
+
+async def resume_stream(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    request_id = request.path_params["completion_id"]
+    try:
+        record = await edge.streams.get(request_id)
+    except (redis.RedisError, OSError):
+        raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
+    if record is None:
+        raise not_found(request_id)
+    return await relay_existing(request, edge, key, record, parse_last_event_id(request), stream=True)
+
+
+async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record: StreamRecord,
+                         last_event: tuple[int, int] | None, stream: bool) -> Response:
+    """Serve an existing request's stream again from the log, after ``last_event`` if given."""
+    if record.tenant != key.tenant:
+        raise not_found(record.request_id)
+    if last_event is not None and last_event[0] != record.partition:
+        raise InvalidRequest("Last-Event-ID does not belong to this stream.", param="Last-Event-ID",
+                             code="invalid_last_event_id")
+    try:
+        await edge.streams.attach(record.request_id)
+    except (redis.RedisError, OSError):
+        pass
+    edge.metrics.resumed.inc()
+    events = replay(edge.settings.bus, record.request_id, record.partition, record.start_offset,
+                    delivered_through=last_event[1] if last_event else None,
+                    idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
+    hooks = RelayHooks(on_final=_nothing_to_charge,
+                       on_abandoned=lambda: edge.in_background(edge.cancel_unless_resumed(record.request_id)))
+    if stream:
+        writer = ChunkWriter(record.request_id, record.model, record.include_usage)
+        frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), send_role=last_event is None)
+        return sse_response(frames, edge.settings.heartbeat_s)
+    return await collect_completion(request, events, record.request_id, record.model, hooks, {})
+
+
+async def _nothing_to_charge(event: TokenEvent) -> None:
+    """The request was charged by the call that made it; attaching again costs nothing."""
+

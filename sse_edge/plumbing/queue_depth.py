@@ -1,0 +1,81 @@
+"""Queue depth per model and tier, for admission: refuse new work whose queue is too deep.
+
+The queue of a request topic is the GPU consumer group's lag: the log end minus the group's
+committed offsets. Consumers commit at the low-water mark of finished requests, so the lag
+counts requests waiting and running (and, behind one long-running request, some already
+finished): thresholds must leave room for what the consumers run at once. The log end comes
+from fetch responses (the embedded broker's end_offsets() can be a batch short), so a reader
+follows every request partition and discards what it reads; committed offsets come from a
+consumer carrying the group's id that never joins the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from tokenbus.topics import BusSettings, TopicCatalog, make_consumer, stop_reader
+
+log = logging.getLogger(__name__)
+
+
+class QueueDepthMonitor:
+    def __init__(self, settings: BusSettings, interval_s: float = 0.5) -> None:
+        self._settings = settings
+        self._catalog = TopicCatalog(settings)
+        self._interval_s = interval_s
+        self._tail: AIOKafkaConsumer | None = None
+        self._committed: dict[str, AIOKafkaConsumer] = {}
+        self._depth: dict[tuple[str, str], int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def depth(self, model: str, tier: str) -> int:
+        return self._depth.get((model, tier), 0)
+
+    async def start(self) -> None:
+        self._tail = make_consumer(self._settings, fetch_max_wait_ms=200)  # depth, not latency
+        await self._tail.start()
+        tps = []
+        for model in self._settings.models:
+            for topic in self._catalog.model_request_topics(model):
+                tps += [TopicPartition(topic, p) for p in self._tail.partitions_for_topic(topic) or ()]
+            committed = make_consumer(self._settings, group_id=self._catalog.gpu_group(model))
+            await committed.start()
+            self._committed[model] = committed
+        self._tail.assign(tps)
+        await self._tail.seek_to_end(*tps)
+        self._task = asyncio.create_task(self._follow(), name="queue-depth")
+
+    async def stop(self) -> None:
+        await stop_reader(self._task, self._tail)
+        for consumer in self._committed.values():
+            await consumer.stop()
+
+    async def _follow(self) -> None:
+        assert self._tail is not None
+        loop = asyncio.get_running_loop()
+        next_refresh = loop.time()
+        while True:
+            await self._tail.getmany(timeout_ms=100)  # only the high-water marks matter
+            if loop.time() >= next_refresh:
+                try:
+                    await self._refresh()
+                except Exception as exc:  # keep the last depths; the next refresh retries
+                    log.warning("queue depth refresh failed: %s", exc)
+                next_refresh = loop.time() + self._interval_s
+
+    async def _refresh(self) -> None:
+        assert self._tail is not None
+        for model, committed in self._committed.items():
+            for tier in self._settings.tiers:
+                topic = self._catalog.requests(model, tier)
+                depth = 0
+                for tp in (tp for tp in self._tail.assignment() if tp.topic == topic):
+                    end = self._tail.highwater(tp)
+                    if end is None:
+                        continue
+                    done = await committed.committed(tp) or 0
+                    depth += max(0, end - done)
+                self._depth[(model, tier)] = depth

@@ -1,0 +1,162 @@
+"""Token-bucket rate limits in Redis, checked and charged atomically across every bucket that
+applies to a request (per key, per tenant, per model+tier; requests and tokens per minute).
+
+A bucket holds up to ``limit`` and refills at ``limit`` per minute. Admission charges one
+request and the prompt's estimated tokens, only if every bucket can pay; completion tokens
+are charged when the request ends and may take a bucket into debt, which later requests
+wait out. If Redis cannot be reached the limiter either keeps limiting in this process
+(``local``, the default) or refuses requests (``closed``); it never stops authenticating.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import redis.asyncio as redis
+
+log = logging.getLogger(__name__)
+
+Dimension = Literal["requests", "tokens"]
+BUCKET_TTL_MS = 120_000
+
+# KEYS: the buckets. ARGV: now_ms, charge (1 = only if all can pay, 0 = always), then limit
+# and cost for each bucket. Returns {allowed, retry_ms, tokens left per bucket (as strings)}.
+TOKEN_BUCKET_LUA = """
+local now = tonumber(ARGV[1])
+local must_fit = tonumber(ARGV[2]) == 1
+local left, allowed, retry_ms = {}, 1, 0
+for i = 1, #KEYS do
+  local limit, cost = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local tokens, ts = tonumber(state[1]), tonumber(state[2])
+  if tokens == nil then tokens, ts = limit, now end
+  local rate = limit / 60000.0
+  tokens = math.min(limit, tokens + math.max(0, now - ts) * rate)
+  left[i] = tokens
+  if must_fit and tokens < cost then
+    allowed = 0
+    retry_ms = math.max(retry_ms, math.ceil((cost - tokens) / rate))
+  end
+end
+for i = 1, #KEYS do
+  local cost = tonumber(ARGV[2 + 2 * i])
+  if allowed == 1 then left[i] = left[i] - cost end
+  redis.call('HSET', KEYS[i], 'tokens', left[i], 'ts', now)
+  redis.call('PEXPIRE', KEYS[i], {ttl_ms})
+  left[i] = tostring(left[i])
+end
+return {allowed, retry_ms, left}
+""".replace("{ttl_ms}", str(BUCKET_TTL_MS))
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    name: str  # e.g. "key:ab12cd" — unique per limited thing and dimension
+    dimension: Dimension
+    limit: int  # per minute
+    cost: int
+
+
+@dataclass
+class Decision:
+    allowed: bool
+    retry_after_s: float = 0.0
+    headers: dict[str, str] | None = None
+    limited_by: Bucket | None = None
+
+
+def format_reset(seconds: float) -> str:
+    """OpenAI's style for x-ratelimit-reset-*: ``20ms``, ``1s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, int(seconds * 1000))}ms"
+    minutes, secs = divmod(seconds, 60)
+    return f"{int(minutes)}m{secs:.0f}s" if minutes else f"{secs:.3g}s"
+
+
+def rate_limit_headers(buckets: list[Bucket], left: list[float]) -> dict[str, str]:
+    """For each dimension, the tightest bucket's limit, remaining and time until full."""
+    headers: dict[str, str] = {}
+    for dimension in ("requests", "tokens"):
+        pairs = [(b, tokens) for b, tokens in zip(buckets, left) if b.dimension == dimension]
+        if not pairs:
+            continue
+        bucket, tokens = min(pairs, key=lambda p: p[1] / p[0].limit)
+        headers[f"x-ratelimit-limit-{dimension}"] = str(bucket.limit)
+        headers[f"x-ratelimit-remaining-{dimension}"] = str(max(0, math.floor(tokens)))
+        headers[f"x-ratelimit-reset-{dimension}"] = format_reset((bucket.limit - tokens) / (bucket.limit / 60))
+    return headers
+
+
+class LocalBuckets:
+    """The same algorithm in this process: the fallback while Redis is unreachable."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, tuple[float, float]] = {}
+
+    def charge(self, buckets: list[Bucket], must_fit: bool, now_ms: float) -> tuple[bool, float, list[float]]:
+        left, retry_ms = [], 0.0
+        for b in buckets:
+            tokens, ts = self._state.get(b.name, (b.limit, now_ms))
+            rate = b.limit / 60000
+            tokens = min(b.limit, tokens + max(0.0, now_ms - ts) * rate)
+            left.append(tokens)
+            if must_fit and tokens < b.cost:
+                retry_ms = max(retry_ms, math.ceil((b.cost - tokens) / rate))
+        allowed = retry_ms == 0
+        if allowed:
+            left = [tokens - b.cost for tokens, b in zip(left, buckets)]
+        for b, tokens in zip(buckets, left):
+            self._state[b.name] = (tokens, now_ms)
+        return allowed, retry_ms, left
+
+
+class RedisUnavailable(RuntimeError):
+    pass
+
+
+class RateLimiter:
+    def __init__(self, client: redis.Redis, prefix: str = "tokenbus:", failure_mode: str = "local") -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._failure_mode = failure_mode
+        self._script = client.register_script(TOKEN_BUCKET_LUA)
+        self._local = LocalBuckets()
+        self.degraded = False
+
+    async def admit(self, buckets: list[Bucket]) -> Decision:
+        buckets = [b for b in buckets if b.limit > 0]
+        if not buckets:
+            return Decision(True, headers={})
+        allowed, retry_ms, left = await self._charge(buckets, must_fit=True)
+        headers = rate_limit_headers(buckets, left)
+        if allowed:
+            return Decision(True, headers=headers)
+        limited_by = next(b for b, tokens in zip(buckets, left) if tokens < b.cost)
+        return Decision(False, retry_ms / 1000, headers, limited_by)
+
+    async def charge_completion(self, buckets: list[Bucket]) -> None:
+        """Charge tokens known only at the end (completion tokens); they may leave a debt."""
+        buckets = [b for b in buckets if b.limit > 0 and b.cost > 0]
+        if buckets:
+            await self._charge(buckets, must_fit=False)
+
+    async def _charge(self, buckets: list[Bucket], must_fit: bool) -> tuple[bool, float, list[float]]:
+        now_ms = time.time() * 1000
+        args: list[float] = [now_ms, 1 if must_fit else 0]
+        for b in buckets:
+            args += [b.limit, b.cost]
+        try:
+            allowed, retry_ms, left = await self._script(keys=[f"{self._prefix}rl:{b.name}" for b in buckets], args=args)
+            self.degraded = False
+            return bool(allowed), float(retry_ms), [float(x) for x in left]
+        except (redis.RedisError, OSError) as exc:
+            if self._failure_mode == "closed":
+                raise RedisUnavailable(str(exc)) from exc
+            if not self.degraded:
+                log.warning("Redis unreachable (%s): rate limiting in this process only", exc)
+            self.degraded = True
+            return self._local.charge(buckets, must_fit, now_ms)

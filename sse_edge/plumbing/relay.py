@@ -1,0 +1,151 @@
+"""Relay a request's token events to its client: as SSE frames, or collected into one
+``chat.completion``. The events come from this edge's reply router (a new request) or from
+the log (a resumed or re-attached stream); either way each frame's ``id`` locates its
+event in the log, which is what makes a stream resumable anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from tokenbus.schemas import TokenEvent
+from tokenbus.sse_edge.errors import ApiError, ClientClosed, ServerError, Unavailable
+from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
+from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
+from tokenbus.topics import ReplyEvent, ReplyStreamError
+
+CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
+
+
+# A keep-alive for proxies: a comment line and no blank line after it. A blank line ends an event,
+# and a client that has seen an ``id:`` keeps it and dispatches the empty event (the openai client
+# then fails to parse its data); a lone comment line dispatches nothing in any SSE parser.
+HEARTBEAT = b": ping\n"
+
+
+def sse_response(frames: AsyncIterator[bytes], heartbeat_s: float,
+                 headers: dict[str, str] | None = None) -> EventSourceResponse:
+    """The streaming response: ``frames`` as they come, a heartbeat every ``heartbeat_s``."""
+    return EventSourceResponse(frames, ping=heartbeat_s, sep="\n", headers=headers,
+                               ping_message_factory=lambda: HEARTBEAT)  # type: ignore[arg-type,return-value]  # bytes pass as-is
+
+
+def frame(body: dict[str, Any] | str, event_id: str | None = None) -> bytes:
+    """One SSE event, encoded here (sse-starlette passes bytes through): the data is JSON or
+    ``[DONE]`` and the id is ``partition-offset``, so neither can hold a newline that would
+    break the framing."""
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return f"id: {event_id}\ndata: {data}\n\n".encode() if event_id else f"data: {data}\n\n".encode()
+
+
+def generation_error(event: TokenEvent) -> ApiError | None:
+    if event.finish_reason in CLIENT_FINISH_REASONS:
+        return None
+    message = event.error or f"generation ended: {event.finish_reason}"
+    return ServerError(f"The model could not complete the request: {message}", code="generation_failed")
+
+
+def stream_error(exc: ReplyStreamError) -> ApiError:
+    if exc.code == "bus_unavailable":
+        return Unavailable(str(exc), exc.code)
+    return ApiError(504, str(exc), "server_error", code=exc.code)
+
+
+@dataclass
+class RelayHooks:
+    """What the relay reports back: usage when the stream ends, or that the client went away first."""
+
+    on_final: Callable[[TokenEvent], Awaitable[None]]
+    on_abandoned: Callable[[], None]
+
+
+async def sse_frames(
+    events: AsyncGenerator[ReplyEvent, None], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
+    started: float, send_role: bool = True,
+) -> AsyncIterator[bytes]:
+    finished = False
+    last_sent: float | None = None
+    metrics.open_streams.inc()
+    try:
+        if send_role:
+            yield frame(writer.role())
+        async for reply in events:
+            event = reply.event
+            error = generation_error(event) if event.is_final else None
+            if error is not None:
+                finished = True
+                yield frame(error.body(), reply.event_id)
+                return
+            if event.text or event.is_final:
+                now = time.perf_counter()
+                if event.text:
+                    metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
+                    last_sent = now
+                yield frame(writer.delta(event.text, event.finish_reason), reply.event_id)
+            if event.is_final:
+                finished = True
+                await hooks.on_final(event)
+                if writer.include_usage:
+                    yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0))
+        yield frame("[DONE]")
+        metrics.e2e.observe(time.perf_counter() - started)
+    except ReplyStreamError as exc:
+        finished = True
+        yield frame(stream_error(exc).body())
+    finally:
+        metrics.open_streams.dec()
+        await events.aclose()  # a replayed stream holds a Kafka consumer: release it now, not at GC
+        if not finished:
+            hooks.on_abandoned()
+
+
+async def collect_completion(
+    request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
+    headers: dict[str, str],
+) -> JSONResponse:
+    """Wait for the whole completion; a client that disconnects first abandons it."""
+    collecting = asyncio.ensure_future(_collect(events))
+    disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
+    done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    disconnected.cancel()
+    if collecting not in done:
+        collecting.cancel()
+        hooks.on_abandoned()
+        raise ClientClosed()
+    try:
+        text, final = collecting.result()
+    except ReplyStreamError as exc:
+        raise stream_error(exc) from None
+    await hooks.on_final(final)
+    error = generation_error(final)
+    if error is not None:
+        raise error
+    body = completion_body(request_id, model, text, final.finish_reason or "stop", final.prompt_tokens or 0,
+                           final.completion_tokens or 0)
+    return JSONResponse(body, headers=headers)
+
+
+async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, TokenEvent]:
+    text: list[str] = []
+    final: TokenEvent | None = None
+    try:
+        async for reply in events:
+            text.append(reply.event.text)
+            final = reply.event
+    finally:
+        await events.aclose()
+    assert final is not None
+    return "".join(text), final
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

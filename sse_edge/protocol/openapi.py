@@ -1,0 +1,77 @@
+"""The OpenAPI description of the edge, built from the same pydantic models that validate requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest
+
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}
+CHAT_COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices", "usage"],
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": USAGE,
+        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"]}},
+    },
+}
+MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
+    "object": {"const": "list"},
+    "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "owned_by"]}}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    return {str(code): {"description": "error", "content": error_body}
+            for code in codes}
+
+
+def openapi_spec() -> dict[str, Any]:
+    request_schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {})}
+    secured: list[dict[str, list[str]]] = [{"bearer": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "tokenbus", "version": "0.1.0",
+                 "description": "OpenAI-compatible chat completions served through a Kafka pipeline."},
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": {
+            "/v1/chat/completions": {"post": {
+                "operationId": "createChatCompletion", "security": secured,
+                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                                "schema": {"type": "string", "maxLength": 255}}],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}},
+                "responses": {"200": {"description": "A completion, or an SSE stream of chunks when stream is true",
+                                      "content": {"application/json": {"schema": CHAT_COMPLETION},
+                                                  "text/event-stream": {"schema": {"type": "string"}}}},
+                              **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
+            }},
+            "/v1/chat/completions/{completion_id}/stream": {"get": {
+                "operationId": "resumeChatCompletionStream", "security": secured,
+                "parameters": [
+                    {"name": "completion_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                    {"name": "Last-Event-ID", "in": "header", "required": False,
+                     "schema": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}}],
+                "responses": {"200": {"description": "The rest of the SSE stream",
+                                      "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                              **_errors(400, 401, 404)},
+            }},
+            "/v1/models": {"get": {"operationId": "listModels", "security": secured, "responses": {
+                "200": {"description": "Models this key may use",
+                        "content": {"application/json": {"schema": MODEL_LIST}}}, **_errors(401)}}},
+            "/healthz": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
+            "/readyz": {"get": {"operationId": "ready", "responses": {"200": {"description": "ready"},
+                                                                     "503": {"description": "not ready"}}}},
+        },
+    }

@@ -1,0 +1,86 @@
+"""Turn a request body into a ChatCompletionRequest, or an OpenAI-format error naming the problem."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from tokenbus.sse_edge.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, from_validation_error
+from tokenbus.sse_edge.protocol.chat import UNSUPPORTED, ChatCompletionRequest
+from tokenbus.sse_edge.settings import EdgeSettings
+
+
+def too_large(max_body_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body is larger than {max_body_bytes} bytes.", code="request_too_large")
+
+
+async def read_body(request: Request, max_body_bytes: int, timeout_s: float) -> bytes:
+    """The whole body within ``timeout_s``: a client that announces a body and trickles it, or
+    stops, would otherwise hold its connection (and this handler) for as long as it likes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_body_bytes:
+        raise too_large(max_body_bytes)
+    raw = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > max_body_bytes:
+                    raise too_large(max_body_bytes)
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {timeout_s:g} s.") from None
+    return bytes(raw)
+
+
+def body_hash(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequest:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequest("We could not parse the JSON body of your request.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    reject_unsupported(body)
+    try:
+        chat = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+    check_serving_limits(chat, settings)
+    return chat
+
+
+def reject_unsupported(body: dict[str, Any]) -> None:
+    for name, feature in UNSUPPORTED.items():
+        if body.get(name) not in (None, False, [], {}):
+            raise InvalidRequest(f"'{name}' is not supported: tokenbus does not serve {feature}.", param=name,
+                                 code="unsupported_parameter")
+
+
+def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) -> None:
+    if chat.stream_options is not None and not chat.stream:
+        raise InvalidRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                             param="stream_options", code="invalid_value")
+    if chat.response_format and chat.response_format.get("type", "text") != "text":
+        raise InvalidRequest("Only response_format type 'text' is supported.", param="response_format.type",
+                             code="unsupported_value")
+    if chat.modalities and chat.modalities != ["text"]:
+        raise InvalidRequest("Only the 'text' modality is supported.", param="modalities", code="unsupported_value")
+    if len(chat.messages) > settings.max_messages:
+        raise InvalidRequest(f"At most {settings.max_messages} messages are allowed.", param="messages",
+                             code="too_many_messages")
+    if sum(len(m.text()) for m in chat.messages) > settings.max_prompt_chars:
+        raise InvalidRequest(f"The messages are longer than {settings.max_prompt_chars} characters in total.",
+                             param="messages", code="context_length_exceeded")
+    if chat.token_limit is not None and chat.token_limit > settings.max_output_tokens:
+        param = "max_completion_tokens" if chat.max_completion_tokens else "max_tokens"
+        raise InvalidRequest(f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
+                             code="invalid_value")
+

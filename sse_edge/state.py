@@ -1,0 +1,85 @@
+"""Everything one edge process holds: its bus client (the SDK's, with the broker watch),
+Redis (keys, rate limits, stream records), admission, metrics, and the transcript store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import redis.asyncio as redis
+
+from tokenbus.producers import TokenbusClient
+from tokenbus.sse_edge.plumbing.admission import Admission
+from tokenbus.sse_edge.plumbing.auth import Authenticator
+from tokenbus.sse_edge.plumbing.broker_watch import BrokerWatch
+from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
+from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
+from tokenbus.sse_edge.plumbing.ratelimit import RateLimiter
+from tokenbus.sse_edge.plumbing.streams import StreamRegistry
+from tokenbus.sse_edge.settings import EdgeSettings
+from tokenbus.stores.keys import KeyStore
+from tokenbus.stores.transcripts import TranscriptStore, open_store
+from tokenbus.topics import cancel_task
+
+log = logging.getLogger(__name__)
+
+
+class EdgeState:
+    def __init__(self, settings: EdgeSettings) -> None:
+        self.settings = settings
+        self.bus = TokenbusClient(settings.bus, settings.reply_partitions, settings.stream_idle_timeout_s,
+                                  rotate_every_s=settings.reply_rotate_s)
+        self.watch = BrokerWatch(self.bus.producer, self.bus.router, settings.broker_check_s, settings.broker_grace_s)
+        self.redis = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
+        self.keys = KeyStore(self.redis, settings.redis_prefix)
+        self.auth = Authenticator(self.keys, settings.key_cache_ttl_s)
+        self.limiter = RateLimiter(self.redis, settings.redis_prefix, settings.redis_failure_mode)
+        self.streams = StreamRegistry(self.redis, settings.redis_prefix, settings.stream_ttl_s)
+        self.queues = QueueDepthMonitor(settings.bus)
+        self.metrics = EdgeMetrics()
+        self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings.max_queue_depth,
+                                   self.metrics)
+        self._background: set[asyncio.Task[None]] = set()
+        self._transcripts: TranscriptStore | None = None
+
+    def transcripts(self) -> TranscriptStore:
+        """Opened on first read: an edge that serves no transcript reads needs no store."""
+        if self._transcripts is None:
+            self._transcripts = open_store(self.settings.transcripts)
+        return self._transcripts
+
+    async def start(self) -> None:
+        await self.bus.start()
+        await self.watch.start()
+        await self.queues.start()
+
+    async def stop(self) -> None:
+        for task in list(self._background):
+            await cancel_task(task)
+        await self.queues.stop()
+        await self.watch.stop()
+        await self.bus.stop()
+        await self.redis.aclose()
+        if self._transcripts is not None:
+            await self._transcripts.close()
+
+    def in_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def cancel_unless_resumed(self, request_id: str) -> None:
+        """After a client went away: wait out the grace window, then cancel unless it came back."""
+        grace = self.settings.disconnect_grace_s
+        try:
+            await self.streams.detach(request_id, grace)
+            await asyncio.sleep(grace)
+            resumed = not await self.streams.still_detached(request_id)
+        except (redis.RedisError, OSError):
+            await asyncio.sleep(grace)
+            resumed = False  # cannot tell without Redis: stop the work nobody may want
+        if not resumed:
+            await self.bus.cancel(request_id, "client went away")
+            self.metrics.cancelled.inc()

@@ -1,0 +1,136 @@
+"""Billing's ClickHouse side: connecting (chDB embedded or a server), the schema from
+``stores/billing/schema.sql``, and writing usage and moderation rows exactly once.
+
+Exactly once, without transactions: completions are keyed by request id, so one
+request always lands on the same partition and so on one billing consumer. Before each
+insert the writer asks which of the batch's request ids are stored already and inserts
+only the others; a replay or a crash before the offsets were committed finds its rows
+there and adds nothing. The rollups are materialized views over inserts, so they see
+each request once too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tokenbus.schemas import Completion, ModerationDecision
+from tokenbus.stores.billing.prices import PriceTable
+from tokenbus.stores.ddl import ddl_statements
+
+BUCKETS = ("minute", "hour", "day")
+USAGE_COLUMNS = [
+    "request_id", "tenant", "key_id", "model", "tier", "conversation_id", "prompt_tokens", "completion_tokens",
+    "input_cost_nanousd", "output_cost_nanousd", "finish_reason", "cancelled", "error", "worker_id",
+    "created_at", "started_at", "first_token_at", "finished_at",
+]
+MODERATION_COLUMNS = ["request_id", "tenant", "model", "tier", "stage", "action", "categories", "scores", "seq",
+                      "policy", "decided_at"]
+
+
+class ClickHouseSettings(BaseSettings):
+    """``TOKENBUS_CLICKHOUSE_*``. ``url`` is ``chdb://DIR`` (embedded) or ``http(s)://user:pass@host:port``."""
+
+    model_config = SettingsConfigDict(env_prefix="TOKENBUS_CLICKHOUSE_", extra="ignore")
+
+    url: str = "chdb://.run/clickhouse"
+    database: str = "tokenbus"
+
+    @property
+    def embedded_path(self) -> Path | None:
+        return Path(self.url.removeprefix("chdb://")) if self.url.startswith("chdb://") else None
+
+
+class ClickHouseUnavailable(ConnectionError):
+    """No client could be made: the server is down, or another process holds chDB's directory."""
+
+
+def connect(settings: ClickHouseSettings) -> Any:
+    """A clickhouse-connect client. chDB allows one process per data directory."""
+    import clickhouse_connect
+
+    try:
+        if settings.embedded_path is not None:
+            settings.embedded_path.mkdir(parents=True, exist_ok=True)
+            return clickhouse_connect.get_client(interface="chdb", path=str(settings.embedded_path))
+        url = urlparse(settings.url)
+        return clickhouse_connect.get_client(
+            interface=url.scheme or "http", host=url.hostname or "127.0.0.1", port=url.port or 8123,
+            username=url.username or "default", password=url.password or "",
+        )
+    except Exception as exc:  # the driver raises several types for "cannot connect"
+        raise ClickHouseUnavailable(f"cannot open ClickHouse at {settings.url}: {exc}") from exc
+
+
+def schema_statements(database: str) -> list[str]:
+    out = []
+    for statement in ddl_statements("tokenbus.stores.billing", "schema.sql"):
+        variants = [statement]
+        if "{bucket}" in statement:
+            variants = [statement.replace("{bucket}", b).replace("{Bucket}", b.capitalize()) for b in BUCKETS]
+        out += [v.replace("{db}", database) for v in variants]
+    return out
+
+
+def apply_schema(client: Any, database: str) -> None:
+    for statement in schema_statements(database):
+        client.command(statement)
+
+
+def _time(ms: int | None) -> dt.datetime | None:
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+def usage_row(completion: Completion, prices: PriceTable) -> list[Any]:
+    c = completion
+    input_cost, output_cost = prices.cost_nanousd(c.model, c.tier, c.prompt_tokens, c.completion_tokens)
+    return [c.request_id, c.tenant, c.key_id, c.model, c.tier, c.conversation_id or "", c.prompt_tokens,
+            c.completion_tokens, input_cost, output_cost, c.finish_reason, c.cancelled, c.error or "", c.worker_id,
+            _time(c.created_at_ms), _time(c.started_at_ms), _time(c.first_token_at_ms), _time(c.finished_at_ms)]
+
+
+class UsageWriter:
+    """Synchronous (clickhouse-connect is); the billing agent calls it from a worker thread."""
+
+    def __init__(self, client: Any, database: str, prices: PriceTable) -> None:
+        self.client = client
+        self.database = database
+        self.prices = prices
+
+    def load_prices(self) -> None:
+        rows = [[p.model, p.tier, p.input_usd_per_mtok, p.output_usd_per_mtok] for p in self.prices.prices]
+        if rows:
+            self.client.insert(f"{self.database}.prices", rows,
+                               column_names=["model", "tier", "input_usd_per_mtok", "output_usd_per_mtok"])
+
+    def already_billed(self, completions: list[Completion]) -> set[str]:
+        ids = [c.request_id for c in completions]
+        result = self.client.query(
+            f"SELECT DISTINCT request_id FROM {self.database}.usage_events "
+            "WHERE finished_at BETWEEN {lo:DateTime64(3)} AND {hi:DateTime64(3)} AND request_id IN {ids:Array(String)}",
+            parameters={"ids": ids, "lo": _time(min(c.finished_at_ms for c in completions)),
+                        "hi": _time(max(c.finished_at_ms for c in completions))},
+        )
+        return {row[0] for row in result.result_rows}
+
+    def write(self, completions: list[Completion]) -> int:
+        """Insert the usage of requests not billed yet; returns how many rows were inserted."""
+        if not completions:
+            return 0
+        unique = {c.request_id: c for c in completions}  # a batch can hold a request twice after a replay
+        billed = self.already_billed(list(unique.values()))
+        rows = [usage_row(c, self.prices) for rid, c in unique.items() if rid not in billed]
+        if rows:
+            self.client.insert(f"{self.database}.usage_events", rows, column_names=USAGE_COLUMNS)
+        return len(rows)
+
+    def write_decisions(self, decisions: list[ModerationDecision]) -> int:
+        rows = [[d.request_id, d.tenant, d.model, d.tier, d.stage, d.action, d.categories, d.scores, d.seq, d.policy,
+                 _time(d.decided_at_ms)] for d in decisions]
+        if rows:
+            self.client.insert(f"{self.database}.moderation_decisions", rows, column_names=MODERATION_COLUMNS)
+        return len(rows)

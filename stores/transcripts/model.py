@@ -1,0 +1,116 @@
+"""The transcript data model, shared by every store.
+
+A conversation belongs to one tenant; the tenant is part of every key, so no read can
+cross tenants. A turn is one request: the prompt messages it added and the assistant's
+reply. Messages are ordered by ``(turn_at_ms, request_id, position)``, and a turn is
+written under its request id, so writing it again (a replay) rewrites the same rows.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from tokenbus.schemas import ChatMessage, Completion
+
+T = TypeVar("T")
+
+MAX_PAGE = 500
+
+
+def page_size(limit: int) -> int:
+    """A requested page size, clamped to 1..MAX_PAGE."""
+    return max(1, min(int(limit), MAX_PAGE))
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptMessage:
+    tenant: str
+    conversation_id: str
+    turn_at_ms: int
+    request_id: str
+    position: int
+    role: str
+    content: str
+    model: str = ""
+    finish_reason: str = ""
+
+    @property
+    def cursor(self) -> str:
+        return encode_cursor([self.turn_at_ms, self.request_id, self.position])
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    tenant: str
+    conversation_id: str
+    model: str
+    last_turn_at_ms: int
+    last_request_id: str
+
+    @property
+    def cursor(self) -> str:
+        return encode_cursor([self.conversation_id])
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One request's rows: what a store writes for one Completion."""
+
+    tenant: str
+    conversation_id: str
+    request_id: str
+    turn_at_ms: int
+    model: str
+    messages: list[TranscriptMessage] = field(default_factory=list)
+
+
+class BadCursor(ValueError):
+    """A page cursor that this store did not hand out."""
+
+
+def encode_cursor(key: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, arity: int) -> list[Any]:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, UnicodeDecodeError):
+        raise BadCursor("malformed cursor") from None
+    if not isinstance(key, list) or len(key) != arity:
+        raise BadCursor("malformed cursor")
+    return key
+
+
+def new_messages(messages: list[ChatMessage], continues_conversation: bool) -> list[ChatMessage]:
+    """The prompt messages this turn adds. Clients resend the whole history each turn; in a
+    named conversation the earlier turns are stored already (everything up to the last
+    assistant message), so only what follows it is new."""
+    if not continues_conversation:
+        return list(messages)
+    last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+    return list(messages[last_assistant + 1:])
+
+
+def turn_of(completion: Completion, assistant_text: str | None = None) -> Turn:
+    """The rows a Completion contributes; a request without a conversation id is its own conversation."""
+    conversation_id = completion.conversation_id or completion.request_id
+    prompt = new_messages(completion.messages, completion.conversation_id is not None)
+    reply = ChatMessage("assistant", completion.text if assistant_text is None else assistant_text)
+    rows = [
+        TranscriptMessage(completion.tenant, conversation_id, completion.created_at_ms, completion.request_id,
+                          position, m.role, m.content, completion.model,
+                          completion.finish_reason if m is reply else "")
+        for position, m in enumerate([*prompt, reply])
+    ]
+    return Turn(completion.tenant, conversation_id, completion.request_id, completion.created_at_ms,
+                completion.model, rows)

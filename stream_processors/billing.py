@@ -1,0 +1,91 @@
+"""The billing job: completions → ``usage_events`` and moderation decisions →
+``moderation_decisions``, in batches by size and time. ClickHouse's client is
+synchronous (chDB too), so writes run on one worker thread of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from tokenbus.schemas import Completion, DecodeError, ModerationDecision
+from tokenbus.stores.billing.clickhouse import UsageWriter
+from tokenbus.stream_processors.context import ProcessorContext
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R", bound=Completion | ModerationDecision)
+
+
+class ClickHouseSink:
+    def __init__(self, ctx: ProcessorContext, writer_factory: Callable[[], UsageWriter]) -> None:
+        self.ctx = ctx
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
+        self._writer_factory = writer_factory
+        self._writer: UsageWriter | None = None
+
+    async def call(self, fn: Callable[[UsageWriter], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(self.writer()))
+
+    def writer(self) -> UsageWriter:
+        """Connected on first use, and again after a failure (ClickHouse may have been away)."""
+        if self._writer is None:
+            self._writer = self._writer_factory()
+        return self._writer
+
+    def reset(self) -> None:
+        self._writer = None
+
+    async def write_batch(self, processor: str, messages: Sequence[Any], record_type: type[R],
+                          write: Callable[[UsageWriter, list[R]], int]) -> tuple[int, int]:
+        """Returns how many records decoded and how many rows were written."""
+        # Decode (dead-lettering what does not decode), then write until ClickHouse takes it.
+        decoded: list[tuple[Any, R]] = []
+        for message in messages:
+            self.ctx.positions[(processor, message.topic, message.partition)] = message.offset + 1
+            try:
+                decoded.append((message, self.ctx.decode(message, record_type)))
+            except DecodeError as exc:
+                await self.ctx.dead_letter(processor, message, exc.reason, exc.detail)
+        records = [record for _, record in decoded]
+        if not records:
+            return 0, 0
+        started = time.perf_counter()
+        try:
+            written = await self.ctx.retrying(processor, lambda: self._write(records, write))
+        except Exception:
+            log.exception("%s: batch rejected; writing its records one by one", processor)
+            written = await self._write_singly(processor, decoded, write)
+        self.ctx.metrics.batch_seconds.labels(processor).observe(time.perf_counter() - started)
+        self.ctx.metrics.events.labels(processor).inc(len(records))
+        return len(records), written
+
+    async def _write_singly(self, processor: str, decoded: list[tuple[Any, Any]],
+                            write: Callable[[UsageWriter, list], int]) -> int:
+        """After ClickHouse refused a whole batch: find the records it refuses and dead-letter them."""
+        written = 0
+        for message, record in decoded:
+            try:
+                written += await self.ctx.retrying(processor, functools.partial(self._write, [record], write))
+            except Exception as exc:
+                await self.ctx.dead_letter(processor, message, "store_rejected", f"{type(exc).__name__}: {exc}")
+        return written
+
+    async def _write(self, records: list, write: Callable[[UsageWriter, list], int]) -> int:
+        try:
+            return await self.call(lambda w: write(w, records))
+        except self.ctx.transient:
+            self.reset()
+            raise
+
+    async def bill(self, messages: Sequence[Any]) -> None:
+        decoded, written = await self.write_batch("bill-usage", messages, Completion, UsageWriter.write)
+        self.ctx.metrics.usage_rows.inc(written)
+        self.ctx.metrics.usage_duplicates.inc(decoded - written)
+
+    async def store_decisions(self, messages: Sequence[Any]) -> None:
+        await self.write_batch("store-decisions", messages, ModerationDecision, UsageWriter.write_decisions)

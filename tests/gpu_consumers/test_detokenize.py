@@ -1,0 +1,78 @@
+"""The incremental detokenizer against a real byte-level BPE tokenizer: the deltas it streams
+join to exactly what decoding the whole sequence gives, however the tokens are grouped into
+steps, split characters included, and a taken-over sequence continues without repeating text."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.gpu_consumers.tiny_model import build_tiny_model
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer
+
+TEXTS = [
+    "Paris is the capital of France. Berlin is the capital of Germany.",
+    "héllo wörld — streams survive a crashed worker ✓ 東京 🚀 done",
+    "  leading spaces,\nnew lines\n\tand tabs  ",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def steps(ids: list[int], rng: random.Random) -> list[list[int]]:
+    out, i = [], 0
+    while i < len(ids):
+        n = rng.choice([1, 1, 1, 2, 3])
+        out.append(ids[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_deltas_join_to_the_full_decode(tokenizer, text, seed):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    deltas = [detokenizer.push(step) for step in steps(ids, random.Random(seed))]
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True) == detokenizer.emitted
+    assert detokenizer.token_ids == ids
+
+
+def test_a_split_character_waits_for_its_last_byte(tokenizer):
+    ids = tokenizer.encode("🚀", add_special_tokens=False)
+    assert len(ids) > 1  # byte-level BPE with a tiny vocabulary splits the emoji's bytes
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    assert [detokenizer.push([i]) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert detokenizer.push(ids[-1:]) == "🚀"
+
+
+@pytest.mark.parametrize("cut", [1, 4, 9, 17])
+def test_a_taken_over_sequence_continues_after_what_was_sent(tokenizer, cut):
+    ids = tokenizer.encode(TEXTS[1], add_special_tokens=False)
+    first = IncrementalDetokenizer(tokenizer)
+    sent = "".join(first.push([i]) for i in ids[:cut])
+    second = IncrementalDetokenizer(tokenizer, tuple(ids[:cut]), sent)
+    rest = "".join(second.push([i]) for i in ids[cut:])
+    assert sent + rest == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_work_per_step_does_not_grow_with_the_output(tokenizer):
+    ids = tokenizer.encode(TEXTS[0] * 30, add_special_tokens=False)
+    decoded_lengths: list[int] = []
+
+    class Counting:
+        def decode(self, token_ids, skip_special_tokens=False):
+            decoded_lengths.append(len(token_ids))
+            return tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    detokenizer = IncrementalDetokenizer(Counting())
+    for i in ids:
+        detokenizer.push([i])
+    assert len(ids) > 300
+    assert max(decoded_lengths) <= IncrementalDetokenizer.CONTEXT_TOKENS + 4

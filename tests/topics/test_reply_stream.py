@@ -1,0 +1,80 @@
+"""ReplyStream's ordering and dedup rules, without a broker."""
+
+
+import pytest
+
+from tokenbus.schemas import TokenEvent
+from tokenbus.topics import ReplyEvent, ReplyStream, ReplyStreamError
+
+
+def reply(seq: int, text: str = "", final: bool = False, offset: int | None = None) -> ReplyEvent:
+    event = TokenEvent("r", seq, text or f"t{seq}", finish_reason="stop" if final else None)
+    return ReplyEvent(event, partition=2, offset=100 + seq if offset is None else offset)
+
+
+async def drain(stream: ReplyStream) -> list[int]:
+    return [r.event.seq async for r in stream.events(idle_timeout=1)]
+
+
+async def test_duplicates_are_dropped_and_order_is_restored():
+    stream = ReplyStream("r")
+    for seq in [0, 0, 2, 1, 1, 3, 2]:
+        stream.offer(reply(seq))
+    stream.offer(reply(4, final=True))
+    stream.offer(reply(4, final=True))
+    assert await drain(stream) == [0, 1, 2, 3, 4]
+    assert stream.done
+
+
+async def test_nothing_after_the_final_event_is_delivered():
+    stream = ReplyStream("r")
+    stream.offer(reply(0, final=True))
+    stream.offer(reply(1))
+    assert await drain(stream) == [0]
+
+
+async def test_event_id_locates_the_record():
+    assert reply(3, offset=77).event_id == "2-77"
+
+
+async def test_overflow_fails_the_stream_instead_of_blocking_the_router():
+    stream = ReplyStream("r", queue_size=4)
+    for seq in range(10):
+        stream.offer(reply(seq))
+    with pytest.raises(ReplyStreamError, match="overflowed"):
+        await drain(stream)
+
+
+async def test_idle_timeout_raises():
+    stream = ReplyStream("r")
+    with pytest.raises(ReplyStreamError, match="no token event"):
+        async for _ in stream.events(idle_timeout=0.05):
+            pass
+
+
+def truncation(seq: int) -> ReplyEvent:
+    event = TokenEvent("r", seq, finish_reason="content_filter", truncate=True, worker_id="moderation")
+    return ReplyEvent(event, partition=2, offset=500)
+
+
+async def test_a_truncation_ends_the_stream_where_the_reader_is():
+    """Output moderation's stop arrives with a seq the stream may already have passed: it still ends it,
+    and events held back for later seqs, or arriving after it, are never delivered."""
+    stream = ReplyStream("r")
+    for seq in [0, 1, 2, 4]:  # 4 waits for 3
+        stream.offer(reply(seq))
+    stream.offer(truncation(1))
+    stream.offer(reply(3))
+    stream.offer(reply(5, final=True))
+    delivered = [r.event async for r in stream.events(idle_timeout=1)]
+    assert [e.seq for e in delivered] == [0, 1, 2, 1]
+    assert delivered[-1].truncate and delivered[-1].finish_reason == "content_filter"
+    assert stream.done
+
+
+async def test_a_truncation_after_the_final_event_changes_nothing():
+    stream = ReplyStream("r")
+    stream.offer(reply(0))
+    stream.offer(reply(1, final=True))
+    stream.offer(truncation(1))
+    assert await drain(stream) == [0, 1]

@@ -1,0 +1,137 @@
+"""ReplyRouter against the real broker: demultiplexing, dedup, and undecodable records."""
+
+import asyncio
+
+from tokenbus.schemas import AvroCodec, TokenEvent
+from tokenbus.topics import ReplyRouter, TopicCatalog, make_producer
+
+codec = AvroCodec()
+
+
+async def test_router_demultiplexes_partition_into_ordered_streams(bus):
+    tokens = TopicCatalog(bus).tokens
+    router = ReplyRouter(bus, partitions=[3])
+    await router.start()
+    producer = make_producer(bus)
+    await producer.start()
+    try:
+        a, b = router.open("req-a"), router.open("req-b")
+
+        async def send(request_id: str, seq: int, final: bool = False) -> None:
+            event = TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq], finish_reason="stop" if final else None)
+            await producer.send_and_wait(tokens, codec.encode(event), key=request_id.encode(), partition=3)
+
+        await send("req-a", 0)
+        await send("req-b", 0)
+        await producer.send_and_wait(tokens, b"not avro", key=b"req-a", partition=3)
+        await send("req-a", 0)  # a redelivery
+        await send("req-a", 1)
+        await send("req-x", 0)  # nobody here asked for this one
+        await send("req-b", 1, final=True)
+        await send("req-a", 2, final=True)
+
+        got_a = [r async for r in a.events(idle_timeout=5)]
+        got_b = [r async for r in b.events(idle_timeout=5)]
+    finally:
+        await producer.stop()
+        await router.stop()
+
+    assert [r.event.text for r in got_a] == ["req-a:0", "req-a:1", "req-a:2"]
+    assert [r.event.text for r in got_b] == ["req-b:0", "req-b:1"]
+    assert all(r.partition == 3 for r in got_a + got_b)
+    offsets = [r.offset for r in got_a]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 3
+    assert router.undecodable == 1
+    assert router.open_streams == 0
+
+
+async def wait_for(condition, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_router_rotates_new_requests_and_keeps_reading_open_streams(bus):
+    """New requests move to the next owned partition; a stream opened before the move still
+    gets every event on the old one, and the old one stops being read once its streams end."""
+    tokens = TopicCatalog(bus).tokens
+    router = ReplyRouter(bus, partitions=[1, 2], rotate_every_s=0.3)
+    producer = make_producer(bus)
+    await producer.start()
+    # Events from before the router started belong to nobody: a rotation starts from the end.
+    stale = TokenEvent("req-late", 0, "stale", [0], finish_reason="stop")
+    await producer.send_and_wait(tokens, codec.encode(stale), key=b"req-late", partition=2)
+    await router.start()
+
+    async def send(request_id: str, partition: int, seq: int, final: bool = False) -> None:
+        event = TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq], finish_reason="stop" if final else None)
+        await producer.send_and_wait(tokens, codec.encode(event), key=request_id.encode(), partition=partition)
+
+    try:
+        assert router.reply_partition == 1 and router.reading == {1}
+        early = router.open("req-early", router.reply_partition)
+        await send("req-early", 1, 0)
+        await wait_for(lambda: router.reply_partition == 2)
+        late = router.open("req-late", router.reply_partition)
+        assert router.reading == {1, 2}
+        await send("req-late", 2, 0)
+        await send("req-early", 1, 1, final=True)
+        await send("req-late", 2, 1, final=True)
+        got_early = [r async for r in early.events(idle_timeout=5)]
+        got_late = [r async for r in late.events(idle_timeout=5)]
+        await wait_for(lambda: 1 not in router.reading or router.reply_partition == 1)
+    finally:
+        await producer.stop()
+        await router.stop()
+
+    assert [(r.partition, r.event.text) for r in got_early] == [(1, "req-early:0"), (1, "req-early:1")]
+    assert [(r.partition, r.event.text) for r in got_late] == [(2, "req-late:0"), (2, "req-late:1")]
+    assert router.rotations >= 1
+
+
+async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(bus):
+    """A request that took its reply partition just before a rotation still gets its events,
+    from the position the router last routed there, even once that partition is no longer read."""
+    tokens = TopicCatalog(bus).tokens
+    router = ReplyRouter(bus, partitions=[4, 5], rotate_every_s=0.2)
+    await router.start()
+    producer = make_producer(bus)
+    await producer.start()
+    try:
+        await wait_for(lambda: router.reading == {5})
+        stream = router.open("req-straggler", 4)
+        assert 4 in router.reading
+        event = TokenEvent("req-straggler", 0, "found", [0], finish_reason="stop")
+        await producer.send_and_wait(tokens, codec.encode(event), key=b"req-straggler", partition=4)
+        got = [r async for r in stream.events(idle_timeout=5)]
+    finally:
+        await producer.stop()
+        await router.stop()
+    assert [(r.partition, r.event.text) for r in got] == [(4, "found")]
+
+
+async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(bus, monkeypatch):
+    """While the broker is away the end offset of the next partition cannot be read: new requests
+    stay where they are, and the next rotation goes ahead once the broker answers."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    router = ReplyRouter(bus, partitions=[6, 7], rotate_every_s=0.2)
+    await router.start()
+    real_end_offset = router._end_offset
+    failures = []
+
+    async def unreachable_once(partition: int) -> int:
+        if not failures:
+            failures.append(partition)
+            raise KafkaTimeoutError()
+        return await real_end_offset(partition)
+
+    monkeypatch.setattr(router, "_end_offset", unreachable_once)
+    try:
+        await wait_for(lambda: failures)
+        assert router.reply_partition == 6 and router.rotations == 0
+        await wait_for(lambda: router.reply_partition == 7)
+    finally:
+        await router.stop()
+    assert failures == [7]

@@ -1,0 +1,64 @@
+"""Read one request's token stream back from the log, from any process: resuming a stream
+on another edge, or attaching to it again from the start. Replay continues into the live
+tail until the final event, in seq order and without duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+from aiokafka import TopicPartition
+
+from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
+from tokenbus.topics.catalog import TopicCatalog
+from tokenbus.topics.clients import make_consumer, stop_reader
+from tokenbus.topics.replies import ReplyEvent, ReplyStream
+from tokenbus.topics.settings import BusSettings
+
+HIGH_WATER = 1024  # events waiting for the reader before the replay pauses reading
+
+
+async def replay(
+    settings: BusSettings,
+    request_id: str,
+    partition: int,
+    from_offset: int,
+    delivered_through: int | None = None,
+    idle_timeout: float | None = 60.0,
+    codec: AvroCodec | None = None,
+) -> AsyncGenerator[ReplyEvent, None]:
+    """Events of ``request_id`` on ``partition`` from ``from_offset``. Events at offsets up to
+    ``delivered_through`` (a Last-Event-ID) were delivered already: they are read to learn
+    where the stream stands but not yielded again."""
+    codec = codec or AvroCodec()
+    tp = TopicPartition(TopicCatalog(settings).tokens, partition)
+    key = request_id.encode()
+    stream = ReplyStream(request_id)
+    consumer = make_consumer(settings)
+    await consumer.start()
+    consumer.assign([tp])
+    consumer.seek(tp, from_offset)
+
+    async def pump() -> None:
+        while not stream.done:
+            if stream.backlog >= HIGH_WATER:
+                await asyncio.sleep(0.01)
+                continue
+            for record in (await consumer.getmany(tp, timeout_ms=200)).get(tp, []):
+                if record.key != key:
+                    continue
+                try:
+                    event = codec.decode(record.value, TokenEvent)
+                except DecodeError:
+                    continue
+                if delivered_through is not None and record.offset <= delivered_through:
+                    stream.next_seq = max(stream.next_seq, event.seq + 1)
+                    continue
+                stream.offer(ReplyEvent(event, record.partition, record.offset))
+
+    reader = asyncio.create_task(pump(), name=f"replay-{request_id}")
+    try:
+        async for reply in stream.events(idle_timeout):
+            yield reply
+    finally:
+        await stop_reader(reader, consumer)

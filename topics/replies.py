@@ -1,0 +1,285 @@
+"""The reply side: one consumer per process reads its reply partition(s) of ``tokens``
+and hands each request's events, in seq order and without duplicates, to that
+request's bounded queue.
+
+Why one shared consumer and not a topic per request: creating and deleting a topic
+per request costs broker round trips and metadata that grows with traffic, while a
+partition that the requester owns needs nothing per request.
+
+Why new requests move to the next owned partition every ``rotate_every_s``: a broker
+without retention (the embedded one) scans a partition's whole list of record batches on
+every fetch, and a fetch whose scan outlasts ``fetch_max_wait_ms`` returns nothing, so one
+ever-growing hot partition eventually stops delivering. Rotating keeps the partition being
+written small and reads only the partitions that still have open streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
+from tokenbus.topics.catalog import TopicCatalog
+from tokenbus.topics.clients import cancel_task, make_consumer, stop_reader
+from tokenbus.topics.settings import BusSettings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUEUE_SIZE = 4096
+
+
+class ReplyStreamError(RuntimeError):
+    """The stream cannot continue: its reader fell too far behind, nothing arrived in time,
+    or the bus went away. ``code`` says which, for the client's error event."""
+
+    def __init__(self, message: str, code: str = "stream_timeout") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyEvent:
+    """A token event and where it sits in the log."""
+
+    event: TokenEvent
+    partition: int
+    offset: int
+
+    @property
+    def event_id(self) -> str:
+        """Locates the event in the log (``partition-offset``): what the SSE ``id`` carries."""
+        return f"{self.partition}-{self.offset}"
+
+
+@dataclass(eq=False)
+class ReplyStream:
+    """One request's token events, delivered in ``seq`` order exactly once."""
+
+    request_id: str
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    next_seq: int = 0
+    _queue: asyncio.Queue[ReplyEvent | ReplyStreamError] = field(init=False)
+    _early: dict[int, ReplyEvent] = field(init=False, default_factory=dict)
+    _done: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self._queue = asyncio.Queue(maxsize=self.queue_size)
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def backlog(self) -> int:
+        """Events delivered to this stream and not read yet."""
+        return self._queue.qsize()
+
+    def offer(self, reply: ReplyEvent) -> None:
+        """Accept an event from the router; drop repeats, hold events that arrive early."""
+        if reply.event.truncate:
+            self._truncate(reply)
+            return
+        seq = reply.event.seq
+        if self._done or seq < self.next_seq or seq in self._early:
+            return
+        self._early[seq] = reply
+        while self.next_seq in self._early and not self._done:
+            self._push(self._early.pop(self.next_seq))
+
+    def _truncate(self, reply: ReplyEvent) -> None:
+        """Output moderation stops the stream where the reader is: what was delivered stays
+        delivered, nothing after it is (events held for later seqs are dropped)."""
+        if self._done:
+            return
+        self._early.clear()
+        self._push(reply)
+
+    def _push(self, reply: ReplyEvent) -> None:
+        self.next_seq += 1
+        if reply.event.is_final:
+            self._done = True
+        try:
+            self._queue.put_nowait(reply)
+        except asyncio.QueueFull:
+            self.fail(ReplyStreamError(f"reply queue of {self.request_id} overflowed: reader too slow"))
+
+    def fail(self, error: ReplyStreamError) -> None:
+        self._done = True
+        while self._queue.full():
+            self._queue.get_nowait()
+        self._queue.put_nowait(error)
+
+    async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
+        """Yield events up to and including the final one."""
+        while True:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), idle_timeout)
+            except TimeoutError:
+                raise ReplyStreamError(f"no token event for {idle_timeout}s") from None
+            if isinstance(item, ReplyStreamError):
+                raise item
+            yield item
+            if item.event.is_final:
+                return
+
+
+class ReplyRouter:
+    """Reads this process's reply partitions and routes events to open streams.
+
+    New requests go to the ``reply_partition`` of the moment; the consumer reads that one and
+    every partition that still has an open stream, from the position it last routed."""
+
+    def __init__(
+        self,
+        settings: BusSettings,
+        partitions: list[int],
+        codec: AvroCodec | None = None,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        rotate_every_s: float = 0.0,
+    ) -> None:
+        if not partitions:
+            raise ValueError("a reply router needs at least one partition")
+        self.settings = settings
+        self.topic = TopicCatalog(settings).tokens
+        self.partitions = partitions
+        self.rotate_every_s = rotate_every_s
+        self._codec = codec or AvroCodec()
+        self._queue_size = queue_size
+        self._streams: dict[str, ReplyStream] = {}
+        self._stream_partitions: dict[str, int] = {}
+        self._current = partitions[0]
+        self._reading: set[int] = set()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._rotation: asyncio.Task[None] | None = None
+        self._positions: dict[int, int] = {}
+        self.undecodable = 0
+        self.rotations = 0
+
+    @property
+    def reply_partition(self) -> int:
+        """Where a request published now should have its events written."""
+        return self._current
+
+    @property
+    def reading(self) -> set[int]:
+        """The partitions the consumer reads now."""
+        return set(self._reading)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    async def start(self) -> None:
+        self._consumer = make_consumer(self.settings)
+        await self._consumer.start()
+        self._positions[self._current] = await self._end_offset(self._current)
+        self._read({self._current})
+        self._reader = asyncio.create_task(self._run(), name="reply-router")
+        if self.rotate_every_s > 0 and len(self.partitions) > 1:
+            self._rotation = asyncio.create_task(self._rotate(), name="reply-rotation")
+
+    async def stop(self) -> None:
+        await cancel_task(self._rotation)
+        await stop_reader(self._reader, self._consumer)
+        self.fail_all(ReplyStreamError("reply router stopped"))
+
+    def fail_all(self, error: ReplyStreamError) -> int:
+        """End every open stream with ``error``; returns how many there were."""
+        streams = list(self._streams.values())
+        for stream in streams:
+            stream.fail(error)
+        self._streams.clear()
+        self._stream_partitions.clear()
+        return len(streams)
+
+    def position(self, partition: int) -> int:
+        """An offset no event published from now on can precede: where a new stream's replay starts."""
+        return self._positions.get(partition, 0)
+
+    def open(self, request_id: str, partition: int | None = None) -> ReplyStream:
+        """Register interest before publishing the request, so no event can be missed.
+        ``partition``: the request's reply partition (the current one if not given)."""
+        stream = ReplyStream(request_id, queue_size=self._queue_size)
+        self._streams[request_id] = stream
+        self._stream_partitions[request_id] = self._current if partition is None else partition
+        if self._stream_partitions[request_id] not in self._reading and self._consumer is not None:
+            self._read(self._wanted())
+        return stream
+
+    def close(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._stream_partitions.pop(request_id, None)
+
+    async def _end_offset(self, partition: int) -> int:
+        assert self._consumer is not None
+        tp = TopicPartition(self.topic, partition)
+        # On the embedded broker this can point a batch early; the extra events belong to no
+        # open request and are dropped.
+        offsets: dict[TopicPartition, int] = await self._consumer.end_offsets([tp])
+        return offsets[tp]
+
+    def _wanted(self) -> set[int]:
+        return {self._current, *self._stream_partitions.values()}
+
+    def _read(self, partitions: set[int]) -> None:
+        """Read exactly ``partitions``, each from the position last routed (nothing skipped)."""
+        assert self._consumer is not None
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self._consumer.assign(tps)
+        for tp in tps:
+            self._consumer.seek(tp, self._positions.get(tp.partition, 0))
+        self._reading = set(partitions)
+
+    async def _rotate(self) -> None:
+        """Every ``rotate_every_s``: move new requests to the next owned partition, starting
+        from its end; stop reading partitions whose streams have all ended."""
+        tick = min(1.0, self.rotate_every_s)
+        loop = asyncio.get_running_loop()
+        rotate_at = loop.time() + self.rotate_every_s
+        while True:
+            await asyncio.sleep(tick)
+            if loop.time() >= rotate_at:
+                rotate_at = loop.time() + self.rotate_every_s
+                try:
+                    await self._move_to_next_partition()
+                except KafkaError as exc:  # the broker is away: keep writing where we are, try next time
+                    log.warning("reply partition not rotated: %s", exc)
+            if self._wanted() != self._reading:
+                self._read(self._wanted())
+
+    async def _move_to_next_partition(self) -> None:
+        following = self.partitions[(self.partitions.index(self._current) + 1) % len(self.partitions)]
+        if following not in self._reading:
+            self._positions[following] = await self._end_offset(following)
+        self._current = following
+        self.rotations += 1
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for record in records:
+                    self._route(record)
+
+    def _route(self, record: ConsumerRecord) -> None:
+        self._positions[record.partition] = record.offset + 1
+        request_id = record.key.decode(errors="replace") if record.key else ""
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        try:
+            event = self._codec.decode(record.value, TokenEvent)
+        except DecodeError as exc:
+            self.undecodable += 1
+            log.warning("undecodable token event at %s-%s: %s", record.partition, record.offset, exc.reason)
+            return
+        stream.offer(ReplyEvent(event, record.partition, record.offset))
+        if stream.done:
+            self.close(request_id)
