@@ -26,6 +26,7 @@ from tokenbus.stream_processors.moderation.output import OutputModeration
 from tokenbus.stream_processors.moderation.policy import Policy
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.stream_processors.transcripts import TranscriptWriter
+from tokenbus.topics.clients import profile
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,10 @@ RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw
 LAG_INTERVAL_S = 1.0
 
 
-def low_latency_transport(fetch_max_wait_ms: int) -> type[Transport]:
+def tuned_transport(fetch_max_wait_ms: int) -> type[Transport]:
     """faust hard-codes a 1.5 s fetch wait, and the embedded broker holds fetches for about
-    half of it (docs/architecture.md, the embedded broker): the ingress hop would add ~750 ms. This transport asks for
-    ``fetch_max_wait_ms`` instead."""
+    half of it (docs/architecture.md, the embedded broker): the ingress hop would add ~750 ms.
+    This transport asks for ``fetch_max_wait_ms`` instead."""
 
     class LowLatencyConsumerThread(AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Transport) -> Any:
@@ -57,6 +58,8 @@ def low_latency_transport(fetch_max_wait_ms: int) -> type[Transport]:
 def create_app(settings: ProcessorSettings | None = None) -> faust.App:
     settings = settings or ProcessorSettings()
     broker = f"kafka://{settings.bus.bootstrap_servers}"
+    tuned = profile(settings.bus)
+    state_dir: dict[str, Any] = {"datadir": str(settings.data_dir)} if settings.data_dir else {}
     app = faust.App(
         settings.group_id,
         broker=broker,
@@ -64,8 +67,8 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
         autodiscover=False,
         topic_allow_declare=False,  # topics are provisioned with their partition counts (topics.ensure_topics)
         consumer_auto_offset_reset="earliest",
-        broker_session_timeout=6.0,
-        broker_heartbeat_interval=1.0,
+        broker_session_timeout=tuned.session_timeout_ms / 1000,
+        broker_heartbeat_interval=tuned.heartbeat_interval_ms / 1000,
         broker_commit_interval=0.5,
         producer_linger_ms=0,
         stream_wait_empty=False,
@@ -73,8 +76,10 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
         web_bind=settings.host,
         web_port=settings.port,
         web_host=settings.host,
+        **state_dir,
     )
-    app.transport = low_latency_transport(settings.fetch_max_wait_ms)(app.conf.broker_consumer, app, loop=app.loop)
+    fetch_max_wait_ms = settings.fetch_max_wait_ms or tuned.fetch_max_wait_ms
+    app.transport = tuned_transport(fetch_max_wait_ms)(app.conf.broker_consumer, app, loop=app.loop)
     ctx = ProcessorContext(settings)
     app.tokenbus = ctx  # type: ignore[attr-defined]
     policy = Policy.load(settings.policy_file)

@@ -29,6 +29,9 @@ class ProcessorSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8702
     policy_file: Path | None = None
+    # faust's own state (table metadata; the tables themselves are in memory). Unset: faust's
+    # default, `<group>-data` in the working directory.
+    data_dir: Path | None = None
     prices_file: Path | None = None
     # Billing inserts when this many completions are waiting, or this long after the first.
     billing_batch_size: int = 1000
@@ -37,8 +40,9 @@ class ProcessorSettings(BaseSettings):
     # time caps a worker at a few hundred requests/s. (Requests of one conversation may then
     # reach their request topic in another order; offsets still commit only past finished ones.)
     ingress_concurrency: int = 8
-    # faust asks the broker to hold fetches 1.5 s; the ingress hop needs a small wait on the embedded broker.
-    fetch_max_wait_ms: int = 5
+    # faust asks the broker to hold fetches 1.5 s; unset, the bus profile's wait (topics/clients.py):
+    # Kafka's 500 ms, or a few ms on the embedded broker, where the ingress hop would wait ~750 ms.
+    fetch_max_wait_ms: int | None = None
     retry_max_delay_s: float = 5.0
 
     _split_jobs = field_validator("jobs", mode="before")(split_csv)

@@ -90,7 +90,7 @@ def auth(api_key: str) -> dict[str, str]:
 @pytest.fixture
 def bus(stack: EmbeddedStack) -> BusSettings:
     """Bus settings on the session's broker with topics of their own, so tests never share data."""
-    settings = BusSettings(bootstrap_servers=stack.bootstrap_servers, topic_prefix=unique_prefix(), models=[MODEL])
+    settings = stack.bus_settings().model_copy(update={"topic_prefix": unique_prefix(), "models": [MODEL]})
     asyncio.run(ensure_topics(settings.bootstrap_servers, TopicCatalog(settings).all_topics()))
     return settings
 

@@ -1,22 +1,49 @@
-"""aiokafka clients configured for low latency on the embedded broker.
+"""aiokafka clients, tuned for the kind of broker they talk to (``BusSettings.broker``).
 
-The broker holds fetches for about half of ``fetch_max_wait_ms`` under steady
-traffic, so every latency-sensitive consumer asks for a small value; group joins
-wait half the session timeout, so local runs use a short one. See docs/architecture.md.
+Kafka long-polls: a fetch waits up to ``fetch_max_wait_ms`` but returns as soon as a record
+arrives, so a long wait costs no latency and keeps an idle consumer at a couple of fetches a
+second. The embedded broker does not: it holds a fetch for about half of its wait even when
+records arrive, so a latency-sensitive reader there must ask for a few milliseconds, and it
+makes group joins wait half the session timeout, so its groups use a short one. Each profile
+below names, per kind of reader, the fetch wait it gets. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tokenbus.topics.settings import BusSettings
 
-LATENCY_FETCH_MAX_WAIT_MS = 5
-GROUP_SESSION_TIMEOUT_MS = 6000
-GROUP_HEARTBEAT_INTERVAL_MS = 1000
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientProfile:
+    fetch_max_wait_ms: int  # readers on the request path: the next token, the next request
+    background_fetch_max_wait_ms: int  # readers that may lag a little: cancels, queue depth
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+
+
+PROFILES = {
+    # Kafka's own fetch wait; a crashed GPU consumer's partitions move after 10 s (Kafka's
+    # default of 45 s would hold its requests that long).
+    "kafka": ClientProfile(fetch_max_wait_ms=500, background_fetch_max_wait_ms=500,
+                           session_timeout_ms=10_000, heartbeat_interval_ms=3_000),
+    # A record reaches a reader ~2.5 ms after it is written; a cancel or a queue depth within
+    # ~100 ms (a 20 ms wait cost a fifth of a broker core per idle reader).
+    "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
+                              session_timeout_ms=6_000, heartbeat_interval_ms=1_000),
+}
+
+
+def profile(settings: BusSettings) -> ClientProfile:
+    return PROFILES[settings.broker]
 
 
 def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
@@ -32,15 +59,18 @@ def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
     return AIOKafkaProducer(**options)
 
 
-def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = None, **overrides: Any) -> AIOKafkaConsumer:
+def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = None, background: bool = False,
+                  **overrides: Any) -> AIOKafkaConsumer:
+    """A consumer tuned for ``settings.broker``; ``background`` for a reader that may lag a little."""
+    tuned = profile(settings)
     options: dict[str, Any] = dict(
         bootstrap_servers=settings.bootstrap_servers,
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=LATENCY_FETCH_MAX_WAIT_MS,
-        session_timeout_ms=GROUP_SESSION_TIMEOUT_MS,
-        heartbeat_interval_ms=GROUP_HEARTBEAT_INTERVAL_MS,
+        fetch_max_wait_ms=tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms,
+        session_timeout_ms=tuned.session_timeout_ms,
+        heartbeat_interval_ms=tuned.heartbeat_interval_ms,
     )
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
@@ -58,3 +88,21 @@ async def stop_reader(task: asyncio.Task[Any] | None, consumer: AIOKafkaConsumer
     await cancel_task(task)
     if consumer:
         await consumer.stop()
+
+
+async def rewind_recreated(consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+    """Read again from the beginning each assigned partition whose log now ends before the
+    consumer's position: the log was emptied and created anew (a broker without storage
+    restarted, a topic deleted and re-created), so everything in it is new. Kafka answers a
+    fetch past the log end with OFFSET_OUT_OF_RANGE and the consumer resets itself; the
+    embedded broker answers it with no records, and a reader that never checks waits forever.
+    Returns the partitions rewound; cheap enough to call about once a second."""
+    rewound = []
+    for tp in consumer.assignment():
+        highwater = consumer.highwater(tp)  # from the last fetch response: the log end right now
+        if highwater is not None and highwater < await consumer.position(tp):
+            log.warning("%s-%s ends at %d, before this reader's position: the log was re-created, reading it from the start",
+                        tp.topic, tp.partition, highwater)
+            consumer.seek(tp, 0)
+            rewound.append(tp)
+    return rewound

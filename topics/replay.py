@@ -29,7 +29,8 @@ async def replay(
 ) -> AsyncGenerator[ReplyEvent, None]:
     """Events of ``request_id`` on ``partition`` from ``from_offset``. Events at offsets up to
     ``delivered_through`` (a Last-Event-ID) were delivered already: they are read to learn
-    where the stream stands but not yielded again."""
+    where the stream stands but not yielded again; if the final event was among them, the
+    replay ends with nothing more to yield."""
     codec = codec or AvroCodec()
     tp = TopicPartition(TopicCatalog(settings).tokens, partition)
     key = request_id.encode()
@@ -53,6 +54,8 @@ async def replay(
                     continue
                 if delivered_through is not None and record.offset <= delivered_through:
                     stream.next_seq = max(stream.next_seq, event.seq + 1)
+                    if event.is_final:
+                        stream.end()
                     continue
                 stream.offer(ReplyEvent(event, record.partition, record.offset))
 

@@ -25,12 +25,13 @@ from aiokafka.errors import KafkaError
 
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics.catalog import TopicCatalog
-from tokenbus.topics.clients import cancel_task, make_consumer, stop_reader
+from tokenbus.topics.clients import cancel_task, make_consumer, rewind_recreated, stop_reader
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_SIZE = 4096
+RECREATED_CHECK_S = 1.0  # how often the router looks for a reply log that was re-created
 
 
 class ReplyStreamError(RuntimeError):
@@ -63,7 +64,7 @@ class ReplyStream:
     request_id: str
     queue_size: int = DEFAULT_QUEUE_SIZE
     next_seq: int = 0
-    _queue: asyncio.Queue[ReplyEvent | ReplyStreamError] = field(init=False)
+    _queue: asyncio.Queue[ReplyEvent | ReplyStreamError | None] = field(init=False)
     _early: dict[int, ReplyEvent] = field(init=False, default_factory=dict)
     _done: bool = field(init=False, default=False)
 
@@ -109,10 +110,19 @@ class ReplyStream:
             self.fail(ReplyStreamError(f"reply queue of {self.request_id} overflowed: reader too slow"))
 
     def fail(self, error: ReplyStreamError) -> None:
+        self._end(error)
+
+    def end(self) -> None:
+        """The final event was delivered before (a client resuming after the end): the reader
+        gets nothing more and the stream ends cleanly."""
+        if not self._done:
+            self._end(None)
+
+    def _end(self, item: ReplyStreamError | None) -> None:
         self._done = True
         while self._queue.full():
             self._queue.get_nowait()
-        self._queue.put_nowait(error)
+        self._queue.put_nowait(item)
 
     async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
         """Yield events up to and including the final one."""
@@ -121,6 +131,8 @@ class ReplyStream:
                 item = await asyncio.wait_for(self._queue.get(), idle_timeout)
             except TimeoutError:
                 raise ReplyStreamError(f"no token event for {idle_timeout}s") from None
+            if item is None:
+                return
             if isinstance(item, ReplyStreamError):
                 raise item
             yield item
@@ -262,11 +274,17 @@ class ReplyRouter:
 
     async def _run(self) -> None:
         assert self._consumer is not None
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + RECREATED_CHECK_S
         while True:
             batches = await self._consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 for record in records:
                     self._route(record)
+            if loop.time() >= check_at:
+                check_at = loop.time() + RECREATED_CHECK_S
+                for tp in await rewind_recreated(self._consumer):
+                    self._positions[tp.partition] = 0
 
     def _route(self, record: ConsumerRecord) -> None:
         self._positions[record.partition] = record.offset + 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -19,11 +19,15 @@ def split_csv(value: object) -> object:
 
 
 class BusSettings(BaseSettings):
-    """``TOKENBUS_*`` environment variables; defaults fit the embedded stack."""
+    """``TOKENBUS_*`` environment variables. Client settings default to a real Kafka cluster;
+    the embedded stack sets ``broker=embedded`` (topics/clients.py says what changes)."""
 
     model_config = SettingsConfigDict(env_prefix="TOKENBUS_", extra="ignore")
 
     bootstrap_servers: str = "127.0.0.1:9092"
+    # Which kind of broker the clients are tuned for: `kafka` (Kafka and anything that long-polls
+    # like it) or `embedded` (the single-process broker of `tokenbus up`).
+    broker: Literal["kafka", "embedded"] = "kafka"
     topic_prefix: str = "tokenbus."
     # Models served, and tiers from highest priority to lowest.
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]

@@ -71,6 +71,7 @@ class EmbeddedStack:
     def bus_settings(self) -> BusSettings:
         return BusSettings(
             bootstrap_servers=self.bootstrap_servers,
+            broker="embedded",
             topic_prefix=self.settings.topic_prefix,
             models=self.settings.models,
         )
@@ -94,6 +95,7 @@ class EmbeddedStack:
         return {
             **self.extra_env,
             "TOKENBUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+            "TOKENBUS_BROKER": bus.broker,
             "TOKENBUS_TOPIC_PREFIX": bus.topic_prefix,
             "TOKENBUS_MODELS": ",".join(bus.models),
             "TOKENBUS_TIERS": ",".join(bus.tiers),
@@ -185,6 +187,7 @@ class EmbeddedStack:
             **self.bus_env(),
             "TOKENBUS_PROC_HOST": self.settings.host,
             "TOKENBUS_PROC_PORT": str(port),
+            "TOKENBUS_PROC_DATA_DIR": str(self.run_dir / f"{name}-data"),
             **(env or {}),
         }
         processors = self._spawn(name, [sys.executable, "-m", "tokenbus.stream_processors"], processors_env)

@@ -35,7 +35,7 @@ class QueueDepthMonitor:
         return self._depth.get((model, tier), 0)
 
     async def start(self) -> None:
-        self._tail = make_consumer(self._settings, fetch_max_wait_ms=200)  # depth, not latency
+        self._tail = make_consumer(self._settings, background=True)  # depth, not latency
         await self._tail.start()
         tps = []
         for model in self._settings.models:

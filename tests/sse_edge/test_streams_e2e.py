@@ -102,6 +102,20 @@ async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack,
     assert len(ids) == len(set(ids)), "an event was delivered twice"
 
 
+async def test_resuming_after_the_last_event_ends_the_stream_at_once(stack, edge_url, api_key):
+    """A client that lost its connection just after the final event resumes from it: it gets
+    ``[DONE]`` and nothing else, not a wait for events that will never come."""
+    body = {"model": MODEL, "stream": True, "seed": 9, "messages": [{"role": "user", "content": "short one"}]}
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        whole = sse_events((await http.post(f"{edge_url}{CHAT}", json=body)).text)
+        request_id = json.loads(whole[0]["data"])["id"]
+        last_id = [e["id"] for e in whole if "id" in e][-1]
+        resumed = await http.get(f"{edge_url}{CHAT}/{request_id}/stream", headers={"Last-Event-ID": last_id})
+    assert whole[-1]["data"] == "[DONE]" and json.loads(whole[-2]["data"])["choices"][0]["finish_reason"] is not None
+    assert resumed.status_code == 200
+    assert sse_events(resumed.text) == [{"data": "[DONE]"}]
+
+
 async def test_a_client_that_goes_away_stops_its_generation(stack, edge_url, api_key):
     body = {"model": SLOW_MODEL, "stream": True, "messages": [{"role": "user", "content": "never mind"}]}
     received = 0

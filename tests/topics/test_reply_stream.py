@@ -33,6 +33,15 @@ async def test_nothing_after_the_final_event_is_delivered():
     assert await drain(stream) == [0]
 
 
+async def test_a_stream_ended_after_its_final_event_yields_nothing_more():
+    stream = ReplyStream("r")
+    stream.next_seq = 5  # a resume learned that seqs 0..4, the final one included, were delivered
+    stream.end()
+    stream.offer(reply(5))
+    assert await drain(stream) == []
+    assert stream.done
+
+
 async def test_event_id_locates_the_record():
     assert reply(3, offset=77).event_id == "2-77"
 

@@ -1,9 +1,15 @@
 """ReplyRouter against the real broker: demultiplexing, dedup, and undecodable records."""
 
 import asyncio
+import subprocess
+from collections.abc import Callable, Iterator
 
+import pytest
+
+from tokenbus.infra.devstack.broker import broker_argv
+from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
 from tokenbus.schemas import AvroCodec, TokenEvent
-from tokenbus.topics import ReplyRouter, TopicCatalog, make_producer
+from tokenbus.topics import BusSettings, ReplyRouter, TopicCatalog, ensure_topics, make_producer
 
 codec = AvroCodec()
 
@@ -135,3 +141,58 @@ async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(b
     finally:
         await router.stop()
     assert failures == [7]
+
+
+@pytest.fixture
+def own_broker(bus: BusSettings) -> Iterator[tuple[BusSettings, Callable[[], None]]]:
+    """A broker of this test's own (it is killed and started again) and a way to restart it."""
+    port = free_port()
+    argv = broker_argv("127.0.0.1", port)
+    processes = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+
+    def restart() -> None:
+        processes[-1].kill()
+        processes[-1].wait()
+        processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_until(lambda: port_open("127.0.0.1", port), "the restarted broker", timeout=20)
+
+    wait_until(lambda: port_open("127.0.0.1", port), "the broker", timeout=20)
+    try:
+        yield bus.model_copy(update={"bootstrap_servers": f"127.0.0.1:{port}"}), restart
+    finally:
+        processes[-1].kill()
+        processes[-1].wait()
+
+
+async def test_router_reads_a_reply_log_that_was_recreated(own_broker):
+    """The embedded broker keeps nothing across a restart, and answers a fetch past the end of
+    the new, shorter log with no records (Kafka would say OFFSET_OUT_OF_RANGE): the router
+    notices that the log ends before its position and reads the new log from its start."""
+    bus, restart = own_broker
+    catalog = TopicCatalog(bus)
+    await ensure_topics(bus.bootstrap_servers, catalog.all_topics())
+    router = ReplyRouter(bus, partitions=[0])
+    await router.start()
+    try:
+        async def send(request_id: str, seq: int, final: bool = False) -> None:
+            producer = make_producer(bus)
+            await producer.start()
+            try:
+                event = TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq], finish_reason="stop" if final else None)
+                await producer.send_and_wait(catalog.tokens, codec.encode(event), key=request_id.encode(), partition=0)
+            finally:
+                await producer.stop()
+
+        before = router.open("before")
+        for seq in range(20):
+            await send("before", seq, final=seq == 19)
+        assert len([r async for r in before.events(idle_timeout=10)]) == 20
+
+        restart()
+        await ensure_topics(bus.bootstrap_servers, catalog.all_topics())
+        after = router.open("after")
+        await send("after", 0, final=True)
+        got = [r.event.text async for r in after.events(idle_timeout=15)]
+    finally:
+        await router.stop()
+    assert got == ["after:0"]
