@@ -14,6 +14,7 @@ from bench import (
     consumer_throughput,
     edge_costs,
     gpu,
+    idle,
     load_sweep,
     pipeline_overhead,
     processors,
@@ -32,6 +33,7 @@ SCENARIOS = {
     "scale_out": scale_out,
     "consumer_throughput": consumer_throughput,
     "edge_costs": edge_costs,
+    "idle": idle,
     "processors": processors,
     "soak": soak,  # 10 minutes: run by `make faults`, not by default
     "broker_scan": broker_scan,  # measures the embedded broker, not tokenbus: on request only

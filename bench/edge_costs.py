@@ -5,16 +5,14 @@ per second of its own CPU time."""
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import redis.asyncio as redis
 
-from bench.stack import bench_stack, serve_config
+from bench.stack import bench_stack, cpu_seconds, serve_config
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.loadgen import percentile
 from tokenbus.infra.loadgen.serve import run_serve
@@ -43,11 +41,6 @@ async def rate_limit_latency(redis_url: str) -> dict[str, float]:
     await client.aclose()
     return {"calls": CALLS, "mean_us": round(statistics.fmean(samples), 1),
             "p50_us": round(percentile(samples, 50), 1), "p99_us": round(percentile(samples, 99), 1)}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def relay_rate(stack) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import tempfile
 import uuid
@@ -68,3 +69,9 @@ def process_rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

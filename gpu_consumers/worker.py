@@ -41,6 +41,7 @@ from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, To
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
+    FetchPacer,
     RecordSender,
     TopicCatalog,
     make_consumer,
@@ -107,6 +108,7 @@ class GpuWorker:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._sender: RecordSender | None = None
+        self._pacer = FetchPacer(settings.bus)
         self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
         self._stopping = asyncio.Event()
@@ -143,6 +145,7 @@ class GpuWorker:
         await self.control.start()
         self._consumer = make_consumer(self.settings.bus, group_id=self.group_id)
         await self._consumer.start()
+        self._pacer.attach(self._consumer)
         self._consumer.subscribe(list(self._topics_by_tier.values()), listener=_Rebalance(self))
         log.info("worker %s serving %s in group %s", self.settings.worker_id, self.settings.model, self.group_id)
 
@@ -207,6 +210,7 @@ class GpuWorker:
             for tp, records in batches.items():
                 for record in records:
                     await self._enqueue(tp, record)
+            self._pacer.observed(sum(map(len, batches.values())))
             self._admit_waiting()
             self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
             if loop.time() >= next_commit:

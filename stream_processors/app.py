@@ -26,23 +26,25 @@ from tokenbus.stream_processors.moderation.output import OutputModeration
 from tokenbus.stream_processors.moderation.policy import Policy
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.stream_processors.transcripts import TranscriptWriter
-from tokenbus.topics.clients import profile
+from tokenbus.topics.clients import FetchPacer, profile
 
 log = logging.getLogger(__name__)
 
 RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 LAG_INTERVAL_S = 1.0
+PACING_INTERVAL_S = 0.25
 
 
-def tuned_transport(fetch_max_wait_ms: int) -> type[Transport]:
+def tuned_transport(fetch_max_wait_ms: int, pacer: FetchPacer) -> type[Transport]:
     """faust hard-codes a 1.5 s fetch wait, and the embedded broker holds fetches for about
     half of it (docs/architecture.md, the embedded broker): the ingress hop would add ~750 ms.
-    This transport asks for ``fetch_max_wait_ms`` instead."""
+    This transport asks for ``fetch_max_wait_ms`` instead, and hands the consumer to ``pacer``."""
 
     class LowLatencyConsumerThread(AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Transport) -> Any:
             consumer = super()._create_worker_consumer(transport)
             consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by AIOKafkaConsumer.start()
+            pacer.attach(consumer)
             return consumer
 
     class LowLatencyConsumer(Consumer):
@@ -79,7 +81,8 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
         **state_dir,
     )
     fetch_max_wait_ms = settings.fetch_max_wait_ms or tuned.fetch_max_wait_ms
-    app.transport = tuned_transport(fetch_max_wait_ms)(app.conf.broker_consumer, app, loop=app.loop)
+    pacer = FetchPacer(settings.bus, fetch_max_wait_ms)
+    app.transport = tuned_transport(fetch_max_wait_ms, pacer)(app.conf.broker_consumer, app, loop=app.loop)
     ctx = ProcessorContext(settings)
     app.tokenbus = ctx  # type: ignore[attr-defined]
     policy = Policy.load(settings.policy_file)
@@ -91,6 +94,7 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
     sink = add_billing(app, ctx) if "billing" in jobs else None
     add_pages(app, ctx, sink)
     add_lag_timer(app, ctx)
+    add_fetch_pacing(app, ctx, pacer)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust's signal types want a sync receiver
     async def close(app: faust.App, **kwargs: Any) -> None:
@@ -180,6 +184,18 @@ def add_pages(app: faust.App, ctx: ProcessorContext, sink: ClickHouseSink | None
             request_id = request.query["request_id"]
             return self.json(await sink.call(lambda w: request_usage(w.client, database, request_id)))
         return self.json(await sink.call(lambda w: usage_report(w.client, database, query)))
+
+
+def add_fetch_pacing(app: faust.App, ctx: ProcessorContext, pacer: FetchPacer) -> None:
+    """faust's fetch loop is its own: the pacer learns of traffic from the positions the
+    processors reached, a few times a second."""
+    handled = [0]
+
+    @app.timer(PACING_INTERVAL_S)
+    async def pace_fetches() -> None:
+        now = sum(ctx.positions.values())
+        pacer.observed(now - handled[0])
+        handled[0] = now
 
 
 def add_lag_timer(app: faust.App, ctx: ProcessorContext) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,17 +29,24 @@ class ClientProfile:
     background_fetch_max_wait_ms: int  # readers that may lag a little: cancels, queue depth
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    # A request-path reader that has seen nothing for `idle_after_s` fetches with this wait (FetchPacer).
+    idle_fetch_max_wait_ms: int
+    idle_after_s: float
 
 
 PROFILES = {
     # Kafka's own fetch wait; a crashed GPU consumer's partitions move after 10 s (Kafka's
     # default of 45 s would hold its requests that long).
     "kafka": ClientProfile(fetch_max_wait_ms=500, background_fetch_max_wait_ms=500,
-                           session_timeout_ms=10_000, heartbeat_interval_ms=3_000),
+                           session_timeout_ms=10_000, heartbeat_interval_ms=3_000,
+                           idle_fetch_max_wait_ms=500, idle_after_s=0.0),
     # A record reaches a reader ~2.5 ms after it is written; a cancel or a queue depth within
     # ~100 ms (a 20 ms wait cost a fifth of a broker core per idle reader).
+    # An idle reader backs off to 100 ms: ~20 fetches a second instead of hundreds, and the
+    # first record after a quiet spell waits up to ~50 ms more per hop.
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
-                              session_timeout_ms=6_000, heartbeat_interval_ms=1_000),
+                              session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
+                              idle_fetch_max_wait_ms=100, idle_after_s=2.0),
 }
 
 
@@ -74,6 +82,56 @@ def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = No
     )
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
+
+
+class FetchPacer:
+    """The fetch wait of one request-path reader, fitted to its traffic.
+
+    On the embedded broker such a reader asks for a few milliseconds (a fetch is held for
+    about half its wait even when records arrive), so an idle one fetches hundreds of times a
+    second. After ``idle_after_s`` with nothing read it asks for the profile's idle wait;
+    the first record after that comes back on the next fetch, and from then on the short wait
+    applies again. ``wake()`` is for a reader that knows records are coming (the edge, once it
+    has published a request, about its replies). With the Kafka profile both waits are the
+    same and the pacer changes nothing."""
+
+    def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None) -> None:
+        tuned = profile(settings)
+        self._busy_wait_ms = busy_wait_ms or tuned.fetch_max_wait_ms
+        self._idle_wait_ms = max(self._busy_wait_ms, tuned.idle_fetch_max_wait_ms)
+        self._idle_after_s = tuned.idle_after_s
+        self._consumer: AIOKafkaConsumer | None = None
+        self._last_active = time.monotonic()
+        self._idle = False
+
+    def attach(self, consumer: AIOKafkaConsumer) -> None:
+        """The consumer to pace (it may run in another thread: the wait is one attribute)."""
+        self._consumer = consumer
+
+    @property
+    def idle(self) -> bool:
+        return self._idle
+
+    def observed(self, records: int) -> None:
+        """After each read: how many records it returned."""
+        now = time.monotonic()
+        if records:
+            self._last_active = now
+            self._set(idle=False)
+        elif now - self._last_active >= self._idle_after_s:
+            self._set(idle=True)
+
+    def wake(self) -> None:
+        self._last_active = time.monotonic()
+        self._set(idle=False)
+
+    def _set(self, idle: bool) -> None:
+        if idle == self._idle:
+            return
+        self._idle = idle
+        fetcher = getattr(self._consumer, "_fetcher", None)  # aiokafka reads it for every fetch request it builds
+        if fetcher is not None:
+            fetcher._fetch_max_wait_ms = self._idle_wait_ms if idle else self._busy_wait_ms
 
 
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:

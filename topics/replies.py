@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaError
 
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics.catalog import TopicCatalog
-from tokenbus.topics.clients import cancel_task, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.clients import FetchPacer, cancel_task, make_consumer, rewind_recreated, stop_reader
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,7 @@ class ReplyRouter:
         self._reader: asyncio.Task[None] | None = None
         self._rotation: asyncio.Task[None] | None = None
         self._positions: dict[int, int] = {}
+        self._pacer = FetchPacer(settings)
         self.undecodable = 0
         self.rotations = 0
 
@@ -190,6 +191,7 @@ class ReplyRouter:
     async def start(self) -> None:
         self._consumer = make_consumer(self.settings)
         await self._consumer.start()
+        self._pacer.attach(self._consumer)
         self._positions[self._current] = await self._end_offset(self._current)
         self._read({self._current})
         self._reader = asyncio.create_task(self._run(), name="reply-router")
@@ -218,6 +220,7 @@ class ReplyRouter:
         """Register interest before publishing the request, so no event can be missed.
         ``partition``: the request's reply partition (the current one if not given)."""
         stream = ReplyStream(request_id, queue_size=self._queue_size)
+        self._pacer.wake()  # its events are on the way
         self._streams[request_id] = stream
         self._stream_partitions[request_id] = self._current if partition is None else partition
         if self._stream_partitions[request_id] not in self._reading and self._consumer is not None:
@@ -281,6 +284,8 @@ class ReplyRouter:
             for records in batches.values():
                 for record in records:
                     self._route(record)
+            # An open stream is as good as traffic: its next event may come at any moment.
+            self._pacer.observed(sum(map(len, batches.values())) or len(self._streams))
             if loop.time() >= check_at:
                 check_at = loop.time() + RECREATED_CHECK_S
                 for tp in await rewind_recreated(self._consumer):

@@ -1,20 +1,22 @@
 """The client profiles of topics/clients.py, counted from the client side against the real
 embedded broker: an idle consumer with the Kafka profile sends a couple of fetches a second
-(the broker is asked to hold each up to 500 ms), the embedded profile polls."""
+(the broker is asked to hold each up to 500 ms), the embedded profile polls, and a paced
+embedded reader backs off once idle and returns to polling when records come."""
 
 import asyncio
 
 from aiokafka import TopicPartition
 
-from tokenbus.topics import BusSettings, TopicCatalog, make_consumer
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, make_producer
 from tokenbus.topics.clients import PROFILES
 
 WINDOW_S = 3.0
 
 
-async def fetches_while_idle(bus: BusSettings, background: bool = False) -> float:
+async def fetches_while_idle(bus: BusSettings, paced: bool = False) -> float:
     """Fetch requests per second of a consumer reading one partition nobody writes to."""
-    consumer = make_consumer(bus, background=background)
+    consumer = make_consumer(bus)
+    pacer = FetchPacer(bus)
     sent: list[str] = []
     send = consumer._client.send
 
@@ -24,16 +26,22 @@ async def fetches_while_idle(bus: BusSettings, background: bool = False) -> floa
 
     consumer._client.send = counting_send
     await consumer.start()
+    pacer.attach(consumer)
     try:
         tp = TopicPartition(TopicCatalog(bus).control, 0)
         consumer.assign([tp])
         consumer.seek(tp, 0)
         await consumer.getmany(timeout_ms=500)  # warmed up: metadata and the first fetch are done
-        before = sum(name.startswith("FetchRequest") for name in sent)
         loop = asyncio.get_running_loop()
+        if paced:  # idle long enough for the pacer to back off
+            deadline = loop.time() + PROFILES[bus.broker].idle_after_s + 0.5
+            while loop.time() < deadline:
+                pacer.observed(sum(map(len, (await consumer.getmany(timeout_ms=100)).values())))
+            assert pacer.idle
+        before = sum(name.startswith("FetchRequest") for name in sent)
         deadline = loop.time() + WINDOW_S
         while loop.time() < deadline:
-            await consumer.getmany(timeout_ms=100)
+            pacer.observed(sum(map(len, (await consumer.getmany(timeout_ms=100)).values())))
         return (sum(name.startswith("FetchRequest") for name in sent) - before) / WINDOW_S
     finally:
         await consumer.stop()
@@ -51,3 +59,37 @@ async def test_an_idle_consumer_with_kafka_settings_fetches_a_few_times_a_second
     print(f"idle fetches per second: kafka {kafka:.1f}, embedded {embedded:.1f}")
     assert 0 < kafka <= 5, kafka
     assert embedded > 10 * kafka, (embedded, kafka)  # the embedded profile buys latency with polling
+
+
+async def test_an_idle_paced_reader_backs_off_and_a_record_wakes_it(bus):
+    embedded = bus.model_copy(update={"broker": "embedded"})
+    polling = await fetches_while_idle(embedded)
+    paced = await fetches_while_idle(embedded, paced=True)
+    print(f"idle fetches per second on the embedded broker: polling {polling:.1f}, paced {paced:.1f}")
+    # At the idle wait the broker holds each fetch for about half of it: ~20 a second.
+    assert paced <= 1000 / PROFILES["embedded"].idle_fetch_max_wait_ms * 2.5 < polling, (paced, polling)
+
+    consumer = make_consumer(embedded)
+    await consumer.start()
+    pacer = FetchPacer(embedded)
+    pacer.attach(consumer)
+    producer = make_producer(embedded)
+    await producer.start()
+    try:
+        tp = TopicPartition(TopicCatalog(embedded).control, 1)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PROFILES["embedded"].idle_after_s + 0.5
+        while loop.time() < deadline:
+            pacer.observed(sum(map(len, (await consumer.getmany(timeout_ms=100)).values())))
+        assert pacer.idle and consumer._fetcher._fetch_max_wait_ms == PROFILES["embedded"].idle_fetch_max_wait_ms
+        await producer.send_and_wait(tp.topic, b"wake up", partition=1)
+        got = 0
+        while not got:
+            got = sum(map(len, (await consumer.getmany(timeout_ms=1000)).values()))
+            pacer.observed(got)
+        assert not pacer.idle and consumer._fetcher._fetch_max_wait_ms == PROFILES["embedded"].fetch_max_wait_ms
+    finally:
+        await producer.stop()
+        await consumer.stop()
