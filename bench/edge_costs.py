@@ -45,7 +45,7 @@ async def rate_limit_latency(redis_url: str) -> dict[str, float]:
 
 def relay_rate(stack) -> dict[str, float]:
     edge_pid = stack.processes["edge"].pid
-    config = serve_config(f"{stack.edge_url}/v1", stack.dev_key, num_prompts=REQUESTS, max_concurrency=STREAMS,
+    config = serve_config(stack.edge_url, stack.dev_key, num_prompts=REQUESTS, max_concurrency=STREAMS,
                           output_len=SIM.max_tokens, warmup=0)
     before = cpu_seconds(edge_pid)
     summary, results = asyncio.run(run_serve(config))

@@ -25,7 +25,7 @@ def run() -> dict[str, Any]:
     rows = []
     with bench_stack(SIM, max_num_seqs=MAX_NUM_SEQS) as stack:
         for rate in RATES:
-            config = serve_config(f"{stack.edge_url}/v1", stack.dev_key, num_prompts=max(20, int(rate * SECONDS_PER_RATE)),
+            config = serve_config(stack.edge_url, stack.dev_key, num_prompts=max(20, int(rate * SECONDS_PER_RATE)),
                                   request_rate=rate, output_len=OUTPUT_TOKENS, warmup=2, seed=int(rate))
             s, _ = asyncio.run(run_serve(config))
             rows.append({

@@ -35,7 +35,7 @@ async def measure_direct(concurrency: int, requests: int) -> Summary:
 
 
 async def measure_pipeline(edge_url: str, api_key: str, concurrency: int, requests: int) -> Summary:
-    config = serve_config(f"{edge_url}/v1", api_key, num_prompts=requests, max_concurrency=concurrency,
+    config = serve_config(edge_url, api_key, num_prompts=requests, max_concurrency=concurrency,
                           output_len=OUTPUT_TOKENS, warmup=4)
     summary, _ = await run_serve(config)
     return summary

@@ -43,8 +43,8 @@ def hop_rows(stack, direct_url: str) -> list[dict[str, Any]]:
     for concurrency in CONCURRENCIES:
         results: dict[str, list] = {"ingress": [], "direct": []}
         for _ in range(ROUNDS):  # alternate, so drift on this noisy machine hits both alike
-            results["ingress"] += asyncio.run(serve_round(f"{stack.edge_url}/v1", stack.dev_key, concurrency))
-            results["direct"] += asyncio.run(serve_round(f"{direct_url}/v1", stack.dev_key, concurrency))
+            results["ingress"] += asyncio.run(serve_round(stack.edge_url, stack.dev_key, concurrency))
+            results["direct"] += asyncio.run(serve_round(direct_url, stack.dev_key, concurrency))
         row: dict[str, Any] = {"concurrency": concurrency}
         for route, rs in results.items():
             summary = summarize(rs, 1.0, (50.0, 99.0))

@@ -29,11 +29,11 @@ def measure(base_urls: str, api_key: str) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     with bench_stack(SIM, max_num_seqs=MAX_NUM_SEQS) as stack:
-        one = measure(f"{stack.edge_url}/v1", stack.dev_key)
+        one = measure(stack.edge_url, stack.dev_key)
         stack.start_worker("gpu-consumer-2", free_port())
         edge_port = free_port()
         stack.start_edge("edge-2", edge_port, reply_partitions="1")
-        two = measure(f"{stack.edge_url}/v1,http://{stack.settings.host}:{edge_port}/v1", stack.dev_key)
+        two = measure(f"{stack.edge_url},http://{stack.settings.host}:{edge_port}", stack.dev_key)
     return {"scenario": "scale_out", "engine": SIM.model_dump(), "max_num_seqs": MAX_NUM_SEQS, "offered_rate": RATE,
             "rows": [{"shape": "1 edge + 1 consumer", **one}, {"shape": "2 edges + 2 consumers", **two}]}
 

@@ -121,22 +121,74 @@ def summarize(
     )
 
 
-def format_summary(title: str, s: Summary) -> str:
+METRIC_HEADERS = {
+    "ttft": ("TTFT", "Time to First Token"),
+    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("ITL", "Inter-token Latency"),
+    "e2el": ("E2EL", "End-to-end Latency"),
+}
+DEFAULT_METRICS = ("ttft", "tpot", "itl")  # vLLM's --percentile-metrics default
+
+
+def _pct_word(stat: str) -> str:
+    """``p99.0`` -> ``p99``, ``p99.9`` stays: how vLLM names a percentile key."""
+    value = float(stat[1:])
+    return f"p{int(value)}" if value == int(value) else f"p{value}"
+
+
+def vllm_metrics(s: Summary, metrics: tuple[str, ...] = DEFAULT_METRICS) -> dict[str, Any]:
+    """The flat keys of a vLLM result file (``median_ttft_ms``, ``p99_itl_ms``, ...)."""
+    out: dict[str, Any] = {
+        "duration": s.duration_s,
+        "completed": s.completed,
+        "total_input_tokens": s.total_input_tokens,
+        "total_output_tokens": s.total_output_tokens,
+        "request_throughput": s.request_throughput,
+        "request_goodput": s.request_goodput,
+        "output_throughput": s.output_throughput,
+        "total_token_throughput": s.total_token_throughput,
+    }
+    for name in metrics:
+        dist: dict[str, float] = getattr(s, f"{name}_ms")
+        out[f"mean_{name}_ms"] = dist["mean"]
+        out[f"median_{name}_ms"] = dist["median"]
+        out[f"std_{name}_ms"] = dist["std"]
+        for stat, value in dist.items():
+            if stat.startswith("p"):
+                out[f"{_pct_word(stat)}_{name}_ms"] = value
+    return out
+
+
+def format_summary(title: str, s: Summary, metrics: tuple[str, ...] = DEFAULT_METRICS) -> str:
+    """vLLM's printed summary, and the failures by reason when there are any."""
+    row = "{:<40} {:<10}".format
     lines = [
-        f"{'=' * 18} {title} {'=' * 18}",
-        f"{'Successful requests:':<40}{s.completed:>10}",
-        f"{'Failed requests:':<40}{s.failed:>10}",
-        f"{'Benchmark duration (s):':<40}{s.duration_s:>10.2f}",
-        f"{'Total input tokens:':<40}{s.total_input_tokens:>10}",
-        f"{'Total generated tokens:':<40}{s.total_output_tokens:>10}",
-        f"{'Request throughput (req/s):':<40}{s.request_throughput:>10.2f}",
-        f"{'Output token throughput (tok/s):':<40}{s.output_throughput:>10.2f}",
-        f"{'Total token throughput (tok/s):':<40}{s.total_token_throughput:>10.2f}",
+        f"{title:=^50}",
+        row("Successful requests:", s.completed),
+        row("Failed requests:", s.failed),
+        row("Benchmark duration (s):", f"{s.duration_s:.2f}"),
+        row("Total input tokens:", s.total_input_tokens),
+        row("Total generated tokens:", s.total_output_tokens),
+        row("Request throughput (req/s):", f"{s.request_throughput:.2f}"),
     ]
     if s.request_goodput is not None:
-        lines.append(f"{'Request goodput (req/s):':<40}{s.request_goodput:>10.2f}")
-    for label, dist in (("TTFT", s.ttft_ms), ("TPOT", s.tpot_ms), ("ITL", s.itl_ms), ("E2EL", s.e2el_ms)):
+        lines.append(row("Request goodput (req/s):", f"{s.request_goodput:.2f}"))
+    lines += [
+        row("Output token throughput (tok/s):", f"{s.output_throughput:.2f}"),
+        row("Total Token throughput (tok/s):", f"{s.total_token_throughput:.2f}"),
+    ]
+    for name in metrics:
+        label, header = METRIC_HEADERS[name]
+        dist = getattr(s, f"{name}_ms")
+        lines.append(f"{header:-^50}")
+        lines.append(row(f"Mean {label} (ms):", f"{dist['mean']:.2f}"))
+        lines.append(row(f"Median {label} (ms):", f"{dist['median']:.2f}"))
         for stat, value in dist.items():
-            if stat != "std":
-                lines.append(f"{f'{stat.capitalize()} {label} (ms):':<40}{value:>10.2f}")
+            if stat.startswith("p"):
+                lines.append(row(f"P{_pct_word(stat)[1:]} {label} (ms):", f"{value:.2f}"))
+    if s.errors:
+        lines.append(f"{'Failures by reason':-^50}")
+        for reason, count in sorted(s.errors.items(), key=lambda item: -item[1]):
+            lines.append(row(f"{reason[:39]}:", count))
+    lines.append("=" * 50)
     return "\n".join(lines)

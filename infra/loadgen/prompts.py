@@ -18,21 +18,29 @@ tier model engine latency throughput cache prefix queue commit record topic log
 """.split()
 
 
+CHAT_BACKEND = "openai-chat"
+COMPLETIONS_BACKENDS = ("openai", "vllm")  # vLLM's names for the text completions API
+
+
 @dataclass(frozen=True, slots=True)
 class BenchPrompt:
     text: str
     prompt_len: int
     output_len: int
 
-    def payload(self, model: str, stream: bool = True) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": [{"role": "user", "content": self.text}],
-            "max_tokens": self.output_len,
-            "stream": stream,
-        }
+    def payload(self, model: str, stream: bool = True, backend: str = CHAT_BACKEND,
+                ignore_eos: bool = False) -> dict[str, Any]:
+        """The request body: ``/v1/chat/completions`` for ``openai-chat``, ``/v1/completions``
+        for vLLM's ``openai`` and ``vllm`` backends."""
+        body: dict[str, Any] = {"model": model, "max_tokens": self.output_len, "stream": stream}
+        if backend == CHAT_BACKEND:
+            body["messages"] = [{"role": "user", "content": self.text}]
+        else:
+            body["prompt"] = self.text
         if stream:
             body["stream_options"] = {"include_usage": True}
+        if ignore_eos:
+            body["ignore_eos"] = True  # vLLM's extension; servers without it ignore the field
         return body
 
 
@@ -41,16 +49,19 @@ def _length(rng: random.Random, mean: int, range_ratio: float) -> int:
     return max(1, rng.randint(low, max(low, high)))
 
 
-def synthetic_prompts(count: int, input_len: int, output_len: int, range_ratio: float = 0.0, seed: int = 0) -> list[BenchPrompt]:
-    """Input and output lengths uniform in ``[len * (1 - ratio), len * (1 + ratio)]`` (vLLM's random dataset)."""
+def synthetic_prompts(count: int, input_len: int, output_len: int, range_ratio: float = 0.0, seed: int = 0,
+                      prefix_len: int = 0) -> list[BenchPrompt]:
+    """Input and output lengths uniform in ``[len * (1 - ratio), len * (1 + ratio)]``, after a
+    prefix of ``prefix_len`` words every prompt shares (vLLM's random dataset)."""
     if not 0 <= range_ratio < 1:
         raise ValueError("range ratio must be in [0, 1)")
     rng = random.Random(seed)
+    prefix = [rng.choice(WORDS) for _ in range(prefix_len)]
     prompts = []
     for _ in range(count):
         n_in = _length(rng, input_len, range_ratio)
-        text = " ".join(rng.choice(WORDS) for _ in range(n_in))
-        prompts.append(BenchPrompt(text, n_in, _length(rng, output_len, range_ratio)))
+        text = " ".join(prefix + [rng.choice(WORDS) for _ in range(n_in)])
+        prompts.append(BenchPrompt(text, prefix_len + n_in, _length(rng, output_len, range_ratio)))
     return prompts
 
 

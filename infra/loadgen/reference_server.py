@@ -1,10 +1,10 @@
 """A reference OpenAI-compatible streaming server with known timings, to prove the
 load generator measures correctly.
 
-It waits ``ttft_ms`` before the first content chunk and ``gap_ms`` between chunks,
-one word per chunk, ``max_tokens`` words. The model name picks a failure to inject:
-``malformed-json``, ``no-done``, ``error-event``, ``http-500``, ``cut`` (connection
-dropped mid-stream); any other name streams normally.
+It serves ``/v1/chat/completions`` and ``/v1/completions``, waits ``ttft_ms`` before the
+first content chunk and ``gap_ms`` between chunks, one word per chunk, ``max_tokens`` words.
+The model name picks a failure to inject: ``malformed-json``, ``no-done``, ``error-event``,
+``http-500``, ``cut`` (connection dropped mid-stream); any other name streams normally.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import time
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,23 +22,33 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 
-def _chunk(model: str, content: str | None, finish: str | None = None, usage: dict | None = None) -> str:
-    choices = [] if usage else [{"index": 0, "delta": {"content": content} if content else {}, "finish_reason": finish}]
-    body = {"id": "ref", "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": choices}
+def _chunk(model: str, content: str | None, finish: str | None = None, usage: dict | None = None,
+           chat: bool = True) -> str:
+    if usage:
+        choices = []
+    elif chat:
+        choices = [{"index": 0, "delta": {"content": content} if content else {}, "finish_reason": finish}]
+    else:
+        choices = [{"index": 0, "text": content or "", "finish_reason": finish}]
+    body: dict[str, Any] = {"id": "ref", "object": "chat.completion.chunk" if chat else "text_completion",
+                            "created": int(time.time()), "model": model, "choices": choices}
     if usage:
         body["usage"] = usage
     return f"data: {json.dumps(body)}\n\n"
 
 
 def reference_app(ttft_ms: float, gap_ms: float) -> Starlette:
-    async def chat(request: Request) -> Response:
+    async def complete(request: Request) -> Response:
+        chat = request.url.path.endswith("/chat/completions")
         body = await request.json()
         model, tokens = body.get("model", ""), int(body.get("max_tokens") or 16)
         if model == "http-500":
-            return JSONResponse({"error": {"message": "injected", "type": "server_error", "param": None, "code": None}}, 500)
+            return JSONResponse({"error": {"message": "injected", "type": "server_error", "param": None,
+                                           "code": "injected_failure"}}, 500)
 
         async def frames():
-            yield _chunk(model, None).replace('"delta": {}', '"delta": {"role": "assistant"}')
+            if chat:
+                yield _chunk(model, None).replace('"delta": {}', '"delta": {"role": "assistant"}')
             await asyncio.sleep(ttft_ms / 1000)
             for i in range(tokens):
                 if i:
@@ -50,14 +61,15 @@ def reference_app(ttft_ms: float, gap_ms: float) -> Starlette:
                     return
                 if model == "cut" and i == tokens // 2:
                     raise RuntimeError("injected connection drop")
-                yield _chunk(model, f"w{i} ", "length" if i == tokens - 1 else None)
+                yield _chunk(model, f"w{i} ", "length" if i == tokens - 1 else None, chat=chat)
             yield _chunk(model, None, usage={"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3})
             if model != "no-done":
                 yield "data: [DONE]\n\n"
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    return Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"]),
+                             Route("/v1/completions", complete, methods=["POST"])])
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Stream one chat completion from any OpenAI-compatible server and time it."""
+"""Stream one completion (chat or text) from any OpenAI-compatible server and time it."""
 
 from __future__ import annotations
 
@@ -30,11 +30,30 @@ def _chunk_content(data: str) -> tuple[str, dict[str, Any] | None]:
         raise MalformedStream("chunk has no choices list")
     text = ""
     for choice in choices:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        if not isinstance(delta, dict):
-            raise MalformedStream("choice has no delta")
-        text += delta.get("content") or ""
+        if not isinstance(choice, dict):
+            raise MalformedStream("choice is not an object")
+        delta = choice.get("delta")
+        if isinstance(delta, dict):  # chat completions
+            text += delta.get("content") or ""
+        elif isinstance(choice.get("text"), str):  # text completions
+            text += choice["text"]
+        else:
+            raise MalformedStream("choice has neither a delta nor text")
     return text, body.get("usage")
+
+
+def http_failure(status: int, body: str) -> str:
+    """``HTTP 429 rate_limit_exceeded: message``: the status and, from an OpenAI error body, its
+    code, so a summary can count failures by reason."""
+    try:
+        error = json.loads(body).get("error") or {}
+    except (json.JSONDecodeError, AttributeError):
+        error = {}
+    if not isinstance(error, dict):
+        error = {"message": str(error)}
+    reason = f" {error['code']}" if isinstance(error.get("code"), str) else ""
+    message = str(error.get("message") or body)[:200]
+    return f"HTTP {status}{reason}: {message}"
 
 
 async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any],
@@ -47,8 +66,7 @@ async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any]
     try:
         async with http.stream("POST", url, json=payload, headers=headers) as response:
             if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")
-                result.error = f"HTTP {response.status_code}: {body[:200]}"
+                result.error = http_failure(response.status_code, (await response.aread()).decode(errors="replace"))
                 return result
             done = False
             async for line in response.aiter_lines():

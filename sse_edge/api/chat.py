@@ -18,7 +18,7 @@ from tokenbus.schemas import ChatMessage, ChatRequest, TokenEvent, estimate_prom
 from tokenbus.sse_edge.api.resume import parse_last_event_id, relay_existing
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, PermissionDenied, Unavailable, model_not_found
 from tokenbus.sse_edge.plumbing.admission import Admitted
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, collect_completion, sse_frames, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChunkWriter
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
@@ -61,8 +61,9 @@ async def chat_completions(request: Request) -> Response:
     events = live_events(edge, stream)
     if chat.stream:
         writer = ChunkWriter(request_id, chat.model, chat.include_usage)
-        return sse_response(sse_frames(events, writer, hooks, edge.metrics, started), settings.heartbeat_s,
-                            admitted.headers)
+        stream_format = StreamFormat.for_request(request)
+        return sse_response(sse_frames(events, writer, hooks, edge.metrics, started, stream_format),
+                            settings.heartbeat_s, stream_format, admitted.headers)
     return await collect_completion(request, events, request_id, chat.model, hooks, admitted.headers)
 
 

@@ -1,7 +1,9 @@
 """Resuming a stream: ``GET /v1/chat/completions/{id}/stream`` with ``Last-Event-ID`` (or a
 retried POST with the same Idempotency-Key) continues right after the last event the client
-got, on any edge process, replayed from the log and then live. Only the tenant that made the
-request can resume it; anyone else is told it does not exist."""
+got, on any edge process, replayed from the log and then live. A client that reads the plain
+data-only stream has no event ids: it says how many chunks it has (``?after_chunks=N``) and gets
+the ones after them. Only the tenant that made the request can resume it; anyone else is told it
+does not exist."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from starlette.responses import Response
 
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, collect_completion, sse_frames, sse_response
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
 from tokenbus.sse_edge.state import EdgeState
@@ -70,8 +72,10 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
                        on_abandoned=lambda: edge.in_background(edge.cancel_unless_resumed(record.request_id)))
     if stream:
         writer = ChunkWriter(record.request_id, record.model, record.include_usage)
-        frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), send_role=last_event is None)
-        return sse_response(frames, edge.settings.heartbeat_s)
+        stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None)
+        frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), stream_format,
+                            send_role=last_event is None)
+        return sse_response(frames, edge.settings.heartbeat_s, stream_format)
     return await collect_completion(request, events, record.request_id, record.model, hooks, {})
 
 

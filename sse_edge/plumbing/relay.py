@@ -1,7 +1,14 @@
 """Relay a request's token events to its client: as SSE frames, or collected into one
 ``chat.completion``. The events come from this edge's reply router (a new request) or from
-the log (a resumed or re-attached stream); either way each frame's ``id`` locates its
-event in the log, which is what makes a stream resumable anywhere."""
+the log (a resumed or re-attached stream).
+
+Two ways to write a stream (:class:`StreamFormat`). By default, as OpenAI writes it: ``data:``
+lines and blank lines only, which the simplest client reads (skip blank lines, strip
+``data: ``, parse JSON until ``[DONE]``). A client that asks for ``text/event-stream`` in its
+``Accept`` header speaks SSE (EventSource, SSE libraries) and also gets each event's ``id:``
+(``partition-offset`` in the log, what makes a stream resumable on any edge) and heartbeat
+comments. Either client can resume: by ``Last-Event-ID``, or by the number of chunks it has.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from tokenbus.schemas import TokenEvent
-from tokenbus.sse_edge.errors import ApiError, ClientClosed, ServerError, Unavailable
+from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
 from tokenbus.topics import ReplyEvent, ReplyStreamError
@@ -31,10 +38,35 @@ CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 HEARTBEAT = b": ping\n"
 
 
-def sse_response(frames: AsyncIterator[bytes], heartbeat_s: float,
+@dataclass(frozen=True)
+class StreamFormat:
+    """How one client's stream is written: ``event_ids`` (and heartbeats) for SSE clients, and how
+    many leading chunks to leave out because the client resuming already has them."""
+
+    event_ids: bool = False
+    skip_chunks: int = 0
+
+    @classmethod
+    def for_request(cls, request: Request, resuming_by_id: bool = False) -> StreamFormat:
+        accepts_sse = "text/event-stream" in request.headers.get("accept", "").lower()
+        return cls(event_ids=accepts_sse or resuming_by_id, skip_chunks=chunks_received(request))
+
+
+def chunks_received(request: Request) -> int:
+    raw = request.query_params.get("after_chunks")
+    if raw is None:
+        return 0
+    if not raw.isdigit():
+        raise InvalidRequest("after_chunks must be the number of chunks already received, like 12.",
+                             param="after_chunks", code="invalid_value")
+    return int(raw)
+
+
+def sse_response(frames: AsyncIterator[bytes], heartbeat_s: float, stream_format: StreamFormat,
                  headers: dict[str, str] | None = None) -> EventSourceResponse:
-    """The streaming response: ``frames`` as they come, a heartbeat every ``heartbeat_s``."""
-    return EventSourceResponse(frames, ping=heartbeat_s, sep="\n", headers=headers,
+    """The streaming response: ``frames`` as they come; for SSE clients a heartbeat every ``heartbeat_s``."""
+    ping = heartbeat_s if stream_format.event_ids else 0  # 0: no ping task (a data-only stream has none)
+    return EventSourceResponse(frames, ping=ping, sep="\n", headers=headers,
                                ping_message_factory=lambda: HEARTBEAT)  # type: ignore[arg-type,return-value]  # bytes pass as-is
 
 
@@ -69,31 +101,41 @@ class RelayHooks:
 
 async def sse_frames(
     events: AsyncGenerator[ReplyEvent, None], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
-    started: float, send_role: bool = True,
+    started: float, stream_format: StreamFormat, send_role: bool = True,
 ) -> AsyncIterator[bytes]:
+    """The frames of one stream. Chunk for chunk the same live and replayed (the role chunk, one per
+    event with text or the final one, the usage chunk), which is what lets a client resume by count."""
     finished = False
     last_sent: float | None = None
+    skip = stream_format.skip_chunks
+    ids = stream_format.event_ids
     metrics.open_streams.inc()
     try:
         if send_role:
-            yield frame(writer.role())
+            if skip:
+                skip -= 1
+            else:
+                yield frame(writer.role())
         async for reply in events:
             event = reply.event
             error = generation_error(event) if event.is_final else None
             if error is not None:
                 finished = True
-                yield frame(error.body(), reply.event_id)
+                yield frame(error.body(), reply.event_id if ids else None)
                 return
             if event.text or event.is_final:
                 now = time.perf_counter()
-                if event.text:
-                    metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
-                    last_sent = now
-                yield frame(writer.delta(event.text, event.finish_reason), reply.event_id)
+                if skip:
+                    skip -= 1
+                else:
+                    if event.text:
+                        metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
+                        last_sent = now
+                    yield frame(writer.delta(event.text, event.finish_reason), reply.event_id if ids else None)
             if event.is_final:
                 finished = True
                 await hooks.on_final(event)
-                if writer.include_usage:
+                if writer.include_usage and not skip:
                     yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0))
         yield frame("[DONE]")
         metrics.e2e.observe(time.perf_counter() - started)

@@ -62,7 +62,11 @@ def openapi_spec() -> dict[str, Any]:
                 "parameters": [
                     {"name": "completion_id", "in": "path", "required": True, "schema": {"type": "string"}},
                     {"name": "Last-Event-ID", "in": "header", "required": False,
-                     "schema": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}}],
+                     "description": "The id of the last event received (SSE clients)",
+                     "schema": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}},
+                    {"name": "after_chunks", "in": "query", "required": False,
+                     "description": "How many data chunks were received (clients of the data-only stream)",
+                     "schema": {"type": "integer", "minimum": 0}}],
                 "responses": {"200": {"description": "The rest of the SSE stream",
                                       "content": {"text/event-stream": {"schema": {"type": "string"}}}},
                               **_errors(400, 401, 404)},

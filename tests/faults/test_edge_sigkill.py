@@ -45,7 +45,8 @@ async def test_every_stream_resumes_identically_after_an_edge_sigkill(stack: Emb
                "messages": [{"role": "user", "content": f"story {i}"}]} for i in range(STREAMS)]
     got: list[list[dict]] = [[] for _ in bodies]
     started = [asyncio.Event() for _ in bodies]
-    async with httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {api_key}"},
+    sse = {"Accept": "text/event-stream"}  # an SSE client: each event carries its id
+    async with httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {api_key}", **sse},
                                  limits=httpx.Limits(max_connections=STREAMS * 2)) as http:
         readers = [asyncio.create_task(read_until_killed(http, f"http://127.0.0.1:{port}{CHAT}", b, g, s))
                    for b, g, s in zip(bodies, got, started)]

@@ -28,7 +28,7 @@ def reference_url():
                              "--ttft-ms", str(TTFT_MS), "--gap-ms", str(GAP_MS)])
     try:
         wait_until(lambda: port_open("127.0.0.1", port), "the reference server", timeout=20)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(10)
@@ -62,17 +62,57 @@ async def test_malformed_streams_are_failures_not_crashes(reference_url, model):
     assert all(r.error for r in results)
 
 
-def test_cli_writes_a_result_file(reference_url, tmp_path):
-    out = tmp_path / "result.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "tokenbus.infra", "bench", "serve", "--base-url", reference_url, "--model", "ok",
-         "--num-prompts", "4", "--random-output-len", "4", "--percentiles", "50,90,99", "--result-file", str(out)],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+def bench_serve(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokenbus.infra", "bench", "serve", *flags],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_vllm_command_line_writes_a_vllm_result_file(reference_url, tmp_path):
+    """The flags of vLLM's benchmark_serving.py, those that need its tokenizer included."""
+    done = bench_serve(
+        "--backend", "openai-chat", "--base-url", reference_url, "--endpoint", "/v1/chat/completions",
+        "--model", "meta-llama/ok", "--served-model-name", "ok", "--tokenizer", "meta-llama/ok",
+        "--trust-remote-code", "--dataset-name", "random", "--num-prompts", "4", "--random-input-len", "8",
+        "--random-output-len", "4", "--max-concurrency", "2", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(tmp_path),
+        "--result-filename", "r.json", "--metadata", "run=ci", "--disable-tqdm")
+    assert done.returncode == 0, done.stdout + done.stderr
     assert "Serving Benchmark Result" in done.stdout and "P90 TTFT (ms)" in done.stdout
-    document = json.loads(out.read_text())
-    assert document["completed"] == 4 and set(document["ttft_ms"]) >= {"mean", "median", "p50", "p90", "p99"}
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["completed"] == 4 and document["failed"] == 0 and document["run"] == "ci"
+    assert (document["backend"], document["model_id"], document["max_concurrency"]) == ("openai-chat",
+                                                                                       "meta-llama/ok", 2)
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        assert {f"{s}_{metric}_ms" for s in ("mean", "median", "std", "p50", "p90", "p99")} <= set(document)
+    assert document["median_ttft_ms"] >= TTFT_MS - 1
+    assert document["total_output_tokens"] == 16 and document["request_throughput"] > 0
+    assert "ttfts" not in document  # only with --save-detailed, as in vLLM
+
+
+def test_the_completions_backend_and_the_default_file_name(reference_url, tmp_path):
+    done = bench_serve("--backend", "vllm", "--host", "127.0.0.1", "--port", reference_url.rsplit(":", 1)[1],
+                       "--model", "ok", "--num-prompts", "3", "--random-output-len", "5", "--save-result",
+                       "--save-detailed", "--result-dir", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    (path,) = tmp_path.glob("vllm-infqps-ok-*.json")
+    document = json.loads(path.read_text())
+    assert document["generated_texts"] == ["w0 w1 w2 w3 w4 "] * 3 and len(document["ttfts"]) == 3
+    assert set(document) >= {"p99_ttft_ms", "median_tpot_ms", "p99_itl_ms"} and "median_e2el_ms" not in document
+
+
+def test_failures_are_counted_by_reason(reference_url, tmp_path):
+    done = bench_serve("--base-url", reference_url, "--model", "http-500", "--num-prompts", "3", "--num-warmups",
+                       "0", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "f.json")
+    assert done.returncode == 1
+    assert "Failures by reason" in done.stdout and "HTTP 500 injected_failure:" in done.stdout
+    document = json.loads((tmp_path / "f.json").read_text())
+    assert (document["completed"], document["failed"]) == (0, 3)
+    assert document["failure_reasons"] == {"HTTP 500 injected_failure": 3}
+
+
+def test_bad_flags_are_refused_before_sending(reference_url):
+    done = bench_serve("--base-url", reference_url, "--percentile-metrics", "ttft,latency")
+    assert done.returncode == 2 and "latency" in done.stdout
 
 
 def test_sharegpt_file_is_read_as_prompts(tmp_path):

@@ -1,7 +1,8 @@
-"""The edge's keep-alive during a long gap in a stream: the official openai client must read
-the stream as if there were none. A heartbeat ending in a blank line would dispatch an empty
-event, and because the client keeps the last ``id:`` it has seen, it would then fail to parse
-that event's (empty) data mid-stream."""
+"""The edge's keep-alive during a long gap in an SSE client's stream: an SSE parser (the official
+openai client's among them) must read the stream as if there were none. A heartbeat ending in a
+blank line would dispatch an empty event, and because such a client keeps the last ``id:`` it has
+seen, it would then fail to parse that event's (empty) data mid-stream. A data-only stream (the
+default) has no heartbeat at all: it is not a ``data:`` line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 
 from openai._streaming import SSEDecoder
 
-from tokenbus.sse_edge.plumbing.relay import HEARTBEAT, frame, sse_response
+from tokenbus.sse_edge.plumbing.relay import HEARTBEAT, StreamFormat, frame, sse_response
 
 
 def decoded(raw: bytes) -> list[str]:
@@ -28,11 +29,11 @@ def test_the_heartbeat_between_events_dispatches_nothing():
     assert decoded(raw) == ['{"n":1}', '{"n":2}', "[DONE]"]
 
 
-async def test_a_stream_with_a_long_gap_sends_heartbeats_the_client_reads_through():
+async def served(stream_format: StreamFormat) -> bytes:
     async def frames():
-        yield frame({"n": 1}, "0-1")
+        yield frame({"n": 1}, "0-1" if stream_format.event_ids else None)
         await asyncio.sleep(0.35)  # several heartbeat intervals with nothing to send
-        yield frame({"n": 2}, "0-2")
+        yield frame({"n": 2}, "0-2" if stream_format.event_ids else None)
         yield frame("[DONE]")
 
     sent: list[bytes] = []
@@ -48,9 +49,18 @@ async def test_a_stream_with_a_long_gap_sends_heartbeats_the_client_reads_throug
             if not message.get("more_body", False):
                 finished.set()
 
-    response = sse_response(frames(), heartbeat_s=0.1)
+    response = sse_response(frames(), 0.1, stream_format)
     scope = {"type": "http", "method": "GET", "asgi": {"spec_version": "2.4"}, "headers": []}
     await asyncio.wait_for(response(scope, receive, send), 5)
-    body = b"".join(sent)
+    return b"".join(sent)
+
+
+async def test_a_stream_with_a_long_gap_sends_heartbeats_the_client_reads_through():
+    body = await served(StreamFormat(event_ids=True))
     assert HEARTBEAT in body  # the gap was bridged by heartbeats
     assert [json.loads(d) if d != "[DONE]" else d for d in decoded(body)] == [{"n": 1}, {"n": 2}, "[DONE]"]
+
+
+async def test_a_data_only_stream_has_no_heartbeat():
+    body = await served(StreamFormat())
+    assert body == b'data: {"n":1}\n\ndata: {"n":2}\n\ndata: [DONE]\n\n'

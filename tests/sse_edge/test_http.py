@@ -20,7 +20,8 @@ def error_of(response: httpx.Response) -> dict:
 
 async def test_sse_frames_carry_log_ids_and_end_with_done(edge_url, auth):
     body = {"model": MODEL, "stream": True, "seed": 5, "messages": [{"role": "user", "content": "hi"}]}
-    async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers=auth) as http:
+    sse = {**auth, "Accept": "text/event-stream"}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers=sse) as http:
         async with http.stream("POST", CHAT, json=body) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")

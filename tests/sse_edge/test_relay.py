@@ -1,12 +1,16 @@
-"""Relaying releases what it holds when a client leaves early: the event source (a replay
-holds a Kafka consumer) and the request's entry in the reply router."""
+"""Relaying: the two stream formats (data lines only, or with event ids for SSE clients), resuming
+by a count of chunks, and releasing what a stream holds when a client leaves early: the event
+source (a replay holds a Kafka consumer) and the request's entry in the reply router."""
 
+import json
 from types import SimpleNamespace
+
+import pytest
 
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, sse_frames
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, sse_frames
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
 from tokenbus.topics import BusSettings, ReplyEvent, ReplyRouter
 
@@ -25,7 +29,7 @@ async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment(
         raise AssertionError("the stream never finished")
 
     frames = sse_frames(events(), ChunkWriter("r", "m", False), RelayHooks(on_final, lambda: abandoned.append(1)),
-                        EdgeMetrics(), started=0.0)
+                        EdgeMetrics(), started=0.0, stream_format=StreamFormat())
     assert b"assistant" in await anext(frames)
     assert b'"t0"' in await anext(frames)
     await frames.aclose()  # what the server does when the client disconnects
@@ -42,3 +46,57 @@ async def test_a_closed_live_stream_leaves_the_router():
     assert router.open_streams == 1
     await events.aclose()
     assert router.open_streams == 0
+
+
+def finished_events(texts: list[str]):
+    async def events():
+        for seq, text in enumerate(texts):
+            yield ReplyEvent(TokenEvent("r", seq, text), 0, 40 + seq)
+        yield ReplyEvent(TokenEvent("r", len(texts), "", finish_reason="stop", prompt_tokens=3,
+                                    completion_tokens=len(texts)), 0, 40 + len(texts))
+    return events()
+
+
+async def stream_bytes(stream_format: StreamFormat, texts: list[str], send_role: bool = True) -> bytes:
+    async def on_final(event):
+        pass
+
+    frames = sse_frames(finished_events(texts), ChunkWriter("r", "m", include_usage=True),
+                        RelayHooks(on_final, lambda: None), EdgeMetrics(), 0.0, stream_format, send_role)
+    return b"".join([f async for f in frames])
+
+
+def naive_parse(raw: bytes) -> list[dict]:
+    """How many tools read a stream: skip blank lines, strip ``data: ``, parse JSON until [DONE]."""
+    chunks = []
+    for line in raw.decode().splitlines():
+        if not line:
+            continue
+        data = line.removeprefix("data: ")
+        if data == "[DONE]":
+            return chunks
+        chunks.append(json.loads(data))
+    raise AssertionError("no [DONE]")
+
+
+async def test_the_default_stream_is_data_lines_only():
+    raw = await stream_bytes(StreamFormat(), ["a", "b", "c"])
+    assert {line.split(b":")[0] for line in raw.splitlines() if line} == {b"data"}
+    chunks = naive_parse(raw)
+    assert [c["choices"][0]["delta"].get("content") for c in chunks[:-1]] == ["", "a", "b", "c", None]
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+async def test_sse_clients_get_each_event_id_and_the_same_data():
+    plain = await stream_bytes(StreamFormat(), ["a", "b"])
+    with_ids = await stream_bytes(StreamFormat(event_ids=True), ["a", "b"])
+    assert [line for line in with_ids.splitlines() if line.startswith(b"id: ")] == [b"id: 0-40", b"id: 0-41",
+                                                                                    b"id: 0-42"]
+    assert [line for line in with_ids.splitlines() if not line.startswith(b"id: ")] == plain.splitlines()
+
+
+@pytest.mark.parametrize("received", range(0, 7))
+async def test_resuming_after_n_chunks_sends_exactly_the_rest(received):
+    whole = naive_parse(await stream_bytes(StreamFormat(), ["a", "b", "c"]))
+    rest = naive_parse(await stream_bytes(StreamFormat(skip_chunks=received), ["a", "b", "c"]))
+    assert whole[:received] + rest == whole

@@ -17,6 +17,7 @@ from tokenbus.schemas import AvroCodec, Completion
 from tokenbus.topics import TopicCatalog
 
 CHAT = "/v1/chat/completions"
+SSE = {"Accept": "text/event-stream"}  # what SSE clients send; it brings each event's id
 
 
 def sse_events(text: str) -> list[dict[str, str]]:
@@ -69,7 +70,7 @@ async def test_idempotent_retry_is_one_generation_and_one_usage_record(stack, ed
 async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack, edge_url, api_key):
     port = free_port()
     doomed = stack.start_edge("edge-resume", port, reply_partitions="2")
-    headers = {"Authorization": f"Bearer {api_key}"}
+    headers = {"Authorization": f"Bearer {api_key}", **SSE}
     body = {"model": SLOW_MODEL, "stream": True, "seed": 21, "max_tokens": 60,
             "messages": [{"role": "user", "content": "a long story"}]}
     got: list[dict[str, str]] = []
@@ -106,7 +107,7 @@ async def test_resuming_after_the_last_event_ends_the_stream_at_once(stack, edge
     """A client that lost its connection just after the final event resumes from it: it gets
     ``[DONE]`` and nothing else, not a wait for events that will never come."""
     body = {"model": MODEL, "stream": True, "seed": 9, "messages": [{"role": "user", "content": "short one"}]}
-    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}", **SSE}) as http:
         whole = sse_events((await http.post(f"{edge_url}{CHAT}", json=body)).text)
         request_id = json.loads(whole[0]["data"])["id"]
         last_id = [e["id"] for e in whole if "id" in e][-1]
@@ -125,7 +126,7 @@ async def test_a_client_that_goes_away_stops_its_generation(stack, edge_url, api
             async for chunk in response.aiter_text():
                 buffer += chunk
                 events = sse_events(buffer)
-                received = sum(1 for e in events if "id" in e)
+                received = len(events) - 1  # content chunks after the role chunk
                 if received >= 5:
                     request_id = json.loads(events[0]["data"])["id"]
                     break
@@ -135,3 +136,42 @@ async def test_a_client_that_goes_away_stops_its_generation(stack, edge_url, api
     # Generation stopped within the grace window plus one step (and a second of slack for the bus).
     assert completion.completion_tokens <= received + (grace_s + step_s + 1.0) * SLOW_SETTINGS.tokens_per_s
     assert completion.completion_tokens < SLOW_SETTINGS.min_tokens
+
+
+def naive_chunks(text: str) -> list[dict]:
+    """The simplest reader: skip blank lines, strip ``data: ``, parse JSON until [DONE]."""
+    chunks = []
+    for line in text.splitlines():
+        if line:
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                break
+            chunks.append(json.loads(data))
+    return chunks
+
+
+def text_of(chunks: list[dict]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+async def test_a_plain_client_reads_the_default_stream_and_resumes_by_chunk_count(stack, edge_url, api_key):
+    """No ``id:`` lines and no comments by default, so the simplest parser works; such a client
+    resumes with the number of chunks it has (``?after_chunks=N``)."""
+    body = {"model": SLOW_MODEL, "stream": True, "seed": 33, "max_tokens": 30,
+            "messages": [{"role": "user", "content": "plain please"}]}
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        lines: list[str] = []
+        async with http.stream("POST", f"{edge_url}{CHAT}", json=body) as response:
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if sum(1 for x in lines if x) >= 8:
+                    break  # the connection drops here
+        before = naive_chunks("\n".join(lines))
+        resumed = await http.get(f"{edge_url}{CHAT}/{before[0]['id']}/stream", params={"after_chunks": len(before)})
+        bad = await http.get(f"{edge_url}{CHAT}/{before[0]['id']}/stream", params={"after_chunks": "x"})
+    assert len(before) == 8
+    assert resumed.status_code == 200 and resumed.text.endswith("data: [DONE]\n\n")
+    assert {line.split(":")[0] for line in resumed.text.splitlines() if line} == {"data"}
+    expected = await expected_output(body["messages"], seed=33, max_tokens=30, settings=SLOW_SETTINGS)
+    assert text_of(before) + text_of(naive_chunks(resumed.text)) == expected.text
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "after_chunks"
