@@ -16,12 +16,14 @@ from bench import (
     gpu,
     idle,
     load_sweep,
+    peers,
     pipeline_overhead,
     processors,
     scale_out,
     soak,
     sse_fanout,
     tier_fairness,
+    turn_profile,
 )
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -35,6 +37,8 @@ SCENARIOS = {
     "edge_costs": edge_costs,
     "idle": idle,
     "processors": processors,
+    "turn_profile": turn_profile,
+    "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run
     "soak": soak,  # 10 minutes: run by `make faults`, not by default
     "broker_scan": broker_scan,  # measures the embedded broker, not tokenbus: on request only
     "gpu": gpu,  # needs a CUDA GPU: on request only
