@@ -98,7 +98,8 @@ def run() -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     names = {"client_to_ingress_ms": "client → ingress record (HTTP, auth, limits, Redis, produce)",
              "moderation_ms": "ingress → routed record (input moderation hop)",
-             "worker_and_engine_ms": f"routed → first token record (GPU consumer + engine's {result['engine_first_token_ms']:.0f} ms)",
+             "worker_and_engine_ms": "routed → first token record (GPU consumer + engine's "
+                                     f"{result['engine_first_token_ms']:.0f} ms)",
              "token_to_client_ms": "first token record → client (reply fetch, relay, SSE)",
              "ttft_ms": "time to first token"}
     lines = ["| hop | p50 ms | mean ms |", "|---|---:|---:|"]
