@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -31,7 +32,10 @@ from tokenbus.schemas import AvroCodec, ChatRequest, TokenEvent
 from tokenbus.topics import BusSettings, TopicCatalog, make_consumer
 
 SIM = SimulatedEngineSettings(seed=1, ttft_ms=20, tokens_per_s=100, min_tokens=8, max_tokens=8)
-REQUESTS, WARMUP, GAP_S = 40, 5, 0.3
+REQUESTS = int(os.environ.get("TOKENBUS_BENCH_TURN_REQUESTS", "40"))
+WARMUP = 5
+# 0.3 s: the stack stays busy; above the readers' idle threshold (2 s), each turn wakes an idle stack.
+GAP_S = float(os.environ.get("TOKENBUS_BENCH_TURN_GAP_S", "0.3"))
 HOPS = ("client_to_ingress_ms", "moderation_ms", "worker_and_engine_ms", "token_to_client_ms", "ttft_ms")
 
 
@@ -50,7 +54,7 @@ async def timed_requests(edge_url: str, api_key: str) -> dict[str, tuple[float, 
                     if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                         times[chunk["id"]] = (sent, time.time() * 1000)
                         break
-            await asyncio.sleep(GAP_S)  # below the readers' idle threshold: a busy stack's hops
+            await asyncio.sleep(GAP_S)
     return times
 
 

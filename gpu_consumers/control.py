@@ -9,7 +9,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tokenbus.schemas import AvroCodec, Control, ControlAction, DecodeError
-from tokenbus.topics import BusSettings, TopicCatalog, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, rewind_recreated, stop_reader
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +23,14 @@ class ControlListener:
         self._on_cancel = on_cancel
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._pacer = FetchPacer(settings, background=True)
 
     async def start(self) -> None:
         topic = TopicCatalog(self._settings).control
         # Cancels are rare and mostly follow a disconnect grace window of seconds.
         self._consumer = make_consumer(self._settings, background=True)
         await self._consumer.start()
+        self._pacer.attach(self._consumer)
         partitions = self._consumer.partitions_for_topic(topic) or {0}
         tps = [TopicPartition(topic, p) for p in partitions]
         self._consumer.assign(tps)
@@ -38,6 +40,7 @@ class ControlListener:
         self._task = asyncio.create_task(self._listen(), name="control-listener")
 
     async def stop(self) -> None:
+        await self._pacer.close()
         await stop_reader(self._task, self._consumer)
 
     async def _listen(self) -> None:
@@ -48,7 +51,9 @@ class ControlListener:
             if loop.time() >= check_at:  # a control log re-created by a broker restart is read from its start
                 check_at = loop.time() + 1.0
                 await rewind_recreated(self._consumer)
-            for records in (await self._consumer.getmany(timeout_ms=500)).values():
+            batches = await self._consumer.getmany(timeout_ms=500)
+            self._pacer.observed(sum(map(len, batches.values())))
+            for records in batches.values():
                 for record in records:
                     try:
                         control = self._codec.decode(record.value, Control)

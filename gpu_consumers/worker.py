@@ -150,6 +150,7 @@ class GpuWorker:
         log.info("worker %s serving %s in group %s", self.settings.worker_id, self.settings.model, self.group_id)
 
     async def _shutdown(self) -> None:
+        await self._pacer.close()
         if self._consumer:
             await self.release(self._consumer.assignment())
             await self._consumer.stop()

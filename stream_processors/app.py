@@ -44,8 +44,12 @@ def tuned_transport(fetch_max_wait_ms: int, pacer: FetchPacer) -> type[Transport
         def _create_worker_consumer(self, transport: Transport) -> Any:
             consumer = super()._create_worker_consumer(transport)
             consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by AIOKafkaConsumer.start()
-            pacer.attach(consumer)
+            pacer.attach(consumer)  # in the consumer thread's event loop, where the pacer acts
             return consumer
+
+        async def on_thread_stop(self) -> None:
+            await pacer.close()
+            await super().on_thread_stop()
 
     class LowLatencyConsumer(Consumer):
         def _new_consumer_thread(self) -> AIOKafkaConsumerThread:

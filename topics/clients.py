@@ -18,6 +18,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from tokenbus.topics import doorbell
+from tokenbus.topics.doorbell import Doorbell
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,10 @@ class ClientProfile:
     # A request-path reader that has seen nothing for `idle_after_s` fetches with this wait (FetchPacer).
     idle_fetch_max_wait_ms: int
     idle_after_s: float
+    # With a doorbell (topics/doorbell.py) an idle reader stops fetching, but for one fetch every
+    # `idle_poll_s`, and writers ring at most every `ring_every_s` (less than `idle_after_s`).
+    idle_poll_s: float = 0.0
+    ring_every_s: float = 0.0
 
 
 PROFILES = {
@@ -46,12 +52,39 @@ PROFILES = {
     # first record after a quiet spell waits up to ~50 ms more per hop.
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
-                              idle_fetch_max_wait_ms=100, idle_after_s=2.0),
+                              idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=5.0, ring_every_s=0.5),
 }
 
 
 def profile(settings: BusSettings) -> ClientProfile:
     return PROFILES[settings.broker]
+
+
+def doorbell_on(settings: BusSettings) -> bool:
+    """Only the embedded broker needs one (Kafka long-polls)."""
+    return settings.broker == "embedded" and bool(settings.doorbell_url)
+
+
+class RingingProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ships no types
+    """A producer that rings the doorbell as it writes (rate-limited, topics/doorbell.py)."""
+
+    def __init__(self, doorbell: Doorbell, **options: Any) -> None:
+        super().__init__(**options)
+        self._doorbell = doorbell
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        delivery = await super().send(topic, *args, **kwargs)
+        self._doorbell.ring(topic)
+        return delivery
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        delivery = await super().send_batch(batch, topic, partition=partition)
+        self._doorbell.ring(topic)
+        return delivery
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self._doorbell.close()
 
 
 def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
@@ -64,6 +97,10 @@ def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
         max_batch_size=256 * 1024,
     )
     options.update(overrides)
+    if doorbell_on(settings):
+        assert settings.doorbell_url
+        doorbell = Doorbell(settings.doorbell_url, settings.topic_prefix, profile(settings).ring_every_s)
+        return RingingProducer(doorbell, **options)
     return AIOKafkaProducer(**options)
 
 
@@ -85,53 +122,145 @@ def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = No
 
 
 class FetchPacer:
-    """The fetch wait of one request-path reader, fitted to its traffic.
+    """The fetching of one reader, fitted to its traffic.
 
-    On the embedded broker such a reader asks for a few milliseconds (a fetch is held for
-    about half its wait even when records arrive), so an idle one fetches hundreds of times a
-    second. After ``idle_after_s`` with nothing read it asks for the profile's idle wait;
-    the first record after that comes back on the next fetch, and from then on the short wait
-    applies again. ``wake()`` is for a reader that knows records are coming (the edge, once it
-    has published a request, about its replies). With the Kafka profile both waits are the
-    same and the pacer changes nothing."""
+    On the embedded broker a request-path reader asks for a few milliseconds (a fetch is held
+    for about half its wait even when records arrive), so an idle one would fetch hundreds of
+    times a second. After ``idle_after_s`` with nothing read it fetches with the profile's idle
+    wait, and where the stack has a doorbell (topics/doorbell.py) it stops fetching: its
+    partitions are paused, fetched once every ``idle_poll_s``, and resumed when a writer rings.
+    Records arriving bring the short wait back. ``wake()`` is for a reader that knows records
+    are coming (the edge, once it has published a request, about its replies). With the Kafka
+    profile there is no doorbell, both waits are the same, and the pacer changes nothing.
 
-    def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None) -> None:
+    ``observed`` and ``wake`` may be called from any thread: what touches the consumer runs in
+    its own event loop (faust runs its consumer in a thread of its own)."""
+
+    # A paused reader's periodic fetch: its partitions stay resumed this long, fetching with this
+    # wait (short, so that a ring arriving meanwhile finds no long fetch in flight).
+    BACKSTOP_FETCH_S = 0.05
+    BACKSTOP_WAIT_MS = 20
+
+    def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False) -> None:
+        """``background`` for a reader made with ``make_consumer(..., background=True)``."""
         tuned = profile(settings)
-        self._busy_wait_ms = busy_wait_ms or tuned.fetch_max_wait_ms
+        default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
+        self._busy_wait_ms = busy_wait_ms or default_wait_ms
         self._idle_wait_ms = max(self._busy_wait_ms, tuned.idle_fetch_max_wait_ms)
         self._idle_after_s = tuned.idle_after_s
+        self._idle_poll_s = tuned.idle_poll_s
+        self._doorbell_url = settings.doorbell_url if doorbell_on(settings) else None
+        self._topic_prefix = settings.topic_prefix
         self._consumer: AIOKafkaConsumer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._paused: set[TopicPartition] = set()  # paused by the pacer (not by anyone else)
+        self._backstop_until = 0.0
         self._last_active = time.monotonic()
         self._idle = False
 
     def attach(self, consumer: AIOKafkaConsumer) -> None:
-        """The consumer to pace (it may run in another thread: the wait is one attribute)."""
+        """The consumer to pace; call it from the consumer's event loop."""
         self._consumer = consumer
+        if self._doorbell_url:
+            self._loop = asyncio.get_running_loop()
+            self._listener = self._loop.create_task(self._listen(self._doorbell_url))
+
+    async def close(self) -> None:
+        await cancel_task(self._listener)
 
     @property
     def idle(self) -> bool:
         return self._idle
+
+    @property
+    def paused(self) -> bool:
+        """Idle with the doorbell: the reader fetches only when rung (or once every ``idle_poll_s``)."""
+        return bool(self._paused)
 
     def observed(self, records: int) -> None:
         """After each read: how many records it returned."""
         now = time.monotonic()
         if records:
             self._last_active = now
-            self._set(idle=False)
+            self._in_consumer_loop(self._set, False)
         elif now - self._last_active >= self._idle_after_s:
-            self._set(idle=True)
+            self._in_consumer_loop(self._set, True)
 
     def wake(self) -> None:
         self._last_active = time.monotonic()
-        self._set(idle=False)
+        self._in_consumer_loop(self._set, False)
+
+    def _in_consumer_loop(self, fn: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            if loop is None:
+                fn(*args)
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
 
     def _set(self, idle: bool) -> None:
-        if idle == self._idle:
+        if idle != self._idle:
+            self._idle = idle
+            self._set_wait(self._idle_wait_ms if idle else self._busy_wait_ms)
+        if self._loop is None:
             return
-        self._idle = idle
+        if not idle:
+            self._resume()
+        elif time.monotonic() >= self._backstop_until:
+            self._pause()  # again after a rebalance: new partitions come unpaused
+
+    def _set_wait(self, wait_ms: int) -> None:
         fetcher = getattr(self._consumer, "_fetcher", None)  # aiokafka reads it for every fetch request it builds
         if fetcher is not None:
-            fetcher._fetch_max_wait_ms = self._idle_wait_ms if idle else self._busy_wait_ms
+            fetcher._fetch_max_wait_ms = wait_ms
+
+    def _pause(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        already = consumer.paused()
+        fresh = [tp for tp in consumer.assignment() if tp not in already]
+        if fresh:
+            consumer.pause(*fresh)
+            self._paused.update(fresh)
+
+    def _resume(self) -> None:
+        consumer = self._consumer
+        if consumer is None or not self._paused:
+            return
+        assigned = consumer.assignment()
+        mine = [tp for tp in self._paused if tp in assigned]
+        self._paused.clear()
+        if mine:
+            consumer.resume(*mine)
+            # aiokafka notices resumed partitions on its next loop (up to 0.2 s): fetch now.
+            waiter = getattr(getattr(consumer, "_fetcher", None), "_wait_consume_future", None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    async def _listen(self, url: str) -> None:
+        rings = asyncio.create_task(doorbell.listen(url, self._topic_prefix, self.wake))
+        try:
+            while True:
+                await asyncio.sleep(self._idle_poll_s)
+                if self._idle and self._paused:  # the periodic fetch: a lost ring costs latency only
+                    self._backstop_until = time.monotonic() + self.BACKSTOP_FETCH_S
+                    self._set_wait(self.BACKSTOP_WAIT_MS)
+                    self._resume()
+                    await asyncio.sleep(self.BACKSTOP_FETCH_S)
+                    if self._idle:
+                        self._pause()
+                        self._set_wait(self._idle_wait_ms)
+        finally:
+            await cancel_task(rings)
 
 
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:

@@ -200,6 +200,7 @@ class ReplyRouter:
 
     async def stop(self) -> None:
         await cancel_task(self._rotation)
+        await self._pacer.close()
         await stop_reader(self._reader, self._consumer)
         self.fail_all(ReplyStreamError("reply router stopped"))
 

@@ -28,6 +28,9 @@ class BusSettings(BaseSettings):
     # Which kind of broker the clients are tuned for: `kafka` (Kafka and anything that long-polls
     # like it) or `embedded` (the single-process broker of `tokenbus up`).
     broker: Literal["kafka", "embedded"] = "kafka"
+    # Redis for the embedded broker's doorbell (topics/doorbell.py): idle readers stop fetching
+    # and writers wake them. Unused with `kafka`, which long-polls.
+    doorbell_url: str | None = None
     topic_prefix: str = "tokenbus."
     # Models served, and tiers from highest priority to lowest.
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]

@@ -59,6 +59,7 @@ class EmbeddedStack:
         self.processes: dict[str, ManagedProcess] = {}
         self.run_dir = self.settings.run_root / time.strftime("%Y%m%d-%H%M%S")
         self.dev_key = ""
+        self.with_redis = True  # until a stack is started without it
 
     @property
     def bootstrap_servers(self) -> str:
@@ -72,6 +73,9 @@ class EmbeddedStack:
         return BusSettings(
             bootstrap_servers=self.bootstrap_servers,
             broker="embedded",
+            # Idle readers stop fetching and writers wake them through Redis (topics/doorbell.py);
+            # a stack started without Redis polls instead.
+            doorbell_url=self.settings.redis_url if self.with_redis else None,
             topic_prefix=self.settings.topic_prefix,
             models=self.settings.models,
         )
@@ -96,6 +100,7 @@ class EmbeddedStack:
             **self.extra_env,
             "TOKENBUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
             "TOKENBUS_BROKER": bus.broker,
+            **({"TOKENBUS_DOORBELL_URL": bus.doorbell_url} if bus.doorbell_url else {}),
             "TOKENBUS_TOPIC_PREFIX": bus.topic_prefix,
             "TOKENBUS_MODELS": ",".join(bus.models),
             "TOKENBUS_TIERS": ",".join(bus.tiers),
@@ -132,6 +137,7 @@ class EmbeddedStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._point_current_at_run_dir()
         self.start_broker()
+        self.with_redis = redis
         if redis:
             self.ensure_redis()
         asyncio.run(ensure_topics(self.bootstrap_servers, TopicCatalog(self.bus_settings()).all_topics()))

@@ -16,9 +16,11 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from tokenbus.topics import BusSettings, TopicCatalog, make_consumer, stop_reader
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, stop_reader
 
 log = logging.getLogger(__name__)
+
+PAUSED_REFRESH_S = 5.0
 
 
 class QueueDepthMonitor:
@@ -30,6 +32,7 @@ class QueueDepthMonitor:
         self._committed: dict[str, AIOKafkaConsumer] = {}
         self._depth: dict[tuple[str, str], int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._pacer = FetchPacer(settings, background=True)
 
     def depth(self, model: str, tier: str) -> int:
         return self._depth.get((model, tier), 0)
@@ -37,6 +40,7 @@ class QueueDepthMonitor:
     async def start(self) -> None:
         self._tail = make_consumer(self._settings, background=True)  # depth, not latency
         await self._tail.start()
+        self._pacer.attach(self._tail)
         tps = []
         for model in self._settings.models:
             for topic in self._catalog.model_request_topics(model):
@@ -49,6 +53,7 @@ class QueueDepthMonitor:
         self._task = asyncio.create_task(self._follow(), name="queue-depth")
 
     async def stop(self) -> None:
+        await self._pacer.close()
         await stop_reader(self._task, self._tail)
         for consumer in self._committed.values():
             await consumer.stop()
@@ -56,15 +61,19 @@ class QueueDepthMonitor:
     async def _follow(self) -> None:
         assert self._tail is not None
         loop = asyncio.get_running_loop()
-        next_refresh = loop.time()
+        refreshed_at = float("-inf")
         while True:
-            await self._tail.getmany(timeout_ms=100)  # only the high-water marks matter
-            if loop.time() >= next_refresh:
+            batches = await self._tail.getmany(timeout_ms=100)  # only the high-water marks matter
+            self._pacer.observed(sum(map(len, batches.values())))
+            # Nothing is published or finished while the stack is quiet (any traffic rings the
+            # doorbell and wakes this reader): its committed offsets are read less often then.
+            interval = PAUSED_REFRESH_S if self._pacer.paused else self._interval_s
+            if loop.time() >= refreshed_at + interval:
                 try:
                     await self._refresh()
                 except Exception as exc:  # keep the last depths; the next refresh retries
                     log.warning("queue depth refresh failed: %s", exc)
-                next_refresh = loop.time() + self._interval_s
+                refreshed_at = loop.time()
 
     async def _refresh(self) -> None:
         assert self._tail is not None

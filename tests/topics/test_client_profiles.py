@@ -13,10 +13,8 @@ from tokenbus.topics.clients import PROFILES
 WINDOW_S = 3.0
 
 
-async def fetches_while_idle(bus: BusSettings, paced: bool = False) -> float:
-    """Fetch requests per second of a consumer reading one partition nobody writes to."""
-    consumer = make_consumer(bus)
-    pacer = FetchPacer(bus)
+def counted_fetches(consumer) -> list[str]:
+    """The names of the requests ``consumer`` sends from now on."""
     sent: list[str] = []
     send = consumer._client.send
 
@@ -25,6 +23,14 @@ async def fetches_while_idle(bus: BusSettings, paced: bool = False) -> float:
         return await send(node_id, request, *args, **kwargs)
 
     consumer._client.send = counting_send
+    return sent
+
+
+async def fetches_while_idle(bus: BusSettings, paced: bool = False) -> float:
+    """Fetch requests per second of a consumer reading one partition nobody writes to."""
+    consumer = make_consumer(bus)
+    pacer = FetchPacer(bus)
+    sent = counted_fetches(consumer)
     await consumer.start()
     pacer.attach(consumer)
     try:
@@ -54,7 +60,7 @@ def test_the_default_profile_is_kafka():
 
 async def test_an_idle_consumer_with_kafka_settings_fetches_a_few_times_a_second(bus):
     kafka = await fetches_while_idle(bus.model_copy(update={"broker": "kafka"}))
-    embedded = await fetches_while_idle(bus.model_copy(update={"broker": "embedded"}))
+    embedded = await fetches_while_idle(bus.model_copy(update={"broker": "embedded", "doorbell_url": None}))
     # The broker holds a fetch for at most its wait (here about half of it): at most ~4 a second.
     print(f"idle fetches per second: kafka {kafka:.1f}, embedded {embedded:.1f}")
     assert 0 < kafka <= 5, kafka
@@ -62,7 +68,8 @@ async def test_an_idle_consumer_with_kafka_settings_fetches_a_few_times_a_second
 
 
 async def test_an_idle_paced_reader_backs_off_and_a_record_wakes_it(bus):
-    embedded = bus.model_copy(update={"broker": "embedded"})
+    """Without a doorbell (tests/topics/test_doorbell.py has the reader that has one)."""
+    embedded = bus.model_copy(update={"broker": "embedded", "doorbell_url": None})
     polling = await fetches_while_idle(embedded)
     paced = await fetches_while_idle(embedded, paced=True)
     print(f"idle fetches per second on the embedded broker: polling {polling:.1f}, paced {paced:.1f}")

@@ -1,0 +1,147 @@
+"""The embedded broker's doorbell (topics/doorbell.py), with the real broker and real Redis: an
+idle reader stops fetching; a producer's ring wakes it; a write nobody rings for still arrives
+with the reader's periodic fetch; rings are rate-limited per topic."""
+
+import asyncio
+import dataclasses
+
+import pytest
+import redis.asyncio as redis
+from aiokafka import TopicPartition
+
+from tests.topics.test_client_profiles import counted_fetches
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, make_producer
+from tokenbus.topics.clients import PROFILES, RingingProducer
+from tokenbus.topics.doorbell import Doorbell, channel
+
+
+@pytest.fixture
+def embedded(bus: BusSettings) -> BusSettings:
+    assert bus.doorbell_url, "the test stack runs Redis, so its bus has a doorbell"
+    return bus.model_copy(update={"broker": "embedded"})
+
+
+def with_profile(monkeypatch, **changes) -> None:
+    monkeypatch.setitem(PROFILES, "embedded", dataclasses.replace(PROFILES["embedded"], **changes))
+
+
+class Reader:
+    """A paced reader of one partition, as the services run theirs: read, tell the pacer, repeat."""
+
+    def __init__(self, settings: BusSettings, tp: TopicPartition) -> None:
+        self.settings, self.tp = settings, tp
+        self.records: list = []
+        self.consumer = make_consumer(settings)
+        self.pacer = FetchPacer(settings)
+        self.sent = counted_fetches(self.consumer)
+
+    async def __aenter__(self) -> "Reader":
+        await self.consumer.start()
+        self.pacer.attach(self.consumer)
+        self.consumer.assign([self.tp])
+        self.consumer.seek(self.tp, 0)
+        self.task = asyncio.create_task(self.read())
+        return self
+
+    async def read(self) -> None:
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=100)
+            self.records += [r for batch in batches.values() for r in batch]
+            self.pacer.observed(sum(map(len, batches.values())))
+
+    async def until_paused(self) -> None:
+        while not self.pacer.paused:
+            await asyncio.sleep(0.05)
+
+    async def until_records(self, count: int, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.records) < count and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        return len(self.records) >= count
+
+    def fetches(self) -> int:
+        return sum(name.startswith("FetchRequest") for name in self.sent)
+
+    async def __aexit__(self, *exc) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.pacer.close()
+        await self.consumer.stop()
+
+
+async def test_an_idle_reader_stops_fetching_and_a_ring_wakes_it(embedded, monkeypatch):
+    with_profile(monkeypatch, idle_poll_s=3600.0)  # no periodic fetch: only a ring can wake it
+    tp = TopicPartition(TopicCatalog(embedded).control, 0)
+    silent = make_producer(embedded.model_copy(update={"doorbell_url": None}))
+    ringing = make_producer(embedded)
+    assert isinstance(ringing, RingingProducer) and not isinstance(silent, RingingProducer)
+    await silent.start()
+    await ringing.start()
+    try:
+        async with Reader(embedded, tp) as reader:
+            await reader.until_paused()
+            before = reader.fetches()
+            await asyncio.sleep(1.0)
+            assert reader.fetches() == before  # paused: no fetch at all
+
+            await silent.send_and_wait(tp.topic, b"unannounced", partition=0)
+            assert not await reader.until_records(1, timeout=1.5)  # nobody rang: still asleep
+
+            await ringing.send_and_wait(tp.topic, b"announced", partition=0)
+            assert await reader.until_records(2, timeout=10)
+            assert [r.value for r in reader.records] == [b"unannounced", b"announced"]
+            assert not reader.pacer.paused
+    finally:
+        await silent.stop()
+        await ringing.stop()
+
+
+async def test_a_write_without_a_ring_arrives_with_the_periodic_fetch(embedded, monkeypatch):
+    """A lost ring (Redis away) costs latency, never a record."""
+    with_profile(monkeypatch, idle_poll_s=0.5)
+    tp = TopicPartition(TopicCatalog(embedded).control, 1)
+    silent = make_producer(embedded.model_copy(update={"doorbell_url": None}))
+    await silent.start()
+    try:
+        async with Reader(embedded, tp) as reader:
+            await reader.until_paused()
+            await silent.send_and_wait(tp.topic, b"unannounced", partition=1)
+            assert await reader.until_records(1, timeout=10)
+    finally:
+        await silent.stop()
+
+
+async def test_a_reader_whose_redis_is_away_still_reads(embedded, monkeypatch):
+    with_profile(monkeypatch, idle_poll_s=0.5)
+    nowhere = embedded.model_copy(update={"doorbell_url": "redis://127.0.0.1:1/0"})
+    tp = TopicPartition(TopicCatalog(embedded).control, 2)
+    producer = make_producer(nowhere)  # its rings fail quietly
+    await producer.start()
+    try:
+        async with Reader(nowhere, tp) as reader:
+            await reader.until_paused()
+            await producer.send_and_wait(tp.topic, b"still here", partition=2)
+            assert await reader.until_records(1, timeout=10)
+    finally:
+        await producer.stop()
+
+
+async def test_rings_are_rate_limited_per_topic(embedded):
+    client = redis.Redis.from_url(embedded.doorbell_url)
+    heard: list[bytes] = []
+    async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+        await pubsub.subscribe(channel(embedded.topic_prefix))
+        doorbell = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+        for _ in range(5):
+            doorbell.ring("a")
+            doorbell.ring("b")
+        await doorbell.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2
+        while loop.time() < deadline and len(heard) < 3:
+            message = await pubsub.get_message(timeout=0.2)
+            if message:
+                heard.append(message["data"])
+    await client.aclose()
+    assert sorted(heard) == [b"a", b"b"]
