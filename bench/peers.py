@@ -9,8 +9,8 @@ alternating between them in one run, at concurrency 1 and 32:
 - ``tokenbus``: the embedded stack (`make run`'s code) with its simulated engine at those timings.
 
 Reported for each: TTFT and E2E latency added over ``direct`` (p50, p99), CPU time per request
-of all its processes, RSS, and its idle CPU over a window with no traffic. If LiteLLM cannot be
-installed, the scenario says why and measures nothing.
+of all its processes, RSS, and its idle CPU over 30 s with no traffic (from 10 s after the last
+request). If LiteLLM cannot be installed, the scenario says why and measures nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ SIM = SimulatedEngineSettings(seed=3, ttft_ms=TTFT_MS, tokens_per_s=1000 / GAP_M
 CONCURRENCIES = (1, 32)
 ROUNDS = int(os.environ.get("TOKENBUS_BENCH_PEERS_ROUNDS", "4"))
 IDLE_WINDOW_S = float(os.environ.get("TOKENBUS_BENCH_PEERS_IDLE_S", "30"))
+IDLE_SETTLE_S = 10.0
 
 
 def requests_per_round(concurrency: int) -> int:
@@ -132,6 +133,7 @@ async def one_batch(target: Target, concurrency: int) -> tuple[list[RequestResul
 def measure(targets: list[Target]) -> dict[str, Any]:
     for target in targets:  # warm every path once
         asyncio.run(one_batch(target, 1))
+    time.sleep(IDLE_SETTLE_S)  # what the warm-up left (flushes, readers winding down) is not idle
     before = {t.name: t.cpu_seconds() for t in targets}
     time.sleep(IDLE_WINDOW_S)
     idle = {t.name: round(100 * (t.cpu_seconds() - before[t.name]) / IDLE_WINDOW_S, 1) for t in targets}

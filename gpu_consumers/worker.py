@@ -165,6 +165,7 @@ class GpuWorker:
     def assigned(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             self._fresh_from[tp] = None  # learnt from the first fetch's high-water mark
+        self._pacer.wake()  # what they hold (another worker's requests, maybe) was announced to no one
         self.ready.set()
 
     async def release(self, partitions: set[TopicPartition]) -> None:

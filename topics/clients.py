@@ -162,9 +162,13 @@ class FetchPacer:
     def attach(self, consumer: AIOKafkaConsumer) -> None:
         """The consumer to pace; call it from the consumer's event loop."""
         self._consumer = consumer
-        if self._doorbell_url:
-            self._loop = asyncio.get_running_loop()
-            self._listener = self._loop.create_task(self._listen(self._doorbell_url))
+        self._paused.clear()
+        self._idle, self._last_active = False, time.monotonic()
+        url = self._doorbell_url
+        loop = asyncio.get_running_loop() if url else None
+        if url and loop is not None and loop is not self._loop:  # the first consumer, or one in a new loop
+            self._loop = loop
+            self._listener = loop.create_task(self._listen(url))
 
     async def close(self) -> None:
         await cancel_task(self._listener)
