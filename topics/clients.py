@@ -48,8 +48,9 @@ PROFILES = {
                            idle_fetch_max_wait_ms=500, idle_after_s=0.0),
     # A record reaches a reader ~2.5 ms after it is written; a cancel or a queue depth within
     # ~100 ms (a 20 ms wait cost a fifth of a broker core per idle reader).
-    # An idle reader backs off to 100 ms: ~20 fetches a second instead of hundreds, and the
-    # first record after a quiet spell waits up to ~50 ms more per hop.
+    # An idle reader pauses and is woken by the doorbell, or, in a stack without one, backs off
+    # to 100 ms: ~20 fetches a second instead of hundreds, and up to ~50 ms more per hop for the
+    # first record after a quiet spell.
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
                               idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=5.0, ring_every_s=0.5),
