@@ -15,7 +15,7 @@ test: setup lint
 # ruff (lint, import order) over the tree; mypy over the installed `tokenbus` namespace, strict on
 # the libraries (pyproject.toml). mypy cannot follow setuptools' editable-install hook, so it
 # reads the folders through links named as they install: .typecheck/tokenbus/<folder>.
-PACKAGES := schemas topics producers stores gpu_consumers sse_edge stream_processors infra
+PACKAGES := schemas topics moderation producers stores gpu_consumers sse_edge stream_processors infra
 lint: setup
 	$(BIN)/ruff check .
 	@mkdir -p .typecheck/tokenbus

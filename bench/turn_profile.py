@@ -4,10 +4,8 @@ Sequential streaming requests through the embedded stack (moderation on); each r
 timestamp (CreateTime, set by the process that produced it) is set against the client's clock
 (one machine, one clock):
 
-- client → ingress record: HTTP, authentication, rate limits, the stream record in Redis, the
-  produce to ``requests.ingress``;
-- ingress → routed record: input moderation's fetch, policy and produce to
-  ``requests.<model>.<tier>``;
+- client → routed record: HTTP, authentication, rate limits, the stream record in Redis, input
+  moderation (in the edge, its default route) and the produce to ``requests.<model>.<tier>``;
 - routed → first token record: the GPU consumer's fetch and admission, the engine's time to the
   first token (the simulated engine's own TTFT plus one step, as when it is called in process),
   the publish;
@@ -36,7 +34,7 @@ REQUESTS = int(os.environ.get("TOKENBUS_BENCH_TURN_REQUESTS", "40"))
 WARMUP = 5
 # 0.3 s: the stack stays busy; above the readers' idle threshold (2 s), each turn wakes an idle stack.
 GAP_S = float(os.environ.get("TOKENBUS_BENCH_TURN_GAP_S", "0.3"))
-HOPS = ("client_to_ingress_ms", "moderation_ms", "worker_and_engine_ms", "token_to_client_ms", "ttft_ms")
+HOPS = ("client_to_routed_ms", "worker_and_engine_ms", "token_to_client_ms", "ttft_ms")
 
 
 async def timed_requests(edge_url: str, api_key: str) -> dict[str, tuple[float, float]]:
@@ -83,15 +81,13 @@ def run() -> dict[str, Any]:
         times = asyncio.run(timed_requests(stack.edge_url, stack.dev_key))
         bus = stack.bus_settings()
         catalog = TopicCatalog(bus)
-        ingress = asyncio.run(record_times(bus, [catalog.ingress], ChatRequest))
         routed = asyncio.run(record_times(bus, catalog.model_request_topics(MODEL), ChatRequest))
         first_token = asyncio.run(record_times(bus, [catalog.tokens], TokenEvent, first_text_only=True))
     rows = []
     for request_id, (sent, received) in list(times.items())[WARMUP:]:
-        if request_id in ingress and request_id in routed and request_id in first_token:
-            rows.append(dict(zip(HOPS, (ingress[request_id] - sent, routed[request_id] - ingress[request_id],
-                                        first_token[request_id] - routed[request_id], received - first_token[request_id],
-                                        received - sent))))
+        if request_id in routed and request_id in first_token:
+            rows.append(dict(zip(HOPS, (routed[request_id] - sent, first_token[request_id] - routed[request_id],
+                                        received - first_token[request_id], received - sent))))
     summary = {hop: {"p50": round(statistics.median(r[hop] for r in rows), 1),
                      "mean": round(statistics.fmean(r[hop] for r in rows), 1)} for hop in HOPS}
     engine_ms = SIM.ttft_ms + 1000 / SIM.tokens_per_s
@@ -100,8 +96,7 @@ def run() -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    names = {"client_to_ingress_ms": "client → ingress record (HTTP, auth, limits, Redis, produce)",
-             "moderation_ms": "ingress → routed record (input moderation hop)",
+    names = {"client_to_routed_ms": "client → routed record (HTTP, auth, limits, Redis, moderation, produce)",
              "worker_and_engine_ms": "routed → first token record (GPU consumer + engine's "
                                      f"{result['engine_first_token_ms']:.0f} ms)",
              "token_to_client_ms": "first token record → client (reply fetch, relay, SSE)",

@@ -7,18 +7,23 @@ straight from the bus, with no HTTP hop.
             print(reply.event.text, end="")
 
 Fire-and-forget batch work: ``await client.publish(request)`` at a low tier and read
-the results later from the ``completions`` topic. The edge is built on this client too.
+the results later from the ``completions`` topic. With a ``policy`` the client reviews each
+prompt before publishing it (producers/moderated.py), as the edge does; without one, publish
+to ``requests.ingress`` (``topic=client.catalog.ingress``) to have the moderation processor
+review it. The edge is built on this client too.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
+from tokenbus.moderation import InputReview, Policy
+from tokenbus.producers.moderated import InputModerator
 from tokenbus.producers.publisher import RequestPublisher
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest
 from tokenbus.topics import BusSettings, RecordSender, ReplyEvent, ReplyRouter, ReplyStream, TopicCatalog, make_producer
@@ -35,6 +40,8 @@ class TokenbusClient:
         reply_partitions: list[int] | None = None,
         idle_timeout: float | None = 60.0,
         rotate_every_s: float = 0.0,
+        policy: Policy | None = None,
+        on_review: Callable[[InputReview], None] | None = None,
     ) -> None:
         self.settings = settings or BusSettings()
         self.catalog = TopicCatalog(self.settings)
@@ -43,7 +50,9 @@ class TokenbusClient:
         self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec, rotate_every_s=rotate_every_s)
         self.producer: AIOKafkaProducer = make_producer(self.settings)
         self.sender = RecordSender(self.producer, self.codec, self.catalog)
-        self.publisher = RequestPublisher(self.sender)
+        self.publisher: RequestPublisher | InputModerator = RequestPublisher(self.sender)
+        if policy is not None:
+            self.publisher = InputModerator(RequestPublisher(self.sender), policy, on_review)
 
     async def start(self) -> None:
         await self.producer.start()
@@ -72,8 +81,9 @@ class TokenbusClient:
             **params,
         )
 
-    async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata:
-        """Publish to the request's model and tier topic (or ``topic``, e.g. ``requests.ingress``)."""
+    async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata | None:
+        """Publish to the request's model and tier topic (or ``topic``, e.g. ``requests.ingress``);
+        None when this client's policy refused it (the refusal is on the request's reply stream)."""
         return await self.publisher.publish(request, topic)
 
     async def cancel(self, request_id: str, reason: str = "") -> None:

@@ -14,7 +14,7 @@ class UnknownRoute(ValueError):
 
 class RequestPublisher:
     def __init__(self, sender: RecordSender) -> None:
-        self._sender = sender
+        self.sender = sender
         self._catalog = sender.catalog
 
     def topic_for(self, request: ChatRequest) -> str:
@@ -28,4 +28,4 @@ class RequestPublisher:
     async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata:
         """Publish and wait for the broker's ack; returns where the request landed. Requests are
         keyed by conversation (or request id), so a conversation's turns share a partition."""
-        return await self._sender.send_and_wait(topic or self.topic_for(request), request, request.partition_key)
+        return await self.sender.send_and_wait(topic or self.topic_for(request), request, request.partition_key)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tokenbus.moderation import ModerationSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.topics import BusSettings
 from tokenbus.topics.settings import csv_items
@@ -38,9 +39,12 @@ class EdgeSettings(BaseSettings):
 
     bus: BusSettings = Field(default_factory=BusSettings)
     transcripts: TranscriptSettings = Field(default_factory=TranscriptSettings)
-    # `ingress`: requests go through input moderation (`requests.ingress`); `direct`: straight
-    # to `requests.<model>.<tier>`, for a deployment that runs no moderation.
-    route: Literal["ingress", "direct"] = "ingress"
+    moderation: ModerationSettings = Field(default_factory=ModerationSettings)
+    # How a prompt is moderated on its way to `requests.<model>.<tier>`. `inline`: here, with the
+    # policy of `moderation`, before publishing (no extra hop); `ingress`: by the moderation
+    # processor, through `requests.ingress` (one more hop: a classifier too heavy for the edge
+    # scales there); `direct`: not at all, for a deployment that runs no moderation.
+    route: Literal["inline", "ingress", "direct"] = "inline"
     host: str = "127.0.0.1"
     port: int = 8700
     # The partitions of `tokens` this process owns (`0,3` or `0-7`); each edge process needs its own.

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis.asyncio as redis
 
+from tokenbus.moderation import INPUT, InputReview
 from tokenbus.producers import TokenbusClient
 from tokenbus.sse_edge.plumbing.admission import Admission
 from tokenbus.sse_edge.plumbing.auth import Authenticator
@@ -29,8 +30,11 @@ log = logging.getLogger(__name__)
 class EdgeState:
     def __init__(self, settings: EdgeSettings) -> None:
         self.settings = settings
+        self.metrics = EdgeMetrics()
         self.bus = TokenbusClient(settings.bus, settings.reply_partitions, settings.stream_idle_timeout_s,
-                                  rotate_every_s=settings.reply_rotate_s)
+                                  rotate_every_s=settings.reply_rotate_s,
+                                  policy=settings.moderation.load_policy() if settings.route == "inline" else None,
+                                  on_review=self._count_decision)
         self.watch = BrokerWatch(self.bus.producer, self.bus.router, settings.broker_check_s, settings.broker_grace_s)
         self.redis = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
         self.keys = KeyStore(self.redis, settings.redis_prefix)
@@ -38,11 +42,13 @@ class EdgeState:
         self.limiter = RateLimiter(self.redis, settings.redis_prefix, settings.redis_failure_mode)
         self.streams = StreamRegistry(self.redis, settings.redis_prefix, settings.stream_ttl_s)
         self.queues = QueueDepthMonitor(settings.bus)
-        self.metrics = EdgeMetrics()
         self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings.max_queue_depth,
                                    self.metrics)
         self._background: set[asyncio.Task[None]] = set()
         self._transcripts: TranscriptStore | None = None
+
+    def _count_decision(self, review: InputReview) -> None:
+        self.metrics.decisions.labels(INPUT, review.verdict.action).inc()
 
     def transcripts(self) -> TranscriptStore:
         """Opened on first read: an edge that serves no transcript reads needs no store."""

@@ -14,6 +14,7 @@ import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Transport
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tokenbus.moderation import Policy
 from tokenbus.schemas import ChatRequest, Completion, TokenEvent
 from tokenbus.stores.billing.clickhouse import UsageWriter, apply_schema, connect
 from tokenbus.stores.billing.prices import PriceTable
@@ -23,7 +24,6 @@ from tokenbus.stream_processors.billing import ClickHouseSink
 from tokenbus.stream_processors.context import ProcessorContext
 from tokenbus.stream_processors.moderation.ingress import IngressModeration
 from tokenbus.stream_processors.moderation.output import OutputModeration
-from tokenbus.stream_processors.moderation.policy import Policy
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.stream_processors.transcripts import TranscriptWriter
 from tokenbus.topics.clients import FetchPacer, profile
@@ -89,7 +89,7 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
     app.transport = tuned_transport(fetch_max_wait_ms, pacer)(app.conf.broker_consumer, app, loop=app.loop)
     ctx = ProcessorContext(settings)
     app.tokenbus = ctx  # type: ignore[attr-defined]
-    policy = Policy.load(settings.policy_file)
+    policy = settings.moderation.load_policy()
     jobs = set(settings.jobs)
     if "moderation" in jobs:
         add_moderation(app, ctx, policy)

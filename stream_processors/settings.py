@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tokenbus.moderation import ModerationSettings
 from tokenbus.stores.billing.clickhouse import ClickHouseSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.topics import BusSettings
@@ -22,13 +23,13 @@ class ProcessorSettings(BaseSettings):
     bus: BusSettings = Field(default_factory=BusSettings)
     transcripts: TranscriptSettings = Field(default_factory=TranscriptSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    moderation: ModerationSettings = Field(default_factory=ModerationSettings)
     # The consumer group is `<topic prefix><app_id>`; workers sharing it share the partitions.
     app_id: str = "processors"
     # Which jobs this worker runs: moderation, transcripts, billing (ClickHouse: usage and decisions).
     jobs: Annotated[list[str], NoDecode] = list(JOBS)
     host: str = "127.0.0.1"
     port: int = 8702
-    policy_file: Path | None = None
     # faust's own state (table metadata; the tables themselves are in memory). Unset: faust's
     # default, `<group>-data` in the working directory.
     data_dir: Path | None = None

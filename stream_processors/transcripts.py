@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenbus.moderation import OUTPUT, Policy
 from tokenbus.schemas import Completion
 from tokenbus.stores.transcripts import TranscriptStore
 from tokenbus.stores.transcripts.model import turn_of
-from tokenbus.stream_processors.moderation.policy import OUTPUT, Policy
 
 
 class TranscriptWriter:

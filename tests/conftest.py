@@ -14,7 +14,7 @@ import pytest
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
-from tokenbus.stream_processors.moderation.policy import DEFAULT_POLICY_FILE
+from tokenbus.moderation.policy import DEFAULT_POLICY_FILE
 from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
 
 # The simulated engine every stack process runs; tests rebuild it in-process to know
@@ -61,7 +61,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
                 "TOKENBUS_EDGE_MAX_QUEUE_DEPTH": "interactive:1000,standard:1000,batch:3"}
     policy = settings.run_root / "policy.toml"
     policy.write_text(TEST_POLICY)
-    processors_env = {"TOKENBUS_PROC_POLICY_FILE": str(policy), "TOKENBUS_PROC_BILLING_BATCH_S": "0.2"}
+    processors_env = {"TOKENBUS_MODERATION_POLICY_FILE": str(policy), "TOKENBUS_PROC_BILLING_BATCH_S": "0.2"}
     embedded = EmbeddedStack(settings, extra_env={**SIM_ENV, **edge_env, **processors_env})
     slow_env = {f"TOKENBUS_SIM_{k.upper()}": str(v) for k, v in SLOW_SETTINGS.model_dump().items()}
     try:

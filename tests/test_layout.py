@@ -1,6 +1,6 @@
 """The layering a newcomer can draw, checked on every import in the tree:
 
-- libraries (``schemas``, ``topics``, ``producers``, ``stores``) import no service and nothing
+- libraries (``schemas``, ``topics``, ``moderation``, ``producers``, ``stores``) import no service and nothing
   above them; services (``gpu_consumers``, ``sse_edge``, ``stream_processors``) import libraries
   only, never another service; ``infra`` (CLI, dev stack, admin, load generator) sits on top;
 - no import cycle between modules at module level (imports inside functions are deliberate
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ["schemas", "topics", "producers", "stores", "gpu_consumers", "sse_edge", "stream_processors", "infra"]
-LAYER = {"schemas": 0, "topics": 1, "stores": 1, "producers": 2,
+FOLDERS = ["schemas", "topics", "moderation", "producers", "stores", "gpu_consumers", "sse_edge", "stream_processors", "infra"]
+LAYER = {"schemas": 0, "topics": 1, "stores": 1, "moderation": 1, "producers": 2,
          "gpu_consumers": 3, "sse_edge": 3, "stream_processors": 3, "infra": 4}
 # What each library may import, beyond itself (a library sits on the ones listed).
 LIBRARY_DEPENDS_ON = {"schemas": set(), "topics": {"schemas"}, "stores": {"schemas", "topics"},
-                      "producers": {"schemas", "topics"}}
+                      "moderation": {"schemas"}, "producers": {"schemas", "topics", "moderation"}}
 SERVICES = {"gpu_consumers", "sse_edge", "stream_processors"}
 
 

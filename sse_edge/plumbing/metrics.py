@@ -26,3 +26,6 @@ class EdgeMetrics:
                                registry=r)
         self.cancelled = Counter("tokenbus:disconnect_cancels", "Generations cancelled after a client went away.",
                                  registry=r)
+        # The stream processors export the same counter for what they moderate.
+        self.decisions = Counter("tokenbus:moderation_decisions", "Moderation decisions.", ["stage", "action"],
+                                 registry=r)

@@ -1,19 +1,8 @@
-"""Moderation: a policy (categories, detectors, per-tier actions, classifier hook) applied to
-prompts on the ingress path and to token streams on the way out."""
+"""Moderation on the bus: prompts published to ``requests.ingress`` and every token stream on
+its way out, under the policy of the ``tokenbus.moderation`` library."""
 
-from tokenbus.stream_processors.moderation.policy import (
-    ALLOW,
-    BLOCK,
-    FLAG,
-    INPUT,
-    OUTPUT,
-    REDACT,
-    Finding,
-    Policy,
-    PolicyError,
-    Verdict,
-)
+from tokenbus.stream_processors.moderation.ingress import IngressModeration
+from tokenbus.stream_processors.moderation.output import OutputModeration
 from tokenbus.stream_processors.moderation.window import StreamWindows
 
-__all__ = ["ALLOW", "BLOCK", "FLAG", "INPUT", "OUTPUT", "REDACT", "Finding", "Policy", "PolicyError", "StreamWindows",
-           "Verdict"]
+__all__ = ["IngressModeration", "OutputModeration", "StreamWindows"]

@@ -14,13 +14,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from tokenbus.moderation import BLOCK, FINISH_CONTENT_FILTER, MODERATION_WORKER, OUTPUT, Policy
 from tokenbus.schemas import Control, ControlAction, ModerationDecision, TokenEvent
 from tokenbus.stream_processors.context import ProcessorContext
-from tokenbus.stream_processors.moderation.policy import BLOCK, OUTPUT, Policy
 from tokenbus.stream_processors.moderation.window import StreamWindows
 
-FINISH_CONTENT_FILTER = "content_filter"
-MODERATION_WORKER = "moderation"
 REMEMBERED_REQUESTS = 100_000
 
 

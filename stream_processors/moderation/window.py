@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from tokenbus.moderation import Finding, Policy
 from tokenbus.schemas import TokenEvent
-from tokenbus.stream_processors.moderation.policy import Finding, Policy
 
 MAX_OPEN_STREAMS = 100_000  # streams whose final event never comes are forgotten oldest first
 

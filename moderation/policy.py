@@ -14,8 +14,9 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tokenbus.stream_processors.moderation.detectors import BUILT_IN, Detector, RegexDetector, phrase_detector
+from tokenbus.moderation.detectors import BUILT_IN, Detector, RegexDetector, phrase_detector
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("default_policy.toml")
 
@@ -78,7 +79,7 @@ class Policy:
             raise PolicyError(f"cannot read policy {path}: {exc}") from None
 
     @classmethod
-    def from_dict(cls, data: dict) -> Policy:
+    def from_dict(cls, data: dict[str, Any]) -> Policy:
         detectors = {name: _detector(name, spec) for name, spec in data.get("categories", {}).items()}
         actions = _actions(data.get("actions", {}), detectors)
         output_actions = _actions(data.get("output_actions", {}), detectors)
@@ -138,7 +139,7 @@ class Policy:
         return "".join(out)
 
 
-def _detector(name: str, spec: dict) -> Detector:
+def _detector(name: str, spec: dict[str, Any]) -> Detector:
     if "detector" in spec:
         if spec["detector"] not in BUILT_IN:
             raise PolicyError(f"category {name}: unknown detector {spec['detector']!r} (known: {sorted(BUILT_IN)})")
@@ -153,7 +154,7 @@ def _detector(name: str, spec: dict) -> Detector:
     raise PolicyError(f"category {name} needs one of: detector, phrases, patterns")
 
 
-def _actions(table: dict, detectors: dict[str, Detector]) -> dict[str, dict[str, str]]:
+def _actions(table: dict[str, Any], detectors: dict[str, Detector]) -> dict[str, dict[str, str]]:
     for scope, mapping in table.items():
         for category, action in mapping.items():
             if action not in SEVERITY:
@@ -165,6 +166,7 @@ def _import_classifier(target: str) -> Classifier:
     """``package.module:function``: the pluggable classifier hook."""
     module_name, _, attribute = target.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attribute)
+        classifier: Classifier = getattr(importlib.import_module(module_name), attribute)
+        return classifier
     except (ImportError, AttributeError) as exc:
         raise PolicyError(f"cannot load classifier {target!r}: {exc}") from None

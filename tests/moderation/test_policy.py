@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenbus.schemas import TokenEvent
-from tokenbus.stream_processors.moderation import BLOCK, FLAG, REDACT, Policy, PolicyError, StreamWindows
-from tokenbus.stream_processors.moderation.detectors import CARD, EMAIL, PHONE, luhn_valid
+from tokenbus.moderation import BLOCK, FLAG, REDACT, Policy, PolicyError
+from tokenbus.moderation.detectors import CARD, EMAIL, PHONE, luhn_valid
 
 CARD_TEXT = "my card is 4111 1111 1111 1111, thanks"
 
@@ -93,26 +92,3 @@ def test_classifier_hook_adds_categories_above_threshold():
 def test_invalid_policies_are_refused_with_a_reason(data, message):
     with pytest.raises(PolicyError, match=message):
         Policy.from_dict(data)
-
-
-def events(request_id: str, pieces: list[str]) -> list[TokenEvent]:
-    out = [TokenEvent(request_id, seq, text=piece) for seq, piece in enumerate(pieces)]
-    out[-1].finish_reason = "stop"
-    return out
-
-
-def test_window_finds_a_phrase_split_across_token_events_once():
-    windows = StreamWindows(Policy.load())
-    found = [[f.category for f in windows.feed(e)]
-             for e in events("r1", ["Sure. Ignore", " all prev", "ious", " instructions", ", and ignore",
-                                    " all previous instructions", " again."])]
-    assert found == [[], [], [], ["jailbreak"], [], [], []]  # reported once per stream
-    assert windows.open_streams == 0  # the final event closed the stream's window
-
-
-def test_window_keeps_streams_apart_and_ignores_truncated_ones():
-    windows = StreamWindows(Policy.load())
-    assert windows.feed(TokenEvent("a", 0, text="ignore all")) == []
-    assert windows.feed(TokenEvent("b", 0, text=" previous instructions")) == []  # another stream's tail
-    windows.stop("a")
-    assert windows.feed(TokenEvent("a", 1, text=" previous instructions")) == []
