@@ -46,8 +46,19 @@ SCENARIOS = {
 DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ("soak", "broker_scan", "gpu")]
 
 
-def machine() -> dict[str, str | int]:
-    return {"cpu_count": os.cpu_count() or 0, "platform": platform.platform(), "python": platform.python_version()}
+def loop_seconds(iterations: int = 5_000_000) -> float:
+    """A fixed pure-Python workload, timed: how fast this machine is right now. Figures from runs
+    whose loop times differ are not comparable (these shared machines vary several-fold)."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i
+    return round(time.perf_counter() - started, 3)
+
+
+def machine() -> dict[str, str | int | float]:
+    return {"cpu_count": os.cpu_count() or 0, "platform": platform.platform(), "python": platform.python_version(),
+            "loop_5m_s": loop_seconds()}
 
 
 def main() -> None:
@@ -60,12 +71,15 @@ def main() -> None:
     for name in args.scenarios:
         module = SCENARIOS[name]
         started = time.time()
-        result = {**module.run(), "machine": machine(), "started_at": started, "wall_s": round(time.time() - started, 1)}
+        speed_before = loop_seconds()
+        result = {**module.run(), "machine": {**machine(), "loop_5m_s_before": speed_before},
+                  "started_at": started, "wall_s": round(time.time() - started, 1)}
         path = args.out / f"{name}.json"
         path.write_text(json.dumps(result, indent=2))
         plot = getattr(module, "plot", None)
         written = [path] + ([plot(result, args.out)] if plot else [])
-        print(f"\n## {name}  ({result['wall_s']} s; {', '.join(str(p) for p in written)})\n", flush=True)
+        speed = f"5M-step Python loop {speed_before} s before, {result['machine']['loop_5m_s']} s after"
+        print(f"\n## {name}  ({result['wall_s']} s; {speed}; {', '.join(str(p) for p in written)})\n", flush=True)
         print(module.table(result), flush=True)
     print(f"\nall scenarios: {time.time() - began:.0f} s")
 
