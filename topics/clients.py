@@ -38,6 +38,10 @@ class ClientProfile:
     # `idle_poll_s`, and writers ring at most every `ring_every_s` (less than `idle_after_s`).
     idle_poll_s: float = 0.0
     ring_every_s: float = 0.0
+    # The embedded broker answers a fetch with nothing when listing the partition's record batches
+    # outlasts the fetch wait (that cost grows with the log): a reader left behind its log end
+    # raises its wait (FetchPacer). A Kafka broker never starves a reader that way.
+    raise_wait_when_starved: bool = False
 
 
 PROFILES = {
@@ -53,7 +57,8 @@ PROFILES = {
     # first record after a quiet spell.
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
-                              idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=5.0, ring_every_s=0.5),
+                              idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=5.0, ring_every_s=0.5,
+                              raise_wait_when_starved=True),
 }
 
 
@@ -134,6 +139,13 @@ class FetchPacer:
     are coming (the edge, once it has published a request, about its replies). With the Kafka
     profile there is no doorbell, both waits are the same, and the pacer changes nothing.
 
+    The embedded broker lists every record batch of a partition on each fetch and answers
+    nothing when that outlasts the wait, so a long-lived partition stops delivering to a reader
+    with a short wait (at 5 ms, after some thousands of batches on these machines). A reader
+    whose unpaused partition stays behind its log end (the high-water mark of the last fetch)
+    for ``STARVED_CHECK_S`` doubles its wait, up to ``MAX_WAIT_MS``, and halves it again after
+    ``STARVED_RELAX_S`` without starving.
+
     ``observed`` and ``wake`` may be called from any thread: what touches the consumer runs in
     its own event loop (faust runs its consumer in a thread of its own)."""
 
@@ -141,13 +153,17 @@ class FetchPacer:
     # wait (short, so that a ring arriving meanwhile finds no long fetch in flight).
     BACKSTOP_FETCH_S = 0.05
     BACKSTOP_WAIT_MS = 20
+    STARVED_CHECK_S = 0.5
+    STARVED_RELAX_S = 30.0
+    MAX_WAIT_MS = 1000
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False) -> None:
         """``background`` for a reader made with ``make_consumer(..., background=True)``."""
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
-        self._busy_wait_ms = busy_wait_ms or default_wait_ms
-        self._idle_wait_ms = max(self._busy_wait_ms, tuned.idle_fetch_max_wait_ms)
+        self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
+        self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
+        self._adapts_to_scans = tuned.raise_wait_when_starved
         self._idle_after_s = tuned.idle_after_s
         self._idle_poll_s = tuned.idle_poll_s
         self._doorbell_url = settings.doorbell_url if doorbell_on(settings) else None
@@ -159,6 +175,9 @@ class FetchPacer:
         self._backstop_until = 0.0
         self._last_active = time.monotonic()
         self._idle = False
+        self._behind: dict[TopicPartition, int] = {}  # partitions behind their log end: position at the last check
+        self._next_starved_check = 0.0
+        self._wait_changed_at = 0.0
 
     def attach(self, consumer: AIOKafkaConsumer) -> None:
         """The consumer to pace; call it from the consumer's event loop."""
@@ -179,6 +198,11 @@ class FetchPacer:
         return self._idle
 
     @property
+    def fetch_wait_ms(self) -> int:
+        """The wait the reader's fetches ask for now."""
+        return max(self._busy_wait_ms, self._idle_wait_ms) if self._idle else self._busy_wait_ms
+
+    @property
     def paused(self) -> bool:
         """Idle with the doorbell: the reader fetches only when rung (or once every ``idle_poll_s``)."""
         return bool(self._paused)
@@ -191,6 +215,9 @@ class FetchPacer:
             self._in_consumer_loop(self._set, False)
         elif now - self._last_active >= self._idle_after_s:
             self._in_consumer_loop(self._set, True)
+        if self._adapts_to_scans and now >= self._next_starved_check:
+            self._next_starved_check = now + self.STARVED_CHECK_S
+            self._in_consumer_loop(self._check_starved, now)
 
     def wake(self) -> None:
         self._last_active = time.monotonic()
@@ -214,13 +241,36 @@ class FetchPacer:
     def _set(self, idle: bool) -> None:
         if idle != self._idle:
             self._idle = idle
-            self._set_wait(self._idle_wait_ms if idle else self._busy_wait_ms)
+            self._set_wait(self.fetch_wait_ms)
         if self._loop is None:
             return
         if not idle:
             self._resume()
         elif time.monotonic() >= self._backstop_until:
             self._pause()  # again after a rebalance: new partitions come unpaused
+
+    def _check_starved(self, now: float) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        paused = consumer.paused()
+        behind = {}
+        for tp in consumer.assignment():
+            highwater, position = consumer.highwater(tp), _position(consumer, tp)
+            if tp not in paused and highwater is not None and position is not None and highwater > position:
+                behind[tp] = position
+        starved = [tp for tp, position in behind.items() if self._behind.get(tp) == position]
+        self._behind = behind
+        if starved and self._busy_wait_ms < self.MAX_WAIT_MS:
+            self._busy_wait_ms = min(self._busy_wait_ms * 2, self.MAX_WAIT_MS)
+            log.warning("%s-%s gets nothing though its log goes on (the broker's scan outlasts the fetch wait): "
+                        "fetching with %d ms", starved[0].topic, starved[0].partition, self._busy_wait_ms)
+        elif not starved and self._busy_wait_ms > self._base_wait_ms and now - self._wait_changed_at >= self.STARVED_RELAX_S:
+            self._busy_wait_ms = max(self._busy_wait_ms // 2, self._base_wait_ms)
+        else:
+            return
+        self._wait_changed_at = now
+        self._set_wait(self.fetch_wait_ms)
 
     def _set_wait(self, wait_ms: int) -> None:
         fetcher = getattr(self._consumer, "_fetcher", None)  # aiokafka reads it for every fetch request it builds
@@ -263,9 +313,18 @@ class FetchPacer:
                     await asyncio.sleep(self.BACKSTOP_FETCH_S)
                     if self._idle:
                         self._pause()
-                        self._set_wait(self._idle_wait_ms)
+                        self._set_wait(self.fetch_wait_ms)
         finally:
             await cancel_task(rings)
+
+
+def _position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The consumer's position in ``tp`` without a round trip (``consumer.position`` may make one)."""
+    try:
+        state = consumer._subscription.subscription.assignment.state_value(tp)
+    except AttributeError:  # no assignment (yet, or any more)
+        return None
+    return state.position if state is not None and state.has_valid_position else None
 
 
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:

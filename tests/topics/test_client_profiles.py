@@ -5,6 +5,7 @@ embedded reader backs off once idle and returns to polling when records come."""
 
 import asyncio
 
+import pytest
 from aiokafka import TopicPartition
 
 from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, make_producer
@@ -100,3 +101,46 @@ async def test_an_idle_paced_reader_backs_off_and_a_record_wakes_it(bus):
     finally:
         await producer.stop()
         await consumer.stop()
+
+
+async def test_a_reader_the_broker_starves_raises_its_wait_until_records_come(bus):
+    """The embedded broker lists every record batch of a partition on each fetch and answers nothing
+    when that outlasts the fetch wait: a long-lived partition stops delivering to a short-wait
+    reader (what stalled a 10-minute soak for half a minute). The paced reader notices that it
+    stays behind the log end and raises its wait."""
+    embedded = bus.model_copy(update={"broker": "embedded", "doorbell_url": None})
+    tp = TopicPartition(TopicCatalog(embedded).control, 2)
+    batches = 4000
+    producer = make_producer(embedded)
+    await producer.start()
+    try:
+        for _ in range(batches):  # one record per batch: each send is acknowledged before the next
+            await producer.send_and_wait(tp.topic, b"t" * 64, partition=tp.partition)
+    finally:
+        await producer.stop()
+
+    async def tail_reader(pacer: FetchPacer | None, seconds: float) -> tuple[int, object]:
+        consumer = make_consumer(embedded, fetch_max_wait_ms=1)
+        await consumer.start()
+        if pacer is not None:
+            pacer.attach(consumer)
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, batches - 3)
+            got, deadline = 0, asyncio.get_running_loop().time() + seconds
+            while got < 3 and asyncio.get_running_loop().time() < deadline:
+                read = sum(map(len, (await consumer.getmany(timeout_ms=200)).values()))
+                got += read
+                if pacer is not None:
+                    pacer.observed(read)
+            return got, consumer._fetcher._fetch_max_wait_ms
+        finally:
+            await consumer.stop()
+
+    starved, _ = await tail_reader(None, 2.0)
+    if starved:
+        pytest.skip(f"this broker lists {batches} batches within 1 ms: no starved reader to rescue here")
+    pacer = FetchPacer(embedded, busy_wait_ms=1)
+    got, wait_ms = await tail_reader(pacer, 30.0)
+    assert got == 3
+    assert wait_ms == pacer.fetch_wait_ms > 1
