@@ -14,5 +14,5 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = EdgeSettings()
     # Access logs carry no prompt text, but keep them off by default: paths and timings go to /metrics.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, http=settings.http, log_level="warning",
                 access_log=False, timeout_graceful_shutdown=5)

@@ -47,6 +47,8 @@ class EdgeSettings(BaseSettings):
     route: Literal["inline", "ingress", "direct"] = "inline"
     host: str = "127.0.0.1"
     port: int = 8700
+    # uvicorn's HTTP/1.1 implementation: `auto` takes httptools where it is installed, else h11.
+    http: Literal["auto", "h11", "httptools"] = "auto"
     # The partitions of `tokens` this process owns (`0,3` or `0-7`); each edge process needs its own.
     reply_partitions: Annotated[list[int], NoDecode] = [0]
     # New requests move to the next owned reply partition this often (0: never); see

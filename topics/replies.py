@@ -127,10 +127,16 @@ class ReplyStream:
     async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
         """Yield events up to and including the final one."""
         while True:
-            try:
-                item = await asyncio.wait_for(self._queue.get(), idle_timeout)
-            except TimeoutError:
-                raise ReplyStreamError(f"no token event for {idle_timeout}s") from None
+            # No task per event (asyncio.wait_for makes one): an event already queued is taken at
+            # once, and a wait is bounded by a timeout scope.
+            if not self._queue.empty():
+                item = self._queue.get_nowait()
+            else:
+                try:
+                    async with asyncio.timeout(idle_timeout):
+                        item = await self._queue.get()
+                except TimeoutError:
+                    raise ReplyStreamError(f"no token event for {idle_timeout}s") from None
             if item is None:
                 return
             if isinstance(item, ReplyStreamError):

@@ -22,6 +22,7 @@ from typing import Any
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import Message, Send
 
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
@@ -62,11 +63,22 @@ def chunks_received(request: Request) -> int:
     return int(raw)
 
 
+class TokenStreamResponse(EventSourceResponse):
+    """sse-starlette's response, writing without a cancel scope around each frame when no send
+    timeout is set (as here): that scope cost about a tenth of the edge's CPU per token event."""
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
+
+
 def sse_response(frames: AsyncIterator[bytes], heartbeat_s: float, stream_format: StreamFormat,
                  headers: dict[str, str] | None = None) -> EventSourceResponse:
     """The streaming response: ``frames`` as they come; for SSE clients a heartbeat every ``heartbeat_s``."""
     ping = heartbeat_s if stream_format.event_ids else 0  # 0: no ping task (a data-only stream has none)
-    return EventSourceResponse(frames, ping=ping, sep="\n", headers=headers,
+    return TokenStreamResponse(frames, ping=ping, sep="\n", headers=headers,
                                ping_message_factory=lambda: HEARTBEAT)  # type: ignore[arg-type,return-value]  # bytes pass as-is
 
 
