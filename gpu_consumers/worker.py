@@ -109,6 +109,7 @@ class GpuWorker:
         self._producer: AIOKafkaProducer | None = None
         self._sender: RecordSender | None = None
         self._pacer = FetchPacer(settings.bus)
+        self._held: set[TopicPartition] = set()  # paused here because their tier's buffer is full
         self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
         self._stopping = asyncio.Event()
@@ -208,7 +209,10 @@ class GpuWorker:
         next_commit = loop.time()
         while not self._stopping.is_set():
             self._pause_full_tiers()
-            batches = await self._consumer.getmany(timeout_ms=50)
+            # A record ends the wait at once; the loop itself only has to turn often while
+            # sequences run (a finished one frees a slot for the next waiting request).
+            busy = bool(self._running) or self.scheduler.waiting() > 0
+            batches = await self._consumer.getmany(timeout_ms=50 if busy else 500)
             for tp, records in batches.items():
                 for record in records:
                     await self._enqueue(tp, record)
@@ -220,14 +224,24 @@ class GpuWorker:
                 next_commit = loop.time() + self.settings.commit_interval_ms / 1000
 
     def _pause_full_tiers(self) -> None:
+        """Pause a tier's partitions while its buffer is full, and resume only those: partitions
+        the fetch pacer paused (an idle reader, topics/clients.py) are the pacer's to resume."""
         assert self._consumer is not None
         assigned = self._consumer.assignment()
+        paused = self._consumer.paused()
+        self._held &= assigned  # a rebalance hands partitions over unpaused
         for tier, topic in self._topics_by_tier.items():
             tps = [tp for tp in assigned if tp.topic == topic]
             if self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier:
-                self._consumer.pause(*tps)
+                fresh = [tp for tp in tps if tp not in paused]
+                if fresh:
+                    self._consumer.pause(*fresh)
+                    self._held.update(fresh)
             else:
-                self._consumer.resume(*tps)
+                held = [tp for tp in tps if tp in self._held]
+                if held:
+                    self._consumer.resume(*held)
+                    self._held.difference_update(held)
 
     async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         assert self._consumer is not None
