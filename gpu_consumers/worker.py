@@ -109,7 +109,6 @@ class GpuWorker:
         self._producer: AIOKafkaProducer | None = None
         self._sender: RecordSender | None = None
         self._pacer = FetchPacer(settings.bus)
-        self._held: set[TopicPartition] = set()  # paused here because their tier's buffer is full
         self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
         self._stopping = asyncio.Event()
@@ -224,24 +223,17 @@ class GpuWorker:
                 next_commit = loop.time() + self.settings.commit_interval_ms / 1000
 
     def _pause_full_tiers(self) -> None:
-        """Pause a tier's partitions while its buffer is full, and resume only those: partitions
-        the fetch pacer paused (an idle reader, topics/clients.py) are the pacer's to resume."""
+        # Resumes every partition of a tier with room on each turn, those the fetch pacer paused
+        # included: a worker left paused across a broker restart and a rebalance read nothing
+        # until the next request rang (BENCHMARKS.md §10 has what that costs an idle stack).
         assert self._consumer is not None
         assigned = self._consumer.assignment()
-        paused = self._consumer.paused()
-        self._held &= assigned  # a rebalance hands partitions over unpaused
         for tier, topic in self._topics_by_tier.items():
             tps = [tp for tp in assigned if tp.topic == topic]
             if self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier:
-                fresh = [tp for tp in tps if tp not in paused]
-                if fresh:
-                    self._consumer.pause(*fresh)
-                    self._held.update(fresh)
+                self._consumer.pause(*tps)
             else:
-                held = [tp for tp in tps if tp in self._held]
-                if held:
-                    self._consumer.resume(*held)
-                    self._held.difference_update(held)
+                self._consumer.resume(*tps)
 
     async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         assert self._consumer is not None
