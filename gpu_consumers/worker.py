@@ -108,7 +108,9 @@ class GpuWorker:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._sender: RecordSender | None = None
-        self._pacer = FetchPacer(settings.bus)
+        # Never paused, only slowed when idle: a worker paused across a broker restart and the
+        # rebalance after it read nothing until the next request rang (tests/faults/test_broker_loss.py).
+        self._pacer = FetchPacer(settings.bus, pauses=False)
         self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
         self._stopping = asyncio.Event()
@@ -223,9 +225,6 @@ class GpuWorker:
                 next_commit = loop.time() + self.settings.commit_interval_ms / 1000
 
     def _pause_full_tiers(self) -> None:
-        # Resumes every partition of a tier with room on each turn, those the fetch pacer paused
-        # included: a worker left paused across a broker restart and a rebalance read nothing
-        # until the next request rang (BENCHMARKS.md §10 has what that costs an idle stack).
         assert self._consumer is not None
         assigned = self._consumer.assignment()
         for tier, topic in self._topics_by_tier.items():

@@ -50,9 +50,8 @@ class TokenbusClient:
         self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec, rotate_every_s=rotate_every_s)
         self.producer: AIOKafkaProducer = make_producer(self.settings)
         self.sender = RecordSender(self.producer, self.codec, self.catalog)
-        self.publisher: RequestPublisher | InputModerator = RequestPublisher(self.sender)
-        if policy is not None:
-            self.publisher = InputModerator(RequestPublisher(self.sender), policy, on_review)
+        publisher = RequestPublisher(self.sender)
+        self.publisher = InputModerator(publisher, policy, on_review) if policy is not None else publisher
 
     async def start(self) -> None:
         await self.producer.start()

@@ -157,13 +157,16 @@ class FetchPacer:
     STARVED_RELAX_S = 30.0
     MAX_WAIT_MS = 1000
 
-    def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False) -> None:
-        """``background`` for a reader made with ``make_consumer(..., background=True)``."""
+    def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
+                 pauses: bool = True) -> None:
+        """``background`` for a reader made with ``make_consumer(..., background=True)``;
+        ``pauses=False`` for one that must never be paused (it only lengthens its wait when idle)."""
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
         self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
         self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
         self._adapts_to_scans = tuned.raise_wait_when_starved
+        self._pauses = pauses
         self._idle_after_s = tuned.idle_after_s
         self._idle_poll_s = tuned.idle_poll_s
         self._doorbell_url = settings.doorbell_url if doorbell_on(settings) else None
@@ -246,7 +249,7 @@ class FetchPacer:
             return
         if not idle:
             self._resume()
-        elif time.monotonic() >= self._backstop_until:
+        elif self._pauses and time.monotonic() >= self._backstop_until:
             self._pause()  # again after a rebalance: new partitions come unpaused
 
     def _check_starved(self, now: float) -> None:
