@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench import (
     broker_scan,
+    chat_turn,
     consumer_throughput,
     edge_costs,
     gpu,
@@ -38,6 +39,7 @@ SCENARIOS = {
     "idle": idle,
     "processors": processors,
     "turn_profile": turn_profile,
+    "chat_turn": chat_turn,
     "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run
     "soak": soak,  # 10 minutes: run by `make faults`, not by default
     "broker_scan": broker_scan,  # measures the embedded broker, not tokenbus: on request only

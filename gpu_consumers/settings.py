@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tokenbus.gpu_consumers.engines.tool_calls import TOOL_PARSERS
 from tokenbus.topics import BusSettings
 from tokenbus.topics.settings import split_csv
 
@@ -35,6 +36,8 @@ class WorkerSettings(BaseSettings):
     # Fetched-but-waiting requests per tier; past it that tier's partitions pause.
     prefetch_per_tier: int = 256
     takeover_clock_skew_ms: int = 2000
+    # How the model writes function calls (engines/tool_calls.py); "hermes" is <tool_call>{json}</tool_call>.
+    tool_parser: Literal[tuple(TOOL_PARSERS)] = "hermes"  # type: ignore[valid-type]
     commit_interval_ms: int = 100
     host: str = "127.0.0.1"
     port: int = 8701  # /healthz and /metrics

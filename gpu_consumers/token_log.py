@@ -40,7 +40,13 @@ class Published:
 
     @property
     def text(self) -> str:
-        return "".join(e.text for e in self.events)
+        """What the engine generated so far (tool-call markup included): a takeover continues after it."""
+        return "".join(e.text if e.raw_text is None else e.raw_text for e in self.events)
+
+    @property
+    def tool_calls(self) -> int:
+        """Function calls already delivered: a takeover numbers its calls after them."""
+        return sum(1 for e in self.events for d in e.tool_calls if d.id is not None)
 
     @property
     def token_ids(self) -> tuple[int, ...]:

@@ -27,17 +27,20 @@ from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_CONTENT_FILTER,
     FINISH_ERROR,
+    FINISH_STOP,
+    FINISH_TOOL_CALLS,
     Engine,
     GenerationInput,
     GenerationStream,
     StepOutput,
 )
+from tokenbus.gpu_consumers.engines.tool_calls import TOOL_PARSERS, HermesToolParser, ParsedText
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
 from tokenbus.gpu_consumers.offsets import OffsetTracker
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.token_log import Published, TokenLog
-from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms
+from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms, whole_tool_calls
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
@@ -347,10 +350,11 @@ class GpuWorker:
         last_sent: float | None = None
         assert self._batches is not None
         key = request.request_id
+        tool_calls = self._tool_parser(request, published)
         async for out in self._outputs(running, published):
             if out.finish_reason == FINISH_CANCELLED:
                 out = dataclasses.replace(out, finish_reason=running.stop_reason)
-            event = self._token_event(request, len(events), out)
+            event = self._token_event(request, len(events), out, tool_calls)
             deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key, event))
             events.append(event)
             sent = time.time()
@@ -376,13 +380,35 @@ class GpuWorker:
         running.stream = self.engine.generate(inp)
         return _engine_outputs(running.stream)
 
-    def _token_event(self, request: ChatRequest, seq: int, out: StepOutput) -> TokenEvent:
+    def _tool_parser(self, request: ChatRequest, published: Published) -> HermesToolParser | None:
+        """Reads function calls out of the engine's text, for a request that offers functions."""
+        if not request.offers_tools:
+            return None
+        offered = {t.name for t in request.tools}
+        if request.tool_choice_name is not None:
+            offered &= {request.tool_choice_name}
+        parser = TOOL_PARSERS[self.settings.tool_parser]
+        return parser(request.request_id, offered, published.tool_calls, request.parallel_tool_calls)
+
+    def _token_event(self, request: ChatRequest, seq: int, out: StepOutput,
+                     tool_calls: HermesToolParser | None = None) -> TokenEvent:
+        parsed = ParsedText(content=out.text_diff, raw=out.text_diff)
+        finish_reason = out.finish_reason
+        if tool_calls is not None:
+            parsed = tool_calls.feed(out.text_diff)
+            if out.finished:
+                rest = tool_calls.flush()
+                parsed.content, parsed.raw = parsed.content + rest.content, parsed.raw + rest.raw
+                if finish_reason == FINISH_STOP and tool_calls.calls:
+                    finish_reason = FINISH_TOOL_CALLS
         return TokenEvent(
             request_id=request.request_id,
             seq=seq,
-            text=out.text_diff,
+            text=parsed.content,
+            tool_calls=parsed.calls,
+            raw_text=parsed.raw_text,
             token_ids=list(out.token_ids_diff),
-            finish_reason=out.finish_reason,
+            finish_reason=finish_reason,
             error=out.error,
             prompt_tokens=out.prompt_tokens if out.finished else None,
             completion_tokens=out.completion_tokens if out.finished else None,
@@ -397,6 +423,7 @@ class GpuWorker:
         completion = Completion.for_request(
             request,
             text="".join(e.text for e in events),
+            tool_calls=whole_tool_calls(d for e in events for d in e.tool_calls),
             finish_reason=final.finish_reason or FINISH_ERROR,
             prompt_tokens=final.prompt_tokens or 0,
             completion_tokens=final.completion_tokens or 0,

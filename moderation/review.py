@@ -44,7 +44,7 @@ def review_input(policy: Policy, request: ChatRequest) -> InputReview:
 
 
 def _redacted(policy: Policy, request: ChatRequest, per_message: list[list[Finding]]) -> list[ChatMessage]:
-    return [ChatMessage(m.role, policy.redact(m.content, found, request.tier, INPUT)) if found else m
+    return [dataclasses.replace(m, content=policy.redact(m.content, found, request.tier, INPUT)) if found else m
             for m, found in zip(request.messages, per_message)]
 
 

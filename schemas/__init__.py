@@ -2,6 +2,10 @@
 
 from tokenbus.schemas.codec import AvroCodec, DecodeError
 from tokenbus.schemas.records import (
+    TOOL_CHOICE_AUTO,
+    TOOL_CHOICE_FUNCTION,
+    TOOL_CHOICE_NONE,
+    TOOL_CHOICE_REQUIRED,
     ChatMessage,
     ChatRequest,
     Completion,
@@ -10,11 +14,20 @@ from tokenbus.schemas.records import (
     ModerationDecision,
     Record,
     TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
     estimate_prompt_tokens,
+    message_text,
     now_ms,
+    whole_tool_calls,
 )
 
 __all__ = [
+    "TOOL_CHOICE_AUTO",
+    "TOOL_CHOICE_FUNCTION",
+    "TOOL_CHOICE_NONE",
+    "TOOL_CHOICE_REQUIRED",
     "AvroCodec",
     "ChatMessage",
     "ChatRequest",
@@ -25,6 +38,11 @@ __all__ = [
     "ModerationDecision",
     "Record",
     "TokenEvent",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolSpec",
     "estimate_prompt_tokens",
+    "message_text",
     "now_ms",
+    "whole_tool_calls",
 ]

@@ -15,6 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+TOOL_CHOICE_NONE = "none"
+TOOL_CHOICE_AUTO = "auto"
+TOOL_CHOICE_REQUIRED = "required"
+TOOL_CHOICE_FUNCTION = "function"  # the function named by tool_choice_name
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -27,9 +32,40 @@ def estimate_prompt_tokens(texts: Iterable[str]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the assistant made: ``arguments`` is JSON text, as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function a request offers the model: ``parameters`` is its JSON Schema as JSON text."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a function call in a token stream. The first piece of a call carries its ``id``
+    and ``name``; every piece may carry more ``arguments`` text. ``index`` orders the calls of a reply."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 @functools.cache
@@ -43,12 +79,41 @@ def _fields(record: object) -> dict[str, Any]:
     return {name: getattr(record, name) for name in _field_names(type(record))}  # type: ignore[arg-type]
 
 
-def _messages_to_avro(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in messages]
+def _tool_calls_to_avro(calls: Iterable[ToolCall]) -> list[dict[str, str]]:
+    return [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+
+
+def _tool_calls_from_avro(items: list[dict[str, Any]]) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(**c) for c in items)
+
+
+def _messages_to_avro(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": m.content, "tool_calls": _tool_calls_to_avro(m.tool_calls),
+             "tool_call_id": m.tool_call_id} for m in messages]
 
 
 def _messages_from_avro(items: list[dict[str, Any]]) -> list[ChatMessage]:
-    return [ChatMessage(role=m["role"], content=m["content"]) for m in items]
+    return [ChatMessage(m["role"], m["content"], _tool_calls_from_avro(m["tool_calls"]), m["tool_call_id"])
+            for m in items]
+
+
+def whole_tool_calls(deltas: Iterable[ToolCallDelta]) -> list[ToolCall]:
+    """The function calls of a stream, put back together from their pieces."""
+    calls: dict[int, list[str]] = {}
+    for delta in deltas:
+        if delta.id is not None:
+            calls[delta.index] = [delta.id, delta.name or "", ""]
+        if delta.index in calls:
+            calls[delta.index][2] += delta.arguments
+    return [ToolCall(*calls[i]) for i in sorted(calls)]
+
+
+def message_text(message: ChatMessage) -> str:
+    """What a message says in words a tokenizer or a policy sees: its content and its calls' names
+    and arguments."""
+    if not message.tool_calls:
+        return message.content
+    return " ".join([message.content, *(f"{c.name} {c.arguments}" for c in message.tool_calls)])
 
 
 @dataclass(slots=True)
@@ -71,6 +136,10 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     created_at_ms: int = field(default_factory=now_ms)
     deadline_ms: int | None = None
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: str = TOOL_CHOICE_AUTO  # none, auto, required, or function (tool_choice_name)
+    tool_choice_name: str | None = None
+    parallel_tool_calls: bool = True
 
     @property
     def partition_key(self) -> str:
@@ -79,14 +148,22 @@ class ChatRequest:
 
     @property
     def estimated_prompt_tokens(self) -> int:
-        return estimate_prompt_tokens(m.content for m in self.messages)
+        texts = [message_text(m) for m in self.messages] + [f"{t.name} {t.description} {t.parameters}" for t in self.tools]
+        return estimate_prompt_tokens(texts)
+
+    @property
+    def offers_tools(self) -> bool:
+        """Whether the model may answer with function calls."""
+        return bool(self.tools) and self.tool_choice != TOOL_CHOICE_NONE
 
     def to_avro(self) -> dict[str, Any]:
-        return {**_fields(self), "messages": _messages_to_avro(self.messages)}
+        return {**_fields(self), "messages": _messages_to_avro(self.messages),
+                "tools": [_fields(t) for t in self.tools]}
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> ChatRequest:
-        return cls(**{**data, "messages": _messages_from_avro(data["messages"])})
+        return cls(**{**data, "messages": _messages_from_avro(data["messages"]),
+                      "tools": [ToolSpec(**t) for t in data["tools"]]})
 
 
 @dataclass(slots=True)
@@ -99,6 +176,10 @@ class TokenEvent:
     seq: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    # The engine's own text of this event where it differs from ``text`` (tool-call markup the
+    # worker parsed into ``tool_calls``): what a takeover continues after (token_log.Published).
+    raw_text: str | None = None
     finish_reason: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None
@@ -116,10 +197,15 @@ class TokenEvent:
         return self.finish_reason is not None
 
     def to_avro(self) -> dict[str, Any]:
-        return _fields(self)
+        fields = _fields(self)
+        if self.tool_calls:
+            fields["tool_calls"] = [_fields(d) for d in self.tool_calls]
+        return fields
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> TokenEvent:
+        if data["tool_calls"]:
+            data = {**data, "tool_calls": [ToolCallDelta(**d) for d in data["tool_calls"]]}
         return cls(**data)
 
 
@@ -147,6 +233,7 @@ class Completion:
     error: str | None = None
     worker_id: str = ""
     first_token_at_ms: int | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @classmethod
     def for_request(cls, request: ChatRequest, **outcome: Any) -> Completion:
@@ -157,11 +244,13 @@ class Completion:
                    created_at_ms=request.created_at_ms, **outcome)
 
     def to_avro(self) -> dict[str, Any]:
-        return {**_fields(self), "messages": _messages_to_avro(self.messages)}
+        return {**_fields(self), "messages": _messages_to_avro(self.messages),
+                "tool_calls": _tool_calls_to_avro(self.tool_calls)}
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> Completion:
-        return cls(**{**data, "messages": _messages_from_avro(data["messages"])})
+        return cls(**{**data, "messages": _messages_from_avro(data["messages"]),
+                      "tool_calls": list(_tool_calls_from_avro(data["tool_calls"]))})
 
 
 class ControlAction(str, enum.Enum):

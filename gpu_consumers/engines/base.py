@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tokenbus.schemas import ChatMessage, ChatRequest
+from tokenbus.schemas import TOOL_CHOICE_AUTO, TOOL_CHOICE_NONE, ChatMessage, ChatRequest, ToolSpec
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_CANCELLED = "cancelled"
 FINISH_CONTENT_FILTER = "content_filter"  # stopped by output moderation
 FINISH_ERROR = "error"
+FINISH_TOOL_CALLS = "tool_calls"  # set by the worker when the reply's text held function calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,16 @@ class GenerationInput:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prefix_token_ids: tuple[int, ...] = ()
     prefix_text: str = ""
+    # Functions the model may call (engines/chat_template.py puts them in the prompt; the worker
+    # reads calls back out of the text with engines/tool_calls.py).
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = TOOL_CHOICE_AUTO
+    tool_choice_name: str | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def offers_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != TOOL_CHOICE_NONE
 
     @classmethod
     def from_request(cls, request: ChatRequest, prefix_token_ids: tuple[int, ...] = (), prefix_text: str = "") -> GenerationInput:
@@ -49,6 +60,10 @@ class GenerationInput:
             prefix_text=prefix_text,
             request_id=request.request_id,
             messages=tuple(request.messages),
+            tools=tuple(request.tools),
+            tool_choice=request.tool_choice,
+            tool_choice_name=request.tool_choice_name,
+            parallel_tool_calls=request.parallel_tool_calls,
             sampling=SamplingParams(
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,

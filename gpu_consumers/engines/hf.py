@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tokenbus.gpu_consumers.engines import chat_template
 from tokenbus.gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -256,9 +257,7 @@ class HfEngine:
         self._manager.cancel_request(internal_id)
 
     def prompt_ids(self, inp: GenerationInput) -> list[int]:
-        messages = [{"role": m.role, "content": m.content} for m in inp.messages]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+        return chat_template.prompt_ids(self.tokenizer, inp)
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
         prompt = self.prompt_ids(inp)

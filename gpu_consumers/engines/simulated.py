@@ -6,15 +6,24 @@ grows (``batch_slowdown``), and a sequence's first token comes ``ttft_ms`` after
 admitted. Text is drawn from a small vocabulary by a generator seeded from the engine
 seed and the request (its ``seed`` or its id), so a request's output is reproducible,
 and a sequence resumed after a prefix continues exactly as the uninterrupted one would.
+
+Offered tools, it calls them as a function-calling model would, in the ``hermes`` markup the
+worker parses (engines/tool_calls.py), a few characters a token: the named function when
+``tool_choice`` names one; otherwise, unless the last message is a tool's result (then it
+answers in words) or ``tool_choice`` is ``none``, every offered function (at most
+``MAX_CALLS``), or only the first without ``parallel_tool_calls``. Arguments are drawn from each
+function's JSON Schema by a generator seeded like the text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -27,6 +36,8 @@ from tokenbus.gpu_consumers.engines.base import (
     StepOutput,
 )
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
+from tokenbus.gpu_consumers.engines.tool_calls import render_call
+from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ToolSpec, message_text
 from tokenbus.topics import cancel_task
 
 VOCABULARY = """
@@ -51,13 +62,52 @@ class SimulatedEngineSettings(BaseSettings):
     failure_rate: float = 0.0  # chance that a sequence fails part-way
 
 
+MAX_CALLS = 3
+MARKUP_TOKEN_CHARS = 4  # a tool call's markup is generated this many characters a token
+MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in the call text
+
+
 def count_prompt_tokens(inp: GenerationInput) -> int:
-    """The simulated tokenizer: a token per word plus a few for each message's template."""
-    return sum(len(m.content.split()) + 4 for m in inp.messages)
+    """The simulated tokenizer: a token per word plus a few for each message's template and tool."""
+    words = sum(len(message_text(m).split()) + 4 for m in inp.messages)
+    tools = inp.tools if inp.offers_tools else ()
+    return words + sum(len(f"{t.name} {t.description} {t.parameters}".split()) + 4 for t in tools)
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:
     return " ".join(VOCABULARY[t] for t in token_ids)
+
+
+def planned_calls(inp: GenerationInput) -> list[ToolSpec]:
+    """The functions this turn calls (see the module's docstring)."""
+    if not inp.offers_tools:
+        return []
+    if inp.tool_choice == TOOL_CHOICE_FUNCTION:
+        return [t for t in inp.tools if t.name == inp.tool_choice_name][:1]
+    if inp.tool_choice != TOOL_CHOICE_REQUIRED and inp.messages and inp.messages[-1].role == "tool":
+        return []
+    return list(inp.tools[:MAX_CALLS] if inp.parallel_tool_calls else inp.tools[:1])
+
+
+def sample_value(schema: Any, rng: random.Random) -> Any:
+    """A value that fits a (simple) JSON Schema."""
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("enum"):
+        return rng.choice(schema["enum"])
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        return {name: sample_value(sub, rng) for name, sub in (schema.get("properties") or {}).items()}
+    return {"string": lambda: rng.choice(VOCABULARY), "integer": lambda: rng.randint(0, 100),
+            "number": lambda: rng.randint(0, 1000) / 10, "boolean": lambda: rng.random() < 0.5,
+            "array": list, "null": lambda: None}.get(kind if isinstance(kind, str) else "", lambda: None)()
+
+
+def tool_markup(inp: GenerationInput, seed_material: str) -> str:
+    """The text of this turn's calls, "" when it answers in words."""
+    rng = random.Random(zlib.crc32(f"{seed_material}:tools".encode()))
+    return "\n".join(render_call(t.name, sample_value(json.loads(t.parameters), rng) or {})
+                     for t in planned_calls(inp))
 
 
 @dataclass(eq=False)
@@ -68,6 +118,7 @@ class _Sequence:
     natural_length: int
     fails_at: int | None
     prompt_tokens: int
+    markup: str = ""  # a tool-calling turn's text, generated MARKUP_TOKEN_CHARS a token
     outputs: asyncio.Queue[StepOutput] = field(default_factory=asyncio.Queue)
     generated: int = 0
     aborted: bool = False
@@ -78,7 +129,11 @@ class _Sequence:
     def __post_init__(self) -> None:
         self.stops = StopFilter(self.inp.sampling.stop)
         self.generated = len(self.inp.prefix_token_ids)
-        self.unsent = decode(self.inp.prefix_token_ids)[len(self.inp.prefix_text):]
+        prefix = self._markup_piece_text(self.generated) if self.markup else decode(self.inp.prefix_token_ids)
+        self.unsent = prefix[len(self.inp.prefix_text):]
+
+    def _markup_piece_text(self, pieces: int) -> str:
+        return self.markup[:pieces * MARKUP_TOKEN_CHARS]
 
     def abort(self) -> None:
         self.aborted = True
@@ -100,6 +155,8 @@ class _Sequence:
             return self._emit("", (), FINISH_CANCELLED)
         if self.fails_at is not None and self.generated >= self.fails_at:
             return self._emit("", (), FINISH_ERROR, "injected engine failure")
+        if self.markup:
+            return self._step_markup()
         token_id = self.rng.randrange(len(VOCABULARY))
         piece = VOCABULARY[token_id] if self.generated == 0 else " " + VOCABULARY[token_id]
         self.generated += 1
@@ -113,6 +170,20 @@ class _Sequence:
         if self.generated >= self.natural_length:
             return self._emit(text + self.stops.flush(), (token_id,), FINISH_STOP)
         self._emit(text, (token_id,))
+
+    def _step_markup(self) -> None:
+        """One token of a tool-calling turn; it ends with the markup (stop sequences do not apply)."""
+        start = self.generated * MARKUP_TOKEN_CHARS
+        piece = self.unsent + self.markup[start:start + MARKUP_TOKEN_CHARS]
+        self.unsent = ""
+        ids = (MARKUP_TOKEN_BASE + self.generated,)
+        self.generated += 1
+        limit = self.inp.sampling.max_tokens
+        if start + MARKUP_TOKEN_CHARS >= len(self.markup):
+            return self._emit(piece, ids, FINISH_STOP)
+        if limit is not None and self.generated >= limit:
+            return self._emit(piece, ids, FINISH_LENGTH)
+        self._emit(piece, ids)
 
 
 class SimulatedEngine:
@@ -150,6 +221,7 @@ class SimulatedEngine:
             natural_length=natural_length,
             fails_at=fails_at,
             prompt_tokens=count_prompt_tokens(inp),
+            markup=tool_markup(inp, seed_material),
         )
         self._running.append(sequence)
         self._wakeup.set()

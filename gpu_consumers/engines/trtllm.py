@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tokenbus.gpu_consumers.engines import chat_template
 from tokenbus.gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -117,9 +118,7 @@ class TrtLlmEngine:
             await asyncio.to_thread(self._llm.shutdown)
 
     def prompt_ids(self, inp: GenerationInput) -> list[int]:
-        messages = [{"role": m.role, "content": m.content} for m in inp.messages]
-        ids = self._llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+        return chat_template.prompt_ids(self._llm.tokenizer, inp)
 
     def generate(self, inp: GenerationInput) -> _TrtStream:
         prompt = self.prompt_ids(inp)

@@ -5,6 +5,7 @@ published again: the client is attached to the first one's stream."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncGenerator
 
@@ -14,13 +15,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenbus.producers import new_request_id
-from tokenbus.schemas import ChatMessage, ChatRequest, TokenEvent, estimate_prompt_tokens
+from tokenbus.schemas import (
+    TOOL_CHOICE_AUTO,
+    TOOL_CHOICE_FUNCTION,
+    ChatMessage,
+    ChatRequest,
+    TokenEvent,
+    ToolCall,
+    ToolSpec,
+)
 from tokenbus.sse_edge.api.resume import parse_last_event_id, relay_existing
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, PermissionDenied, Unavailable, model_not_found
 from tokenbus.sse_edge.plumbing.admission import Admitted
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, collect_completion, sse_frames, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
-from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChunkWriter
+from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.keys import ApiKey
@@ -50,8 +59,9 @@ async def chat_completions(request: Request) -> Response:
         if earlier is not None:
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
     try:
-        admitted = await edge.admission.admit(key, chat.model, estimate_prompt_tokens(m.text() for m in chat.messages))
-        stream = await publish(edge, to_bus_request(chat, edge, key, request_id), chat, digest)
+        bus_request = to_bus_request(chat, edge, key, request_id)
+        admitted = await edge.admission.admit(key, chat.model, bus_request.estimated_prompt_tokens)
+        stream = await publish(edge, bus_request, chat, digest)
     except ApiError:
         if idempotency_key:  # never published: a retry with this key must be able to try again
             await edge.streams.release(key.tenant, idempotency_key, request_id)
@@ -122,7 +132,7 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         tenant=key.tenant,
         key_id=key.key_id,
         conversation_id=chat.conversation_id,
-        messages=[ChatMessage(role=m.role, content=m.text()) for m in chat.messages],
+        messages=[bus_message(m) for m in chat.messages],
         max_tokens=chat.token_limit,
         temperature=chat.temperature,
         top_p=chat.top_p,
@@ -130,7 +140,28 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         stop=chat.stop_sequences,
         reply_topic=edge.bus.catalog.tokens,
         reply_partition=edge.bus.router.reply_partition,
+        tools=[ToolSpec(t.function.name, t.function.description or "",
+                        json.dumps(t.function.parameters or EMPTY_PARAMETERS, separators=(",", ":")))
+               for t in chat.tools or []],
+        tool_choice=tool_choice_of(chat),
+        tool_choice_name=None if isinstance(chat.tool_choice, str | None) else chat.tool_choice.function.name,
+        parallel_tool_calls=chat.parallel_tool_calls is not False,
     )
+
+
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def bus_message(message: ChatMessageParam) -> ChatMessage:
+    calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or [])
+    return ChatMessage(message.role, message.text(), calls, message.tool_call_id)
+
+
+def tool_choice_of(chat: ChatCompletionRequest) -> str:
+    """OpenAI's default is ``auto`` when tools are given (``none`` without, where it does not matter)."""
+    if chat.tool_choice is None:
+        return TOOL_CHOICE_AUTO
+    return chat.tool_choice if isinstance(chat.tool_choice, str) else TOOL_CHOICE_FUNCTION
 
 
 async def register_stream(edge: EdgeState, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str) -> None:

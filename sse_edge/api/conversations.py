@@ -4,12 +4,15 @@ API key, never from the request, so a key reads its own tenant's transcripts onl
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound
+from tokenbus.sse_edge.protocol.chat import tool_calls_body
 from tokenbus.sse_edge.state import EdgeState
-from tokenbus.stores.transcripts.model import BadCursor, Page
+from tokenbus.stores.transcripts.model import BadCursor, Page, TranscriptMessage
 
 
 def page_params(request: Request, default_limit: int) -> tuple[int, str | None]:
@@ -40,6 +43,17 @@ async def list_conversations(request: Request) -> Response:
     return JSONResponse(list_body(page, rows))
 
 
+def message_row(m: TranscriptMessage) -> dict[str, Any]:
+    row: dict[str, Any] = {"object": "conversation.message", "request_id": m.request_id, "role": m.role, "content": m.content,
+           "model": m.model, "finish_reason": m.finish_reason or None, "created_at": m.turn_at_ms / 1000,
+           "cursor": m.cursor}
+    if m.tool_calls:
+        row["tool_calls"] = tool_calls_body([(c.id, c.name, c.arguments) for c in m.calls])
+    if m.tool_call_id:
+        row["tool_call_id"] = m.tool_call_id
+    return row
+
+
 async def list_messages(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
@@ -52,7 +66,5 @@ async def list_messages(request: Request) -> Response:
     if not page.items and after is None:
         # Another tenant's conversation and one that does not exist look the same.
         raise NotFound(f"No conversation '{conversation_id}'.", code="conversation_not_found")
-    rows = [{"object": "conversation.message", "request_id": m.request_id, "role": m.role, "content": m.content,
-             "model": m.model, "finish_reason": m.finish_reason or None, "created_at": m.turn_at_ms / 1000,
-             "cursor": m.cursor} for m in page.items]
+    rows = [message_row(m) for m in page.items]
     return JSONResponse(list_body(page, rows))

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Send
 
-from tokenbus.schemas import TokenEvent
+from tokenbus.schemas import TokenEvent, ToolCall, ToolCallDelta, whole_tool_calls
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
@@ -135,15 +135,16 @@ async def sse_frames(
                 finished = True
                 yield frame(error.body(), reply.event_id if ids else None)
                 return
-            if event.text or event.is_final:
+            chunks = event_chunks(event, writer)
+            if len(chunks) > skip and (event.text or event.tool_calls):
                 now = time.perf_counter()
+                metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
+                last_sent = now
+            for chunk in chunks:
                 if skip:
                     skip -= 1
                 else:
-                    if event.text:
-                        metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
-                        last_sent = now
-                    yield frame(writer.delta(event.text, event.finish_reason), reply.event_id if ids else None)
+                    yield frame(chunk, reply.event_id if ids else None)
             if event.is_final:
                 finished = True
                 await hooks.on_final(event)
@@ -161,6 +162,18 @@ async def sse_frames(
             hooks.on_abandoned()
 
 
+def event_chunks(event: TokenEvent, writer: ChunkWriter) -> list[str]:
+    """The chunks one token event becomes: its text with the finish reason, as one chunk; where
+    the event holds function calls, its text, a chunk per piece of a call, and the finish."""
+    if not event.tool_calls:
+        return [writer.delta(event.text, event.finish_reason)] if event.text or event.is_final else []
+    chunks = [writer.delta(event.text, None)] if event.text else []
+    chunks += [writer.tool_call(d.index, d.id, d.name, d.arguments) for d in event.tool_calls]
+    if event.is_final:
+        chunks.append(writer.delta("", event.finish_reason))
+    return chunks
+
+
 async def collect_completion(
     request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
     headers: dict[str, str],
@@ -175,7 +188,7 @@ async def collect_completion(
         hooks.on_abandoned()
         raise ClientClosed()
     try:
-        text, final = collecting.result()
+        text, calls, final = collecting.result()
     except ReplyStreamError as exc:
         raise stream_error(exc) from None
     await hooks.on_final(final)
@@ -183,21 +196,23 @@ async def collect_completion(
     if error is not None:
         raise error
     body = completion_body(request_id, model, text, final.finish_reason or "stop", final.prompt_tokens or 0,
-                           final.completion_tokens or 0)
+                           final.completion_tokens or 0, [(c.id, c.name, c.arguments) for c in calls])
     return JSONResponse(body, headers=headers)
 
 
-async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, TokenEvent]:
+async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[ToolCall], TokenEvent]:
     text: list[str] = []
+    deltas: list[ToolCallDelta] = []
     final: TokenEvent | None = None
     try:
         async for reply in events:
             text.append(reply.event.text)
+            deltas += reply.event.tool_calls
             final = reply.event
     finally:
         await events.aclose()
     assert final is not None
-    return "".join(text), final
+    return "".join(text), whole_tool_calls(deltas), final
 
 
 async def _wait_for_disconnect(request: Request) -> None:

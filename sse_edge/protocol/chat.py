@@ -18,12 +18,27 @@ class TextContentPart(BaseModel):
     text: str
 
 
+class FunctionCallParam(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str  # JSON text of an object (checked in validation.py)
+
+
+class ToolCallParam(BaseModel):
+    """A call in an assistant message of the history."""
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
 class ChatMessageParam(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # assistant messages
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)  # tool messages
 
     def text(self) -> str:
         if self.content is None:
@@ -37,11 +52,33 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(default=None, max_length=4096)
+    parameters: dict[str, Any] | None = None  # a JSON Schema object (checked in validation.py)
+    strict: bool | None = None
+
+
+class ToolParam(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
 # Parts of OpenAI's API that tokenbus does not serve: a request using one gets a clear 400
 # naming it rather than a silently different answer.
 UNSUPPORTED = {
-    "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-    "function_call": "function calling", "audio": "audio output", "prediction": "predicted outputs",
+    "functions": "the deprecated `functions` (use `tools`)",
+    "function_call": "the deprecated `function_call` (use `tool_choice`)", "audio": "audio output",
+    "prediction": "predicted outputs",
     "logprobs": "log probabilities", "top_logprobs": "log probabilities", "logit_bias": "logit bias",
     "web_search_options": "web search",
 }
@@ -73,6 +110,9 @@ class ChatCompletionRequest(BaseModel):
     user: str | None = Field(default=None, max_length=256)
     # OpenAI's request metadata; tokenbus reads `conversation_id` from it to group transcripts.
     metadata: dict[str, str] | None = None
+    tools: list[ToolParam] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("metadata")
     @classmethod
@@ -158,13 +198,33 @@ class ChunkWriter:
         finish = "null" if finish_reason is None else json.dumps(finish_reason)
         return f'{self._content_head}{delta},"logprobs":null,"finish_reason":{finish}}}{self._content_tail}'
 
+    def tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> str:
+        """A chunk of a function call: the first one of a call has its id and name, later ones
+        more of its arguments (OpenAI's ``delta.tool_calls``)."""
+        call: dict[str, Any] = {"index": index}
+        if call_id is not None:
+            call.update(id=call_id, type="function", function={"name": name, "arguments": arguments})
+        else:
+            call["function"] = {"arguments": arguments}
+        delta = json.dumps({"tool_calls": [call]}, separators=(",", ":"), ensure_ascii=False)
+        return f'{self._content_head}{delta},"logprobs":null,"finish_reason":null}}{self._content_tail}'
+
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         return self._chunk([], usage_body(prompt_tokens, completion_tokens))
 
 
+def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """``message.tool_calls`` of a response: (id, name, arguments) each."""
+    return [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]
+
+
 def completion_body(
-    request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+    request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+    tool_calls: list[tuple[str, str, str]] | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message.update(content=text or None, tool_calls=tool_calls_body(tool_calls))
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -174,7 +234,7 @@ def completion_body(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }

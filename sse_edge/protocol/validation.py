@@ -7,6 +7,8 @@ import hashlib
 import json
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 from starlette.requests import Request
 
@@ -54,6 +56,8 @@ def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequ
     except ValidationError as exc:
         raise from_validation_error(exc) from None
     check_serving_limits(chat, settings)
+    check_tools(chat)
+    check_tool_messages(chat)
     return chat
 
 
@@ -84,3 +88,55 @@ def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) ->
         raise InvalidRequest(f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
                              code="invalid_value")
 
+
+
+def check_tools(chat: ChatCompletionRequest) -> None:
+    """Each tool's ``parameters`` is a JSON Schema for an object; names are unique; a named
+    ``tool_choice`` names one of them."""
+    tools = chat.tools or []
+    names: set[str] = set()
+    for i, tool in enumerate(tools):
+        function = tool.function
+        if function.name in names:
+            raise InvalidRequest(f"Tool names must be unique; '{function.name}' appears twice.",
+                                 param=f"tools[{i}].function.name", code="invalid_value")
+        names.add(function.name)
+        parameters = function.parameters
+        if parameters is None:
+            continue
+        param = f"tools[{i}].function.parameters"
+        try:
+            Draft202012Validator.check_schema(parameters)
+        except SchemaError as exc:
+            raise InvalidRequest(f"Invalid schema for function '{function.name}': {exc.message}.", param=param,
+                                 code="invalid_function_parameters") from None
+        if parameters.get("type", "object") != "object":
+            raise InvalidRequest(f"Invalid schema for function '{function.name}': the parameters must be a JSON "
+                                 f"Schema of type 'object', not '{parameters.get('type')}'.", param=param,
+                                 code="invalid_function_parameters")
+    choice = chat.tool_choice
+    if choice is not None and choice != "none" and not tools:
+        raise InvalidRequest("'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice",
+                             code="invalid_value")
+    if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
+        raise InvalidRequest(f"'tool_choice' names the function '{choice.function.name}', which is not in 'tools'.",
+                             param="tool_choice", code="invalid_value")
+
+
+def check_tool_messages(chat: ChatCompletionRequest) -> None:
+    """Calls in the history carry JSON object arguments; a tool message says which call it answers."""
+    for i, message in enumerate(chat.messages):
+        if message.role == "tool" and message.tool_call_id is None:
+            raise InvalidRequest("A message with role 'tool' needs its 'tool_call_id'.",
+                                 param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
+        if message.tool_calls and message.role != "assistant":
+            raise InvalidRequest("Only assistant messages carry 'tool_calls'.", param=f"messages[{i}].tool_calls",
+                                 code="invalid_value")
+        for j, call in enumerate(message.tool_calls or []):
+            try:
+                arguments = json.loads(call.function.arguments)
+            except ValueError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                raise InvalidRequest("A tool call's arguments must be a JSON object, as JSON text.",
+                                     param=f"messages[{i}].tool_calls[{j}].function.arguments", code="invalid_value")

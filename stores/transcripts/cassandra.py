@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 INSERT_MESSAGE = (
     "INSERT INTO {ks}.messages_by_conversation (tenant, conversation_id, turn_at_ms, request_id, position, role, "
-    "content, model, finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+    "content, model, finish_reason, tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
 )
 UPSERT_CONVERSATION = (
     "INSERT INTO {ks}.conversations_by_tenant (tenant, conversation_id, model, last_turn_at_ms, last_request_id) "
@@ -32,7 +32,8 @@ SELECT_CONVERSATIONS = (
     "WHERE tenant = ? AND conversation_id > ? LIMIT ?"
 )
 SELECT_MESSAGES = (
-    "SELECT turn_at_ms, request_id, position, role, content, model, finish_reason FROM {ks}.messages_by_conversation "
+    "SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id "
+    "FROM {ks}.messages_by_conversation "
     "WHERE tenant = ? AND conversation_id = ? AND (turn_at_ms, request_id, position) > (?, ?, ?) LIMIT ?"
 )
 RETRY_ATTEMPTS = 5
@@ -119,7 +120,8 @@ class CassandraTranscriptStore:
         batch.is_idempotent = True
         for m in turn.messages:
             batch.add(self.insert_message, (m.tenant, m.conversation_id, m.turn_at_ms, m.request_id, m.position,
-                                            m.role, m.content, m.model, m.finish_reason, self._ttl_s))
+                                            m.role, m.content, m.model, m.finish_reason, m.tool_calls,
+                                            m.tool_call_id, self._ttl_s))
         await self._execute(batch)
         await self._execute(self.upsert_conversation.bind((
             turn.tenant, turn.conversation_id, turn.model, turn.turn_at_ms, turn.request_id,
@@ -138,7 +140,8 @@ class CassandraTranscriptStore:
         turn_at, request_id, position = decode_cursor(after, 3) if after else (-1, "", -1)
         rows = await self._execute(self.select_messages.bind(
             (tenant, conversation_id, int(turn_at), str(request_id), int(position), limit + 1)))
-        items = [TranscriptMessage(tenant, conversation_id, *r) for r in rows[:limit]]
+        items = [TranscriptMessage(tenant, conversation_id, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7] or "",
+                                   r[8] or "") for r in rows[:limit]]
         return Page(items, items[-1].cursor if len(rows) > limit else None)
 
     async def close(self) -> None:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from tokenbus.schemas import ChatMessage, Completion
+from tokenbus.schemas import ChatMessage, Completion, ToolCall
 
 T = TypeVar("T")
 
@@ -36,6 +36,12 @@ class TranscriptMessage:
     content: str
     model: str = ""
     finish_reason: str = ""
+    tool_calls: str = ""  # an assistant message's function calls: JSON text of [{id, name, arguments}]
+    tool_call_id: str = ""  # a tool message: the call it answers
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [ToolCall(**c) for c in json.loads(self.tool_calls)] if self.tool_calls else []
 
     @property
     def cursor(self) -> str:
@@ -101,15 +107,23 @@ def new_messages(messages: list[ChatMessage], continues_conversation: bool) -> l
     return list(messages[last_assistant + 1:])
 
 
+def calls_json(calls: tuple[ToolCall, ...]) -> str:
+    if not calls:
+        return ""
+    return json.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls], separators=(",", ":"))
+
+
 def turn_of(completion: Completion, assistant_text: str | None = None) -> Turn:
     """The rows a Completion contributes; a request without a conversation id is its own conversation."""
     conversation_id = completion.conversation_id or completion.request_id
     prompt = new_messages(completion.messages, completion.conversation_id is not None)
-    reply = ChatMessage("assistant", completion.text if assistant_text is None else assistant_text)
+    reply = ChatMessage("assistant", completion.text if assistant_text is None else assistant_text,
+                        tuple(completion.tool_calls))
     rows = [
         TranscriptMessage(completion.tenant, conversation_id, completion.created_at_ms, completion.request_id,
                           position, m.role, m.content, completion.model,
-                          completion.finish_reason if m is reply else "")
+                          completion.finish_reason if m is reply else "", calls_json(m.tool_calls),
+                          m.tool_call_id or "")
         for position, m in enumerate([*prompt, reply])
     ]
     return Turn(completion.tenant, conversation_id, completion.request_id, completion.created_at_ms,

@@ -39,6 +39,8 @@ CREATE TABLE IF NOT EXISTS messages_by_conversation (
     model TEXT NOT NULL,
     finish_reason TEXT NOT NULL,
     expires_at_ms INTEGER,
+    tool_calls TEXT NOT NULL DEFAULT '',
+    tool_call_id TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (tenant, conversation_id, turn_at_ms, request_id, position)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS conversations_by_tenant (
@@ -53,10 +55,14 @@ CREATE TABLE IF NOT EXISTS conversations_by_tenant (
 """
 
 UPSERT_MESSAGE = """
-INSERT INTO messages_by_conversation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO messages_by_conversation (tenant, conversation_id, turn_at_ms, request_id, position, role, content,
+    model, finish_reason, expires_at_ms, tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET role = excluded.role, content = excluded.content, model = excluded.model,
-    finish_reason = excluded.finish_reason, expires_at_ms = excluded.expires_at_ms
+    finish_reason = excluded.finish_reason, expires_at_ms = excluded.expires_at_ms,
+    tool_calls = excluded.tool_calls, tool_call_id = excluded.tool_call_id
 """
+# Columns added after the first release: a file written before gets them on open.
+ADDED_COLUMNS = {"tool_calls": "TEXT NOT NULL DEFAULT ''", "tool_call_id": "TEXT NOT NULL DEFAULT ''"}
 # The latest turn wins whatever order turns are written in, like Cassandra's USING TIMESTAMP.
 UPSERT_CONVERSATION = """
 INSERT INTO conversations_by_tenant VALUES (?, ?, ?, ?, ?, ?)
@@ -70,7 +76,8 @@ SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM conversatio
 WHERE tenant = ? AND conversation_id > ? AND {LIVE} ORDER BY conversation_id LIMIT ?
 """
 SELECT_MESSAGES = f"""
-SELECT turn_at_ms, request_id, position, role, content, model, finish_reason FROM messages_by_conversation
+SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id
+FROM messages_by_conversation
 WHERE tenant = ? AND conversation_id = ? AND (turn_at_ms, request_id, position) > (?, ?, ?) AND {LIVE}
 ORDER BY turn_at_ms, request_id, position LIMIT ?
 """
@@ -86,6 +93,10 @@ class SqliteTranscriptStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(messages_by_conversation)")}
+        for column, kind in ADDED_COLUMNS.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE messages_by_conversation ADD COLUMN {column} {kind}")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -98,7 +109,7 @@ class SqliteTranscriptStore:
         with self._db:
             self._db.executemany(UPSERT_MESSAGE, [
                 (m.tenant, m.conversation_id, m.turn_at_ms, m.request_id, m.position, m.role, m.content, m.model,
-                 m.finish_reason, expires) for m in turn.messages])
+                 m.finish_reason, expires, m.tool_calls, m.tool_call_id) for m in turn.messages])
             self._db.execute(UPSERT_CONVERSATION, (turn.tenant, turn.conversation_id, turn.model, turn.turn_at_ms,
                                                    turn.request_id, expires))
 

@@ -39,7 +39,8 @@ class StreamWindows:
             stream = self._open[request_id] = _Stream()
             if len(self._open) > self._max_open:
                 self._open.popitem(last=False)
-        text = stream.tail + event.text
+        # A function call's arguments are text a policy can match, as much as the reply's words.
+        text = stream.tail + event.text + "".join(d.arguments for d in event.tool_calls)
         # Only matches that reach into the new text are new; older ones were seen before.
         findings = [f for f in self._policy.scan(text, "output")
                     if f.category not in stream.reported and (f.end is None or f.end > len(stream.tail))]

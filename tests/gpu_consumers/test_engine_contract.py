@@ -4,6 +4,7 @@ because TensorRT-LLM cannot be installed here; with TOKENBUS_TRTLLM_MODEL set on
 GPU host with tensorrt_llm installed, `trtllm-real` runs the same contract for real)."""
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from tokenbus.gpu_consumers.engines import (
     SimulatedEngine,
     SimulatedEngineSettings,
 )
-from tokenbus.schemas import ChatMessage
+from tokenbus.schemas import ChatMessage, ToolCall, ToolSpec
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 FAKES = Path(__file__).parent.parent / "fakes"
@@ -107,6 +108,18 @@ async def test_longer_prompts_count_more_prompt_tokens(engine):
     short = await collect(engine, request(content="hi", max_tokens=2))
     long = await collect(engine, request(content="hi " * 30, max_tokens=2))
     assert long[-1].prompt_tokens > short[-1].prompt_tokens
+
+
+async def test_offered_tools_and_earlier_calls_reach_the_prompt(engine):
+    """Every engine tells the model about the functions offered (engines/chat_template.py)."""
+    history = (ChatMessage("user", "weather?"), ChatMessage("assistant", "", (ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),
+               ChatMessage("tool", "3 C", tool_call_id="c1"))
+    plain = GenerationInput("contract-tools", history, SamplingParams(max_tokens=2), tool_choice="none",
+                            tools=(ToolSpec("get_weather", "Weather now", '{"type":"object"}'),))
+    offered = dataclasses.replace(plain, tool_choice="auto")
+    without_tools = await collect(engine, plain)
+    with_tools = await collect(engine, offered)
+    assert with_tools[-1].prompt_tokens > without_tools[-1].prompt_tokens > 0
 
 
 async def test_abort_ends_the_stream_within_one_step(engine):

@@ -1,4 +1,6 @@
 import asyncio
+import dataclasses
+import json
 
 from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
@@ -10,7 +12,10 @@ from tokenbus.gpu_consumers.engines import (
     SimulatedEngine,
     SimulatedEngineSettings,
 )
-from tokenbus.schemas import ChatMessage
+from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.token_log import Published
+from tokenbus.gpu_consumers.worker import GpuWorker
+from tokenbus.schemas import ChatMessage, ChatRequest, TokenEvent, ToolCall, ToolSpec, whole_tool_calls
 
 FAST = dict(ttft_ms=1, tokens_per_s=2000)
 
@@ -90,3 +95,67 @@ async def test_injected_failures_end_with_error():
     engine = SimulatedEngine(SimulatedEngineSettings(**FAST, failure_rate=1.0))
     (outs,) = await run(engine, inp())
     assert outs[-1].finish_reason == FINISH_ERROR and outs[-1].error
+
+
+# -- function calls ------------------------------------------------------------------------
+
+def tool_request(request_id: str = "tools-1", **overrides) -> ChatRequest:
+    fields = dict(request_id=request_id, model="m", tier="standard", reply_topic="t", reply_partition=0, seed=5,
+                  messages=[ChatMessage("user", "weather and time?")],
+                  tools=[ToolSpec("get_weather", "", '{"type":"object","properties":{"city":{"type":"string"},'
+                                                     '"days":{"type":"integer"}}}'),
+                         ToolSpec("get_time", "", '{"type":"object","properties":{"tz":{"type":"string"}}}')])
+    return ChatRequest(**{**fields, **overrides})
+
+
+async def worker_events(request: ChatRequest, published: Published | None = None) -> list[TokenEvent]:
+    """The token events a GPU consumer publishes for ``request`` (continuing after ``published``)."""
+    published = published or Published()
+    worker = GpuWorker(WorkerSettings(worker_id="w"), SimulatedEngine(SimulatedEngineSettings(**FAST)))
+    parser = worker._tool_parser(request, published)
+    inp = GenerationInput.from_request(request, published.token_ids, published.text)
+    [outs] = await run(worker.engine, inp)
+    return [worker._token_event(request, published.next_seq + i, out, parser) for i, out in enumerate(outs)]
+
+
+async def test_offered_tools_are_called_a_few_characters_a_token():
+    events = await worker_events(tool_request())
+    calls = whole_tool_calls(d for e in events for d in e.tool_calls)
+    assert [c.name for c in calls] == ["get_weather", "get_time"]
+    assert set(json.loads(calls[0].arguments)) == {"city", "days"}
+    assert events[-1].finish_reason == "tool_calls" and "".join(e.text for e in events) == ""
+    assert events[-1].completion_tokens == len(events) > 20  # the markup was generated, token by token
+    again = await worker_events(tool_request())
+    assert again == [dataclasses.replace(e, created_at_ms=a.created_at_ms) for e, a in zip(events, again)]
+
+
+async def test_after_a_tool_result_it_answers_in_words_unless_a_call_is_required():
+    answered = [*tool_request().messages,
+                ChatMessage("assistant", "", (ToolCall("call_1", "get_time", "{}"),)),
+                ChatMessage("tool", "12:00", tool_call_id="call_1")]
+    words = await worker_events(tool_request(messages=answered))
+    assert words[-1].finish_reason == "stop" and "".join(e.text for e in words)
+    required = await worker_events(tool_request(messages=answered, tool_choice="required"))
+    assert required[-1].finish_reason == "tool_calls"
+    named = await worker_events(tool_request(tool_choice="function", tool_choice_name="get_time"))
+    assert [c.name for c in whole_tool_calls(d for e in named for d in e.tool_calls)] == ["get_time"]
+    single = await worker_events(tool_request(parallel_tool_calls=False))
+    assert len(whole_tool_calls(d for e in single for d in e.tool_calls)) == 1
+
+
+async def test_max_tokens_in_the_middle_of_a_call_delivers_the_markup_as_text():
+    events = await worker_events(tool_request(max_tokens=6))
+    assert events[-1].finish_reason == "length" and not any(e.tool_calls for e in events)
+    assert "".join(e.text for e in events).startswith("<tool_call>")
+
+
+async def test_a_takeover_in_the_middle_of_the_calls_continues_them_exactly():
+    whole = await worker_events(tool_request())
+    for cut in (3, 20, 30, len(whole) - 1):
+        published = Published(whole[:cut])
+        rest = await worker_events(tool_request(), published)
+        continued = whole[:cut] + rest
+        assert whole_tool_calls(d for e in continued for d in e.tool_calls) == \
+            whole_tool_calls(d for e in whole for d in e.tool_calls), f"cut after {cut} events"
+        assert [e.seq for e in continued] == list(range(len(whole)))
+        assert continued[-1].finish_reason == "tool_calls"

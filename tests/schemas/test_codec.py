@@ -14,6 +14,9 @@ from tokenbus.schemas import (
     DecodeError,
     ModerationDecision,
     TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
 )
 from tokenbus.schemas.codec import SCHEMA_DIR, SINGLE_OBJECT_MAGIC
 
@@ -47,6 +50,16 @@ RECORDS = [
     TokenEvent("chatcmpl-1", 7, "", [], finish_reason="length", prompt_tokens=3, completion_tokens=7),
     Completion("chatcmpl-1", "m", "standard", "Hi there", "stop", 3, 2, 1, 2, 3,
                messages=[ChatMessage("user", "x")], first_token_at_ms=2),
+    sample_request(tools=[ToolSpec("get_weather", "Weather now", '{"type":"object"}'), ToolSpec("noop")],
+                   tool_choice="function", tool_choice_name="get_weather", parallel_tool_calls=False,
+                   messages=[ChatMessage("user", "weather?"),
+                             ChatMessage("assistant", "", (ToolCall("call_1", "get_weather", '{"city":"Oslo"}'),)),
+                             ChatMessage("tool", "3 C", tool_call_id="call_1")]),
+    TokenEvent("chatcmpl-1", 2, "", [9, 10], tool_calls=[ToolCallDelta(0, "call_1", "f", '{"a"'),
+                                                         ToolCallDelta(0, arguments=":1}")],
+               raw_text='<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>'),
+    Completion("chatcmpl-1", "m", "standard", "", "tool_calls", 3, 9, 1, 2, 3,
+               tool_calls=[ToolCall("call_1", "f", '{"a":1}')]),
     Control("chatcmpl-1", ControlAction.CANCEL, "client went away"),
 ]
 
@@ -74,6 +87,24 @@ def test_token_events_written_before_moderation_fields_still_read():
     assert (event.seq, event.text, event.truncate, event.tenant, event.tier) == (3, "hi", False, None, None)
 
 
+@pytest.mark.parametrize(("record_type", "version"), [(ChatRequest, "chat_request.v1"),
+                                                       (Completion, "completion.v1"),
+                                                       (TokenEvent, "token_event.v2")])
+def test_records_written_before_tool_calls_still_read(record_type, version):
+    """History keeps the versions before tool calls: their records decode with no tools and no calls."""
+    codec = AvroCodec()
+    old = json.loads((SCHEMA_DIR / "history" / f"{version}.avsc").read_text())
+    current = next(r for r in RECORDS if type(r) is record_type)
+    fields = {f["name"] for f in old["fields"]}
+    data = {k: v for k, v in current.to_avro().items() if k in fields}
+    if "messages" in data:
+        data["messages"] = [{"role": m["role"], "content": m["content"]} for m in data["messages"]]
+    decoded = codec.decode(codec.encode_with(old, data), record_type)
+    assert decoded.request_id == current.request_id
+    assert getattr(decoded, "tool_calls", []) == [] and getattr(decoded, "tools", []) == []
+    assert all(m.tool_calls == () and m.tool_call_id is None for m in getattr(decoded, "messages", []))
+
+
 def test_moderation_decisions_round_trip():
     codec = AvroCodec()
     decision = ModerationDecision("r", "output", "block", tenant="t", tier="interactive", categories=["pii_card"],
@@ -84,6 +115,7 @@ def test_moderation_decisions_round_trip():
 def test_newer_reader_reads_older_record():
     """A v1 ChatRequest (before tenant, key_id, conversation_id, seed, stop, deadline) stays readable."""
     current = json.loads((SCHEMA_DIR / "chat_request.avsc").read_text())
+    current = json.loads((SCHEMA_DIR / "history" / "chat_request.v1.avsc").read_text())
     added_later = {"tenant", "key_id", "conversation_id", "seed", "stop", "deadline_ms"}
     v1 = {**current, "fields": [f for f in current["fields"] if f["name"] not in added_later]}
     v1_record = {

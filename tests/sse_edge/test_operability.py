@@ -40,7 +40,7 @@ async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
 @pytest.mark.parametrize(
     ("extra", "param", "code"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported_parameter"),
+        ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
         ({"logprobs": True}, "logprobs", "unsupported_parameter"),
         ({"response_format": {"type": "json_schema"}}, "response_format.type", "unsupported_value"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),

@@ -1,0 +1,77 @@
+"""A request's messages and tools as prompt token ids, through the model's own chat template
+(the ``hf`` and ``trtllm`` engines share it).
+
+Chat templates that know tools (Qwen, Hermes, Llama 3.1+) take them as ``tools=`` and render the
+function list and earlier calls their own way. A template that never mentions tools (SmolLM2's
+ChatML, for one) would drop them silently, so for such a model the function list goes into a
+system message in the ``hermes`` format the worker's parser reads (engines/tool_calls.py), and
+earlier calls are written back the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tokenbus.gpu_consumers.engines.base import GenerationInput
+from tokenbus.gpu_consumers.engines.tool_calls import render_call
+from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ChatMessage
+
+TOOLS_INSTRUCTION = (
+    "You may call one or more functions to assist with the user query. The functions are listed "
+    "within <tools></tools> tags:\n<tools>\n{tools}\n</tools>\n"
+    "For each function call, return a JSON object with the function name and arguments within "
+    "<tool_call></tool_call> tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
+    "</tool_call>"
+)
+
+
+def template_tools(inp: GenerationInput) -> list[dict[str, Any]]:
+    """The offered functions in the shape chat templates (and OpenAI's API) use."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": json.loads(t.parameters)}}
+            for t in inp.tools]
+
+
+def template_message(message: ChatMessage, knows_tools: bool) -> dict[str, Any]:
+    if knows_tools:
+        out: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                                 for c in message.tool_calls]
+        if message.tool_call_id is not None:
+            out["tool_call_id"] = message.tool_call_id
+        return out
+    if message.tool_calls:  # written back as the model would have written them
+        calls = "\n".join(render_call(c.name, json.loads(c.arguments)) for c in message.tool_calls)
+        return {"role": "assistant", "content": "\n".join(filter(None, [message.content, calls]))}
+    if message.role == "tool":  # ChatML has no tool role: a result goes back as the user's words
+        return {"role": "user", "content": f"<tool_response>\n{message.content}\n</tool_response>"}
+    return {"role": message.role, "content": message.content}
+
+
+def instruction(inp: GenerationInput) -> str:
+    tools = "\n".join(json.dumps(t, ensure_ascii=False) for t in template_tools(inp))
+    text = TOOLS_INSTRUCTION.format(tools=tools)
+    if inp.tool_choice == TOOL_CHOICE_FUNCTION:
+        text += f"\nYou must call the function {inp.tool_choice_name}."
+    elif inp.tool_choice == TOOL_CHOICE_REQUIRED:
+        text += "\nYou must call at least one function."
+    return text
+
+
+def prompt_ids(tokenizer: Any, inp: GenerationInput) -> list[int]:
+    template = str(getattr(tokenizer, "chat_template", "") or "")
+    knows_tools = "tools" in template
+    messages = [template_message(m, knows_tools) for m in inp.messages]
+    options: dict[str, Any] = {}
+    if inp.offers_tools:
+        if knows_tools:
+            options["tools"] = template_tools(inp)
+        elif messages and messages[0]["role"] == "system":
+            messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{instruction(inp)}"}
+        else:
+            messages.insert(0, {"role": "system", "content": instruction(inp)})
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **options)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
