@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 LABELS = ["model_name"]
+TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000)
 
 
 class WorkerMetrics:
@@ -31,6 +32,9 @@ class WorkerMetrics:
         self._running = gauge("tokenbus:num_requests_running", "Sequences in the engine.")
         self._waiting = gauge("tokenbus:num_requests_waiting", "Fetched requests waiting for a slot.")
         self._occupancy = gauge("tokenbus:batch_occupancy", "Running sequences / max_num_seqs.")
+        self._kv_cache = gauge("tokenbus:kv_cache_usage_perc", "Share of the engine's KV cache in use, 0 to 1.")
+        self._prompt_tokens = Histogram("tokenbus:request_prompt_tokens", "Prompt tokens of each request generated.",
+                                        LABELS, buckets=TOKEN_COUNT_BUCKETS, registry=r).labels(model)
         self._tokens = counter("tokenbus:generation_tokens", "Tokens generated and published.")
         self._aborted = counter("tokenbus:requests_aborted", "Requests cancelled while waiting or running.")
         self._taken_over = counter("tokenbus:requests_taken_over", "Requests continued from another worker's tokens.")
@@ -59,6 +63,13 @@ class WorkerMetrics:
 
     def taken_over(self) -> None:
         self._taken_over.inc()
+
+    def prompt(self, tokens: int) -> None:
+        self._prompt_tokens.observe(tokens)
+
+    def kv_cache(self, usage: float | None) -> None:
+        if usage is not None:
+            self._kv_cache.set(usage)
 
     def occupancy(self, running: int, waiting: int, max_num_seqs: int) -> None:
         self._running.set(running)

@@ -223,6 +223,7 @@ class GpuWorker:
             self._pacer.observed(sum(map(len, batches.values())))
             self._admit_waiting()
             self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
+            self.metrics.kv_cache(self.engine.kv_cache_usage())
             if loop.time() >= next_commit:
                 await self.commit()
                 next_commit = loop.time() + self.settings.commit_interval_ms / 1000
@@ -367,6 +368,8 @@ class GpuWorker:
                 last_sent = sent
         if events[-1].finish_reason in CANCELLED_REASONS:
             self.metrics.aborted()
+        if events[-1].prompt_tokens:
+            self.metrics.prompt(events[-1].prompt_tokens)
         deliveries.append(await self._publish_completion(request, events))
         return deliveries
 

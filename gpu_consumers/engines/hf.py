@@ -256,6 +256,16 @@ class HfEngine:
     def cancel(self, internal_id: str) -> None:
         self._manager.cancel_request(internal_id)
 
+    def kv_cache_usage(self) -> float | None:
+        """From the continuous-batching manager's paged cache (read while its thread runs: a gauge)."""
+        cache = getattr(getattr(self._manager, "batch_processor", None), "cache", None)
+        if cache is None:
+            return None
+        try:
+            return min(1.0, max(0.0, 1.0 - float(cache.compute_free_capacity(relative=True))))
+        except Exception:  # a transformers without this API, or the cache being rebuilt
+            return None
+
     def prompt_ids(self, inp: GenerationInput) -> list[int]:
         return chat_template.prompt_ids(self.tokenizer, inp)
 

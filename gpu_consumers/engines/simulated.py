@@ -60,6 +60,10 @@ class SimulatedEngineSettings(BaseSettings):
     min_tokens: int = 8
     max_tokens: int = 48
     failure_rate: float = 0.0  # chance that a sequence fails part-way
+    # A model of a paged KV cache, for the usage gauge: each running sequence holds its prompt and
+    # output tokens in blocks of kv_block_tokens.
+    kv_cache_tokens: int = 262_144
+    kv_block_tokens: int = 16
 
 
 MAX_CALLS = 3
@@ -205,6 +209,11 @@ class SimulatedEngine:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    def kv_cache_usage(self) -> float:
+        block = self.settings.kv_block_tokens
+        held = sum(-(-(seq.prompt_tokens + seq.generated) // block) * block for seq in self._running)
+        return min(1.0, held / self.settings.kv_cache_tokens)
 
     def generate(self, inp: GenerationInput) -> _Sequence:
         s = self.settings

@@ -11,6 +11,7 @@ conversation's turns land on the same consumer.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,8 +27,21 @@ from tokenbus.gpu_consumers.engines.base import (
     StepOutput,
 )
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+from tokenbus.topics import cancel_task
 
 KNOWN_FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "cancelled": FINISH_CANCELLED}
+STATS_EVERY_S = 1.0
+STATS_TIMEOUT_S = 0.5
+
+
+def kv_cache_usage_of(entry: Any) -> float | None:
+    """Used over maximum blocks from one iteration's stats (a dict, or its JSON text)."""
+    if isinstance(entry, str):
+        entry = json.loads(entry)
+    kv = entry.get("kvCacheStats") if isinstance(entry, dict) else None
+    if not kv or not kv.get("maxNumBlocks"):
+        return None
+    return min(1.0, kv["usedNumBlocks"] / kv["maxNumBlocks"])
 
 
 class TrtLlmEngineSettings(BaseSettings):
@@ -98,6 +112,8 @@ class TrtLlmEngine:
         self.settings = settings or TrtLlmEngineSettings()
         self._llm: Any = None
         self._sampling_params: Any = None
+        self._kv_cache_usage: float | None = None
+        self._stats: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
@@ -112,8 +128,28 @@ class TrtLlmEngine:
             LLM, model=s.model, tokenizer=s.tokenizer or None, max_batch_size=s.max_batch_size,
             max_num_tokens=s.max_num_tokens,
         )
+        self._stats = asyncio.create_task(self._watch_stats(), name="trtllm-stats")
+
+    def kv_cache_usage(self) -> float | None:
+        return self._kv_cache_usage
+
+    async def _watch_stats(self) -> None:
+        """TensorRT-LLM reports per-iteration stats (``LLM.get_stats``), with the KV cache's
+        ``kvCacheStats``; the latest one that has them sets the usage."""
+        while True:
+            try:
+                stats = await asyncio.to_thread(self._llm.get_stats, STATS_TIMEOUT_S)
+            except Exception:  # a build without iteration stats: the gauge stays unset
+                return
+            for entry in reversed(stats or []):
+                usage = kv_cache_usage_of(entry)
+                if usage is not None:
+                    self._kv_cache_usage = usage
+                    break
+            await asyncio.sleep(STATS_EVERY_S)
 
     async def close(self) -> None:
+        await cancel_task(self._stats)
         if self._llm is not None and hasattr(self._llm, "shutdown"):
             await asyncio.to_thread(self._llm.shutdown)
 

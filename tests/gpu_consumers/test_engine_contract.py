@@ -122,6 +122,29 @@ async def test_offered_tools_and_earlier_calls_reach_the_prompt(engine):
     assert with_tools[-1].prompt_tokens > without_tools[-1].prompt_tokens > 0
 
 
+async def test_kv_cache_usage_is_reported_while_sequences_run(engine):
+    """Each engine reports the share of its KV cache in use (TensorRT-LLM's from its iteration
+    stats, which arrive within about a second)."""
+    streams = [engine.generate(request(i, "tell me a long story", max_tokens=40)) for i in range(3)]
+    iterators = [aiter(s) for s in streams]
+    try:
+        for it in iterators:
+            await anext(it)
+        usage = engine.kv_cache_usage()
+        for _ in range(30):
+            if usage:
+                break
+            await asyncio.sleep(0.1)
+            usage = engine.kv_cache_usage()
+        assert usage is not None and 0 < usage <= 1
+    finally:
+        for s in streams:
+            s.abort()
+        for it in iterators:
+            async for _ in it:
+                pass
+
+
 async def test_abort_ends_the_stream_within_one_step(engine):
     stream = engine.generate(request(max_tokens=400))
     outs = []

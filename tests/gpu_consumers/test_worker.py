@@ -4,6 +4,8 @@ import asyncio
 
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, running_worker
+from tokenbus.gpu_consumers.engines import GenerationInput
+from tokenbus.gpu_consumers.engines.simulated import count_prompt_tokens
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, Completion, now_ms
 from tokenbus.topics import TopicCatalog, make_producer
@@ -81,6 +83,36 @@ async def test_metrics_count_what_was_served(bus):
         assert sample("tokenbus:inter_token_latency_seconds_count") == 12
         assert sample("tokenbus:request_queue_time_seconds_count") == 3
         assert sample("tokenbus:num_requests_running") == 0
+        prompt = count_prompt_tokens(GenerationInput("m", (ChatMessage("user", "m0"),)))
+        assert sample("tokenbus:request_prompt_tokens_sum") == 3 * prompt
+        assert sample("tokenbus:kv_cache_usage_perc") == 0  # nothing runs: the engine holds no blocks
+
+
+async def test_kv_cache_usage_follows_the_running_sequences(bus):
+    """The gauge reads the engine: here the simulated engine's model of a paged cache of 1,600
+    tokens in blocks of 16, which a running sequence fills block by block and gives back."""
+    async with running_worker(bus, min_tokens=200, max_tokens=200, tokens_per_s=50, kv_cache_tokens=1600,
+                              kv_block_tokens=16) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+        gauge = lambda: worker.metrics.registry.get_sample_value(  # noqa: E731
+            "tokenbus:kv_cache_usage_perc", {"model_name": MODEL})
+        request = client.new_request(MODEL, [ChatMessage("user", "a long one")])
+        events = client.stream(request)
+        async for reply in events:
+            if reply.event.seq == 20:
+                break
+        for _ in range(200):
+            if gauge():
+                break
+            await asyncio.sleep(0.05)
+        held = gauge() * 1600
+        assert held >= 32 and held % 16 == 0  # prompt and 20 tokens or more, in whole blocks
+        await client.cancel(request.request_id)
+        [r async for r in events]
+        for _ in range(200):  # back to nothing once the sequence is gone (the next loop turn)
+            if not gauge():
+                break
+            await asyncio.sleep(0.05)
+        assert gauge() == 0 and worker.engine.kv_cache_usage() == 0
 
 
 def test_worker_serves_prometheus_metrics(stack):

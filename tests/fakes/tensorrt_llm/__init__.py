@@ -7,7 +7,9 @@ and ``generate_async(inputs, sampling_params, streaming=True)`` returning a
 ``RequestOutput`` that is async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``)
 carries cumulative ``text`` / ``token_ids`` and per-step ``text_diff`` /
 ``token_ids_diff`` and ``finish_reason`` ("stop", "length", "cancelled"), with
-``finished`` and ``abort()``. Tokens are a deterministic function of every token
+``finished`` and ``abort()``, and ``get_stats(timeout)``, a list of iteration stats whose
+``kvCacheStats`` holds ``maxNumBlocks``, ``usedNumBlocks``, ``freeNumBlocks`` and
+``tokensPerBlock`` (blocks held by the unfinished requests). Tokens are a deterministic function of every token
 before them, so a continuation after a prefix equals the uninterrupted output, as
 greedy decoding does on the real engine.
 """
@@ -87,11 +89,23 @@ class RequestOutput:
             yield self
 
 
+MAX_BLOCKS = 256
+TOKENS_PER_BLOCK = 32
+
+
 class LLM:
     def __init__(self, model: str, tokenizer: str | None = None, **kwargs: Any) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         self.kwargs = kwargs
         self._vocab = len(self.tokenizer)
+        self._requests: list[RequestOutput] = []
+
+    def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
+        self._requests = [r for r in self._requests if not r.finished]
+        used = sum(-(-(len(r.prompt_token_ids) + len(r.outputs[0].token_ids)) // TOKENS_PER_BLOCK)
+                   for r in self._requests)
+        return [{"iter": 0, "kvCacheStats": {"maxNumBlocks": MAX_BLOCKS, "usedNumBlocks": used,
+                                             "freeNumBlocks": MAX_BLOCKS - used, "tokensPerBlock": TOKENS_PER_BLOCK}}]
 
     def token_for(self, context: list[int]) -> int:
         # Never the EOS token, so outputs run to max_tokens or a stop string, like ignore_eos.
@@ -104,7 +118,9 @@ class LLM:
             raise NotImplementedError("the fake only streams")
         if isinstance(inputs, str):
             inputs = self.tokenizer.encode(inputs)
-        return RequestOutput(self, list(inputs), sampling_params or SamplingParams())
+        output = RequestOutput(self, list(inputs), sampling_params or SamplingParams())
+        self._requests.append(output)
+        return output
 
     def shutdown(self) -> None:
         pass
