@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tokenbus.moderation import ModerationSettings
@@ -13,11 +13,12 @@ from tokenbus.topics import BusSettings
 from tokenbus.topics.settings import csv_items
 
 
-def parse_tier_numbers(value: object) -> object:
-    """``interactive:64,standard:256`` as a dict."""
+def parse_pairs(value: object) -> object:
+    """``interactive:64,standard:256`` or ``big-model:small-model`` as a dict (pydantic makes the
+    values what the field says)."""
     if isinstance(value, str):
-        pairs = (item.split(":", 1) for item in value.split(",") if item.strip())
-        return {tier.strip(): int(number) for tier, number in pairs}
+        pairs = (item.split(":", 1) for item in csv_items(value))
+        return {name.strip(): target.strip() for name, target in pairs}
     return value
 
 
@@ -75,6 +76,20 @@ class EdgeSettings(BaseSettings):
     # Consumer lag per tier (requests waiting or running) above which new requests get 503;
     # leave room for what the consumers run at once. Unlisted tiers are unbounded.
     max_queue_depth: Annotated[dict[str, int], NoDecode] = {"interactive": 512, "standard": 2048, "batch": 8192}
+    # Graceful degradation. Per model, the model that answers instead of a 503 when its queue for
+    # the request's tier is full (`big-model:small-model`; one step, never a chain; a key may
+    # forbid it). Per tier, the share of its max_queue_depth past which requests offering tools
+    # are refused (`batch:0.5`): tool definitions make long prompts, and they go first.
+    fallback: Annotated[dict[str, str], NoDecode] = {}
+    shed_tools_at: Annotated[dict[str, float], NoDecode] = {}
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
-    _tier_numbers = field_validator("max_queue_depth", mode="before")(parse_tier_numbers)
+    _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", mode="before")(parse_pairs)
+
+    @model_validator(mode="after")
+    def _fallbacks_are_served(self) -> EdgeSettings:
+        served = set(self.bus.models)
+        for model, fallback in self.fallback.items():
+            if model == fallback or fallback not in served:
+                raise ValueError(f"fallback {model}:{fallback} must name another model of TOKENBUS_MODELS")
+        return self

@@ -42,8 +42,7 @@ class EdgeState:
         self.limiter = RateLimiter(self.redis, settings.redis_prefix, settings.redis_failure_mode)
         self.streams = StreamRegistry(self.redis, settings.redis_prefix, settings.stream_ttl_s)
         self.queues = QueueDepthMonitor(settings.bus)
-        self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings.max_queue_depth,
-                                   self.metrics)
+        self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings, self.metrics)
         self._background: set[asyncio.Task[None]] = set()
         self._transcripts: TranscriptStore | None = None
 

@@ -47,6 +47,8 @@ class ApiKey:
     key_hash: str = ""
     created_at: int = 0
     revoked: bool = False
+    # May another model answer when this one's queue is full (the edge's TOKENBUS_EDGE_FALLBACK)?
+    fallback: bool = True
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -83,15 +85,16 @@ class KeyStore:
     def _route(self, model: str, tier: str) -> str:
         return f"{self._prefix}route:{model}:{tier}"
 
-    async def create(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits()) -> tuple[str, ApiKey]:
+    async def create(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits(),
+                     fallback: bool = True) -> tuple[str, ApiKey]:
         """Returns the key (shown once) and its stored record."""
         check_tenant_name(tenant)
         key_id = secrets.token_hex(6)
         key = f"{KEY_PREFIX}-{key_id}-{secrets.token_urlsafe(32)}"
-        record = ApiKey(key_id, tenant, tier, tuple(models), limits, hash_key(key), int(time.time()))
+        record = ApiKey(key_id, tenant, tier, tuple(models), limits, hash_key(key), int(time.time()), fallback=fallback)
         await self._redis.hset(self._key(key_id), mapping={
             "tenant": tenant, "tier": tier, "models": ",".join(models), "rpm": limits.rpm, "tpm": limits.tpm,
-            "key_hash": record.key_hash, "created_at": record.created_at, "revoked": 0,
+            "key_hash": record.key_hash, "created_at": record.created_at, "revoked": 0, "fallback": int(fallback),
         })
         await self._redis.sadd(f"{self._prefix}keys", key_id)
         return key, record
@@ -106,6 +109,7 @@ class KeyStore:
             models=tuple(m for m in d.get("models", "").split(",") if m),
             limits=Limits(int(d.get("rpm", 0)), int(d.get("tpm", 0))),
             key_hash=d["key_hash"], created_at=int(d.get("created_at", 0)), revoked=d.get("revoked") == "1",
+            fallback=d.get("fallback", "1") == "1",  # keys made before the setting may fall back
         )
 
     async def verify(self, key: str) -> ApiKey | None:

@@ -28,7 +28,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if args.keys_command == "create":
                 models = tuple(m for m in (args.models or "").split(",") if m)
                 try:
-                    key, record = await store.create(args.tenant, args.tier, models, Limits(args.rpm, args.tpm))
+                    key, record = await store.create(args.tenant, args.tier, models, Limits(args.rpm, args.tpm),
+                                                     fallback=not args.no_fallback)
                 except ValueError as exc:
                     print(exc, file=sys.stderr)
                     return 2
@@ -61,6 +62,8 @@ def add_key_commands(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--tier", default="standard")
     create.add_argument("--models", help="comma-separated models the key may use (default: all)")
+    create.add_argument("--no-fallback", action="store_true",
+                        help="never answer with a fallback model when the requested one is overloaded: 503 instead")
     keys_list = keys.add_parser("list", help="list keys (never their secrets)")
     keys_list.add_argument("--tenant")
     revoke = keys.add_parser("revoke", help="revoke a key by id")

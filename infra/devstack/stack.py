@@ -122,11 +122,12 @@ class EmbeddedStack:
         self.dev_key = asyncio.run(self.create_key("dev", "standard"))
         self._write_pids()
 
-    async def create_key(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits()) -> str:
+    async def create_key(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits(),
+                         fallback: bool = True) -> str:
         """A key in the stack's Redis; only its hash is stored, so this is the one time it is seen."""
         client = redis.Redis.from_url(self.settings.redis_url)
         try:
-            key, _ = await KeyStore(client, self.settings.redis_prefix).create(tenant, tier, models, limits)
+            key, _ = await KeyStore(client, self.settings.redis_prefix).create(tenant, tier, models, limits, fallback)
         finally:
             await client.aclose()
         return key

@@ -60,7 +60,9 @@ async def chat_completions(request: Request) -> Response:
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
     try:
         bus_request = to_bus_request(chat, edge, key, request_id)
-        admitted = await edge.admission.admit(key, chat.model, bus_request.estimated_prompt_tokens)
+        admitted = await edge.admission.admit(key, chat.model, bus_request.estimated_prompt_tokens,
+                                              bus_request.offers_tools)
+        bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
         stream = await publish(edge, bus_request, chat, digest)
     except ApiError:
         if idempotency_key:  # never published: a retry with this key must be able to try again
@@ -70,11 +72,11 @@ async def chat_completions(request: Request) -> Response:
     hooks = relay_hooks(edge, request_id, admitted)
     events = live_events(edge, stream)
     if chat.stream:
-        writer = ChunkWriter(request_id, chat.model, chat.include_usage)
+        writer = ChunkWriter(request_id, admitted.model, chat.include_usage)
         stream_format = StreamFormat.for_request(request)
         return sse_response(sse_frames(events, writer, hooks, edge.metrics, started, stream_format),
                             settings.heartbeat_s, stream_format, admitted.headers)
-    return await collect_completion(request, events, request_id, chat.model, hooks, admitted.headers)
+    return await collect_completion(request, events, request_id, admitted.model, hooks, admitted.headers)
 
 
 async def live_events(edge: EdgeState, stream: ReplyStream) -> AsyncGenerator[ReplyEvent, None]:

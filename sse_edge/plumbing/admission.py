@@ -1,5 +1,7 @@
-"""Admission: whether a request may enter the bus now. In order: the bus answers, the model's
-queue for the key's tier has room, and every rate limit that applies (per key, per tenant,
+"""Admission: whether a request may enter the bus now, and for which model. In order: the bus
+answers; the model's queue for the key's tier has room, or else its fallback model's has
+(``TOKENBUS_EDGE_FALLBACK``, unless the key forbids it); a request offering tools is not on a
+tier that sheds them at this depth; and every rate limit that applies (per key, per tenant,
 per model and tier; requests and tokens per minute) can pay for it. Each refusal is an
 ``ApiError`` the client can act on (``Retry-After`` on all of them)."""
 
@@ -13,33 +15,46 @@ from tokenbus.sse_edge.plumbing.broker_watch import BrokerWatch
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
 from tokenbus.sse_edge.plumbing.ratelimit import Bucket, RateLimiter, RedisUnavailable
+from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import ApiKey
+
+MODEL_HEADER = "x-tokenbus-model"  # the model that serves the request
+FALLBACK_HEADER = "x-tokenbus-fallback-from"  # the model asked for, when another serves it
 
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """A request let in: the buckets it was charged to (its completion tokens are charged to
-    them when it ends) and the ``x-ratelimit-*`` headers for its response."""
+    """A request let in: the model that serves it, the buckets it was charged to (its completion
+    tokens are charged to them when it ends) and the headers for its response (``x-ratelimit-*``,
+    and which model serves it)."""
 
+    model: str
     buckets: list[Bucket]
     headers: dict[str, str]
 
 
 class Admission:
     def __init__(self, watch: BrokerWatch, queues: QueueDepthMonitor, auth: Authenticator, limiter: RateLimiter,
-                 max_queue_depth: dict[str, int], metrics: EdgeMetrics) -> None:
+                 settings: EdgeSettings, metrics: EdgeMetrics) -> None:
         self._watch = watch
         self._queues = queues
         self._auth = auth
         self._limiter = limiter
-        self._max_queue_depth = max_queue_depth
+        self._max_queue_depth = settings.max_queue_depth
+        self._fallback = settings.fallback
+        self._shed_tools_at = settings.shed_tools_at
         self._metrics = metrics
 
-    async def admit(self, key: ApiKey, model: str, prompt_tokens: int) -> Admitted:
+    async def admit(self, key: ApiKey, model: str, prompt_tokens: int, offers_tools: bool = False) -> Admitted:
         self._check_bus()
-        self._check_queue_depth(model, key.tier)
-        buckets = await self._buckets(key, model, prompt_tokens)
-        return Admitted(buckets, await self._charge(buckets))
+        served = self._serving_model(key, model)
+        if offers_tools:
+            self._check_tools(served, key.tier)
+        buckets = await self._buckets(key, served, prompt_tokens)
+        headers = {**await self._charge(buckets), MODEL_HEADER: served}
+        if served != model:
+            headers[FALLBACK_HEADER] = model
+        return Admitted(served, buckets, headers)
 
     async def charge_completion(self, admitted: Admitted, completion_tokens: int) -> None:
         """Charge what the request generated to its token buckets (best effort: Redis may be away)."""
@@ -54,11 +69,28 @@ class Admission:
         if not self._watch.available:
             raise Unavailable("The request bus is unavailable; retry shortly.", "bus_unavailable", retry_after_s=2)
 
-    def _check_queue_depth(self, model: str, tier: str) -> None:
+    def _queue_full(self, model: str, tier: str, share: float = 1.0) -> bool:
         limit = self._max_queue_depth.get(tier)
-        if limit is not None and self._queues.depth(model, tier) >= limit:
+        return limit is not None and self._queues.depth(model, tier) >= limit * share
+
+    def _serving_model(self, key: ApiKey, model: str) -> str:
+        """``model``, or its fallback while ``model``'s queue for the key's tier is full."""
+        tier = key.tier
+        if not self._queue_full(model, tier):
+            return model
+        fallback = self._fallback.get(model)
+        if fallback is not None and key.fallback and key.allows(fallback) and not self._queue_full(fallback, tier):
+            self._metrics.fallbacks.labels(model, fallback, tier).inc()
+            return fallback
+        self._metrics.overloaded.labels(tier).inc()
+        raise Unavailable(f"The {tier} queue for `{model}` is full; retry shortly.", "overloaded", retry_after_s=2)
+
+    def _check_tools(self, model: str, tier: str) -> None:
+        share = self._shed_tools_at.get(tier)
+        if share is not None and self._queue_full(model, tier, share):
             self._metrics.overloaded.labels(tier).inc()
-            raise Unavailable(f"The {tier} queue for `{model}` is full; retry shortly.", "overloaded", retry_after_s=2)
+            raise Unavailable(f"`{model}` is under load: the {tier} tier takes no requests with 'tools' now; retry "
+                              "shortly, or send the request without them.", "tools_shed_under_load", retry_after_s=2)
 
     async def _buckets(self, key: ApiKey, model: str, prompt_tokens: int) -> list[Bucket]:
         tenant = await self._auth.tenant_limits(key.tenant)

@@ -47,6 +47,15 @@ async def test_verify_accepts_only_the_real_key_until_revoked(store):
     assert [r.key_id for r in await keys.list("acme")] == [record.key_id]
 
 
+async def test_a_key_may_forbid_fallback_and_older_keys_allow_it(store):
+    keys, client, prefix = store
+    _, strict = await keys.create("acme", "standard", fallback=False)
+    _, lenient = await keys.create("acme", "standard")
+    assert (await keys.get(strict.key_id)).fallback is False and (await keys.get(lenient.key_id)).fallback is True
+    await client.hdel(f"{prefix}key:{lenient.key_id}", "fallback")  # a key made before the setting existed
+    assert (await keys.get(lenient.key_id)).fallback is True
+
+
 async def test_limits_per_tenant_and_route(store):
     keys, _, _ = store
     await keys.set_tenant_limits("acme", Limits(5, 50))

@@ -2,6 +2,7 @@
 and validation of what tokenbus does not serve."""
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -60,21 +61,62 @@ async def test_what_tokenbus_does_not_serve_is_refused_naming_the_param(edge_url
     assert (response.json()["error"]["param"], response.json()["error"]["code"]) == (param, code)
 
 
+async def fill_until(http: httpx.AsyncClient, body: dict, done) -> httpx.Response:
+    """Send ``body`` (streams left unread: their requests stay queued) until a response is ``done``."""
+    for _ in range(60):
+        async with http.stream("POST", CHAT, json=body) as response:
+            if done(response):
+                await response.aread()
+                return response
+        await asyncio.sleep(0.2)
+    pytest.fail("the queue never filled")
+
+
 async def test_a_deep_queue_is_refused_with_503_and_retry_after(stack, edge_url):
-    """Nobody serves UNSERVED_MODEL, so its batch queue only grows; the stack allows 3."""
-    key = await stack.create_key("queued", "batch")
+    """Nobody serves UNSERVED_MODEL, so its batch queue only grows; the stack allows 3. This key
+    forbids fallback, so it gets no other model."""
+    key = await stack.create_key("queued", "batch", fallback=False)
     body = {"model": UNSERVED_MODEL, "stream": True, "messages": [{"role": "user", "content": "wait"}]}
     async with httpx.AsyncClient(base_url=edge_url, timeout=10, headers={"Authorization": f"Bearer {key}"}) as http:
-        for _ in range(40):
-            async with http.stream("POST", CHAT, json=body) as response:
-                if response.status_code == 503:
-                    refused = response
-                    await response.aread()
-                    break
-            await asyncio.sleep(0.2)
-        else:
-            pytest.fail("the queue never filled")
+        refused = await fill_until(http, body, lambda r: r.status_code == 503)
     assert refused.json()["error"]["code"] == "overloaded" and int(refused.headers["retry-after"]) >= 1
+
+
+async def test_a_full_queue_falls_back_to_the_smaller_model_which_serves_and_bills_it(stack, edge_url):
+    """TOKENBUS_EDGE_FALLBACK sends UNSERVED_MODEL's requests to MODEL once its batch queue is full."""
+    key = await stack.create_key("fallen-back", "batch")
+    body = {"model": UNSERVED_MODEL, "stream": True, "messages": [{"role": "user", "content": "anyone?"}]}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers={"Authorization": f"Bearer {key}"}) as http:
+        served = await fill_until(http, body, lambda r: r.headers.get("x-tokenbus-fallback-from") == UNSERVED_MODEL)
+        assert served.status_code == 200 and served.headers["x-tokenbus-model"] == MODEL
+        chunks = [json.loads(line[6:]) for line in served.text.splitlines() if line.startswith("data: {")]
+        assert chunks and {c["model"] for c in chunks} == {MODEL}
+        assert served.text.rstrip().endswith("data: [DONE]")
+
+        plain = await http.post(CHAT, json={**body, "stream": False})
+        assert plain.json()["model"] == MODEL and plain.headers["x-tokenbus-fallback-from"] == UNSERVED_MODEL
+
+        for _ in range(100):  # billed under the model that served it, once the billing batch is written
+            rows = (await http.get("/v1/usage")).json()["data"]
+            if sum(r.get("requests", 0) for r in rows) >= 2:
+                break
+            await asyncio.sleep(0.2)
+    assert rows and {r["model"] for r in rows} == {MODEL}
+
+
+async def test_under_load_a_tier_sheds_requests_with_tools(stack, edge_url):
+    """The stack sheds tools on the interactive tier from a queue depth of 2 (TOKENBUS_EDGE_SHED_TOOLS_AT);
+    requests without tools still go in."""
+    key = await stack.create_key("shedding", "interactive", fallback=False)
+    body = {"model": UNSERVED_MODEL, "stream": True, "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather"}}]}
+    plain = {k: v for k, v in body.items() if k != "tools"}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=10, headers={"Authorization": f"Bearer {key}"}) as http:
+        shed = await fill_until(http, body, lambda r: r.status_code == 503)
+        async with http.stream("POST", CHAT, json=plain) as without_tools:
+            assert without_tools.status_code == 200
+    error = shed.json()["error"]
+    assert error["code"] == "tools_shed_under_load" and "without them" in error["message"]
 
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
