@@ -9,7 +9,11 @@ kind sees the same moments of this noisy machine):
   tool definitions rendered into the prompt and carried on the bus;
 - ``tool_call``: two tools offered, answered with two calls. Its first chunk is the first call's
   header, sent once that call's markup has closed (a call cannot run before its arguments are
-  whole), so its TTFT includes generating the markup; ``calls_done_ms`` is when both are complete.
+  whole), so its TTFT includes generating the markup; ``calls_done_ms`` is when both are complete;
+- ``server_history``: the user message of ``plain`` in a conversation of ``HISTORY_TURNS`` stored
+  turns (and growing by one each round), loaded by the edge (``metadata.history = "server"``):
+  a conversation row read from the transcript store and the turns from Redis, fitted into the
+  context window, and a longer prompt on the bus.
 
 And, in process, the parser's own cost per generated token.
 """
@@ -40,10 +44,13 @@ QUESTION = {"role": "user", "content": "What are the weather and the time in Osl
 CALLED = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]}
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "3 C and rain"}
+HISTORY_TURNS = 20
+CONVERSATION = {"conversation_id": "bench-history"}
 KINDS = {
     "plain": {"messages": [QUESTION]},
     "tools_answered_in_words": {"messages": [QUESTION, CALLED, RESULT], "tools": TOOLS},
     "tool_call": {"messages": [QUESTION], "tools": TOOLS},
+    "server_history": {"messages": [QUESTION], "metadata": {**CONVERSATION, "history": "server"}},
 }
 
 
@@ -66,6 +73,9 @@ async def one_turn(http: httpx.AsyncClient, edge_url: str, body: dict[str, Any])
 async def alternate(edge_url: str, api_key: str) -> dict[str, list[tuple[float, float]]]:
     times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
     async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        for i in range(HISTORY_TURNS):  # the conversation server_history continues
+            await one_turn(http, edge_url, {"messages": [{"role": "user", "content": f"earlier question {i}"}],
+                                            "metadata": CONVERSATION})
         for i in range(ROUNDS + WARMUP):
             for kind, body in KINDS.items():
                 measured = await one_turn(http, edge_url, body)

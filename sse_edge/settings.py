@@ -82,9 +82,23 @@ class EdgeSettings(BaseSettings):
     # are refused (`batch:0.5`): tool definitions make long prompts, and they go first.
     fallback: Annotated[dict[str, str], NoDecode] = {}
     shed_tools_at: Annotated[dict[str, float], NoDecode] = {}
+    # Context windows in tokens per model (`model:tokens`): a prompt that cannot fit with its
+    # max_tokens gets 400 context_length_exceeded, and server-side history fills the window. A
+    # model without one: no check, and default_context_window for history.
+    context_windows: Annotated[dict[str, int], NoDecode] = {}
+    default_context_window: int = 8192
+    # Per model, a tokenizer.json to count tokens with (`model:/path/tokenizer.json`); else estimated.
+    tokenizers: Annotated[dict[str, str], NoDecode] = {}
+    # Server-side history: the last turns of each conversation kept in Redis (rebuilt from the
+    # transcript store when missing), for how long, and how long a request waits for its
+    # conversation's previous turn to be stored.
+    history_turns: int = 64
+    history_ttl_s: int = 86_400
+    history_wait_s: float = 5.0
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
-    _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", mode="before")(parse_pairs)
+    _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",
+                             mode="before")(parse_pairs)
 
     @model_validator(mode="after")
     def _fallbacks_are_served(self) -> EdgeSettings:

@@ -15,6 +15,8 @@ from tokenbus.producers import TokenbusClient
 from tokenbus.sse_edge.plumbing.admission import Admission
 from tokenbus.sse_edge.plumbing.auth import Authenticator
 from tokenbus.sse_edge.plumbing.broker_watch import BrokerWatch
+from tokenbus.sse_edge.plumbing.context import ContextWindows
+from tokenbus.sse_edge.plumbing.history import ConversationHistory
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
 from tokenbus.sse_edge.plumbing.ratelimit import RateLimiter
@@ -45,6 +47,9 @@ class EdgeState:
         self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings, self.metrics)
         self._background: set[asyncio.Task[None]] = set()
         self._transcripts: TranscriptStore | None = None
+        self.history = ConversationHistory(self.redis, settings.redis_prefix, self.transcripts, settings.history_turns,
+                                           settings.history_ttl_s, settings.history_wait_s)
+        self.context = ContextWindows(settings)
 
     def _count_decision(self, review: InputReview) -> None:
         self.metrics.decisions.labels(INPUT, review.verdict.action).inc()

@@ -59,9 +59,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     )
     # Nobody serves UNSERVED_MODEL: its queues only grow, so its batch queue (3 at most) fills and
     # MODEL answers for it; its interactive queue sheds requests with tools from a depth of 2.
+    # SLOW_MODEL has a small context window, for server-side history.
     edge_env = {"TOKENBUS_EDGE_DISCONNECT_GRACE_S": "1", "TOKENBUS_EDGE_KEY_CACHE_TTL_S": "0.5",
                 "TOKENBUS_EDGE_MAX_QUEUE_DEPTH": "interactive:1000,standard:1000,batch:3",
-                "TOKENBUS_EDGE_FALLBACK": f"{UNSERVED_MODEL}:{MODEL}", "TOKENBUS_EDGE_SHED_TOOLS_AT": "interactive:0.002"}
+                "TOKENBUS_EDGE_FALLBACK": f"{UNSERVED_MODEL}:{MODEL}", "TOKENBUS_EDGE_SHED_TOOLS_AT": "interactive:0.002",
+                "TOKENBUS_EDGE_CONTEXT_WINDOWS": f"{SLOW_MODEL}:300"}
     policy = settings.run_root / "policy.toml"
     policy.write_text(TEST_POLICY)
     processors_env = {"TOKENBUS_MODERATION_POLICY_FILE": str(policy), "TOKENBUS_PROC_BILLING_BATCH_S": "0.2"}

@@ -25,8 +25,17 @@ from tokenbus.schemas import (
     ToolSpec,
 )
 from tokenbus.sse_edge.api.resume import parse_last_event_id, relay_existing
-from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, PermissionDenied, Unavailable, model_not_found
+from tokenbus.sse_edge.errors import (
+    ApiError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    model_not_found,
+)
 from tokenbus.sse_edge.plumbing.admission import Admitted
+from tokenbus.sse_edge.plumbing.history import ConversationNotFound
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, collect_completion, sse_frames, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter
@@ -60,6 +69,7 @@ async def chat_completions(request: Request) -> Response:
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
     try:
         bus_request = to_bus_request(chat, edge, key, request_id)
+        bus_request.messages = await prompt_messages(edge, key, chat, bus_request.messages)
         admitted = await edge.admission.admit(key, chat.model, bus_request.estimated_prompt_tokens,
                                               bus_request.offers_tools)
         bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
@@ -88,15 +98,36 @@ async def live_events(edge: EdgeState, stream: ReplyStream) -> AsyncGenerator[Re
         edge.bus.router.close(stream.request_id)
 
 
+async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequest,
+                          messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The messages the model sees: with server-side history, the conversation's stored turns that
+    fit its context window go before the request's own; a prompt that cannot fit is refused."""
+    context = edge.context
+    if chat.server_history:
+        assert chat.conversation_id is not None  # validation requires it
+        try:
+            turns = await edge.history.turns(key.tenant, chat.conversation_id)
+        except ConversationNotFound:
+            raise NotFound(f"No conversation '{chat.conversation_id}'.", param="metadata.conversation_id",
+                           code="conversation_not_found") from None
+        return context.with_history(chat.model, messages, turns, chat.token_limit)
+    if context.limits(chat.model):
+        context.check(chat.model, context.count(chat.model, messages), chat.token_limit)
+    return messages
+
+
 async def publish(edge: EdgeState, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str) -> ReplyStream:
     """Record where the stream will live, then open it and publish (the SDK's submit): no event
     can slip past, and any edge can find the stream once it exists."""
     await register_stream(edge, bus_request, chat, digest)
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
     try:
-        return await edge.bus.submit(bus_request, topic=ingress)
+        stream = await edge.bus.submit(bus_request, topic=ingress)
     except KafkaError as exc:
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
+    if bus_request.conversation_id is not None:
+        await edge.history.published(bus_request.tenant, bus_request.conversation_id, bus_request.request_id)
+    return stream
 
 
 async def claim_idempotency_key(edge: EdgeState, key: ApiKey, idempotency_key: str, digest: str,

@@ -83,6 +83,7 @@ UNSUPPORTED = {
     "web_search_options": "web search",
 }
 INT64 = 2**63 - 1
+HISTORY_CLIENT, HISTORY_SERVER = "client", "server"
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
@@ -124,11 +125,21 @@ class ChatCompletionRequest(BaseModel):
         conversation = value.get("conversation_id")
         if conversation is not None and not CONVERSATION_ID.fullmatch(conversation):
             raise ValueError("conversation_id must be 1 to 128 of A-Z a-z 0-9 . _ : -")
+        if value.get("history", HISTORY_CLIENT) not in (HISTORY_CLIENT, HISTORY_SERVER):
+            raise ValueError("history must be 'client' (the messages hold it) or 'server' (stored turns are loaded)")
+        if value.get("history") == HISTORY_SERVER and conversation is None:
+            raise ValueError("history 'server' needs a conversation_id")
         return value
 
     @property
     def conversation_id(self) -> str | None:
         return (self.metadata or {}).get("conversation_id")
+
+    @property
+    def server_history(self) -> bool:
+        """tokenbus's extension in OpenAI's ``metadata``: the stored turns of the conversation go
+        before this request's messages."""
+        return (self.metadata or {}).get("history") == HISTORY_SERVER
 
     @field_validator("stop")
     @classmethod

@@ -39,4 +39,7 @@ class TranscriptStore(Protocol):
                             after: str | None = None) -> Page[TranscriptMessage]:
         """A conversation's messages in order; empty for another tenant's conversation."""
 
+    async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
+        """One of the tenant's conversations (its latest turn); None for another tenant's."""
+
     async def close(self) -> None: ...

@@ -31,6 +31,10 @@ SELECT_CONVERSATIONS = (
     "SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM {ks}.conversations_by_tenant "
     "WHERE tenant = ? AND conversation_id > ? LIMIT ?"
 )
+SELECT_CONVERSATION = (
+    "SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM {ks}.conversations_by_tenant "
+    "WHERE tenant = ? AND conversation_id = ? LIMIT ?"
+)
 SELECT_MESSAGES = (
     "SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id "
     "FROM {ks}.messages_by_conversation "
@@ -84,6 +88,7 @@ class CassandraTranscriptStore:
         self.insert_message = self._prepare(INSERT_MESSAGE, keyspace)
         self.upsert_conversation = self._prepare(UPSERT_CONVERSATION, keyspace)
         self.select_conversations = self._prepare(SELECT_CONVERSATIONS, keyspace)
+        self.select_conversation = self._prepare(SELECT_CONVERSATION, keyspace)
         self.select_messages = self._prepare(SELECT_MESSAGES, keyspace)
 
     @classmethod
@@ -133,6 +138,10 @@ class CassandraTranscriptStore:
         rows = await self._execute(self.select_conversations.bind((tenant, start, limit + 1)))
         items = [Conversation(tenant, r[0], r[1], r[2], r[3]) for r in rows[:limit]]
         return Page(items, items[-1].cursor if len(rows) > limit else None)
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
+        rows = await self._execute(self.select_conversation.bind((tenant, conversation_id, 1)))
+        return Conversation(tenant, rows[0][0], rows[0][1], rows[0][2], rows[0][3]) if rows else None
 
     async def list_messages(self, tenant: str, conversation_id: str, limit: int = 100,
                             after: str | None = None) -> Page[TranscriptMessage]:

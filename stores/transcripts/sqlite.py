@@ -75,6 +75,10 @@ SELECT_CONVERSATIONS = f"""
 SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM conversations_by_tenant
 WHERE tenant = ? AND conversation_id > ? AND {LIVE} ORDER BY conversation_id LIMIT ?
 """
+SELECT_CONVERSATION = f"""
+SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM conversations_by_tenant
+WHERE tenant = ? AND conversation_id = ? AND {LIVE}
+"""
 SELECT_MESSAGES = f"""
 SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id
 FROM messages_by_conversation
@@ -119,6 +123,10 @@ class SqliteTranscriptStore:
         rows = await self._run(self._query, SELECT_CONVERSATIONS, (tenant, start, now_ms(), limit + 1))
         items = [Conversation(tenant, *row) for row in rows[:limit]]
         return Page(items, items[-1].cursor if len(rows) > limit else None)
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
+        rows = await self._run(self._query, SELECT_CONVERSATION, (tenant, conversation_id, now_ms()))
+        return Conversation(tenant, *rows[0]) if rows else None
 
     async def list_messages(self, tenant: str, conversation_id: str, limit: int = 100,
                             after: str | None = None) -> Page[TranscriptMessage]:

@@ -36,8 +36,9 @@ def test_ddl_keys_messages_by_tenant_and_conversation():
 
 def test_statements_are_prepared_once_and_idempotent():
     store, session = make()
-    assert len(session.plans) == 4
-    for prepared in (store.insert_message, store.upsert_conversation, store.select_conversations, store.select_messages):
+    assert len(session.plans) == 5
+    for prepared in (store.insert_message, store.upsert_conversation, store.select_conversations,
+                     store.select_conversation, store.select_messages):
         assert prepared.is_idempotent
     assert store.insert_message.routing_key_indexes == [0, 1]  # token-aware routing on (tenant, conversation_id)
 

@@ -59,6 +59,8 @@ async def test_a_conversation_reads_back_in_order_and_only_new_prompt_messages_a
     assert [m.finish_reason for m in page.items] == ["", "", "stop", "", "stop"]
     conversations = (await store.list_conversations(tenant)).items
     assert [(c.conversation_id, c.last_request_id, c.last_turn_at_ms) for c in conversations] == [(conv, "r2", 2000)]
+    assert await store.get_conversation(tenant, conv) == conversations[0]
+    assert await store.get_conversation(unique("other"), conv) is None  # another tenant's reads as missing
 
 
 async def test_writing_a_turn_again_changes_nothing(store):

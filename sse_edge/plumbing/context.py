@@ -1,0 +1,81 @@
+"""A model's context window: counting a prompt's tokens, refusing a prompt that cannot fit, and
+choosing the stored turns that fit before a request's new messages.
+
+Tokens are counted with the model's tokenizer where one is configured for the edge
+(``TOKENBUS_EDGE_TOKENIZERS``: a ``tokenizer.json``), and estimated otherwise the way every
+part of tokenbus estimates (``schemas.estimate_prompt_tokens``: about four characters a token,
+plus a few a message for its template).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenbus.schemas import ChatMessage, estimate_prompt_tokens, message_text
+from tokenbus.sse_edge.errors import InvalidRequest
+from tokenbus.sse_edge.plumbing.history import StoredTurn
+from tokenbus.sse_edge.settings import EdgeSettings
+
+MESSAGE_OVERHEAD = 4  # tokens a chat template adds around each message (as the estimate counts)
+
+
+class ContextWindows:
+    def __init__(self, settings: EdgeSettings) -> None:
+        self._windows = settings.context_windows
+        self._default_window = settings.default_context_window
+        self._tokenizers: dict[str, Any] = {}
+        for model, path in settings.tokenizers.items():
+            from tokenizers import Tokenizer
+
+            self._tokenizers[model] = Tokenizer.from_file(str(Path(path)))
+
+    def window(self, model: str) -> int:
+        return self._windows.get(model, self._default_window)
+
+    def limits(self, model: str) -> bool:
+        """Whether a window is configured for ``model`` (every request is then checked against it)."""
+        return model in self._windows
+
+    def count(self, model: str, messages: Sequence[ChatMessage]) -> int:
+        tokenizer = self._tokenizers.get(model)
+        if tokenizer is None:
+            return estimate_prompt_tokens(message_text(m) for m in messages)
+        return sum(len(tokenizer.encode(message_text(m)).ids) + MESSAGE_OVERHEAD for m in messages)
+
+    def check(self, model: str, prompt_tokens: int, max_tokens: int | None) -> None:
+        """A prompt that cannot fit, with the completion it asks for, is refused as OpenAI refuses it."""
+        window = self.window(model)
+        completion = max_tokens or 0
+        if prompt_tokens + completion > window:
+            raise InvalidRequest(
+                f"This model's maximum context length is {window} tokens. However, you requested "
+                f"{prompt_tokens + completion} tokens ({prompt_tokens} in the messages, {completion} in the "
+                "completion). Please reduce the length of the messages or completion.",
+                param="messages", code="context_length_exceeded")
+
+    def reserve(self, model: str, max_tokens: int | None) -> int:
+        """Tokens kept free for the answer: ``max_tokens``, or a quarter of the window when unset."""
+        return max_tokens if max_tokens is not None else self.window(model) // 4
+
+    def with_history(self, model: str, messages: list[ChatMessage], turns: list[StoredTurn],
+                     max_tokens: int | None) -> list[ChatMessage]:
+        """``messages`` with the newest ``turns`` that fit placed before them (after their leading
+        system and developer messages); a turn goes whole or not at all, and once one does not
+        fit no older one is taken."""
+        lead = 0
+        while lead < len(messages) and messages[lead].role in ("system", "developer"):
+            lead += 1
+        prompt = self.count(model, messages)
+        self.check(model, prompt, max_tokens)
+        budget = self.window(model) - self.reserve(model, max_tokens) - prompt
+        chosen: list[StoredTurn] = []
+        for turn in reversed(turns):
+            cost = self.count(model, turn.messages)
+            if cost > budget:
+                break
+            chosen.append(turn)
+            budget -= cost
+        history = [m for turn in reversed(chosen) for m in turn.messages]
+        return [*messages[:lead], *history, *messages[lead:]]
