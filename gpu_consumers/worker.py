@@ -40,7 +40,7 @@ from tokenbus.gpu_consumers.offsets import OffsetTracker
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.token_log import Published, TokenLog
-from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms, whole_tool_calls
+from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
@@ -376,10 +376,12 @@ class GpuWorker:
     def _outputs(self, running: _Running, published: Published) -> AsyncIterator[StepOutput]:
         request = running.pending.request
         if running.cancelled:
-            return _one(StepOutput("", (), 0, len(published.token_ids), FINISH_CANCELLED))
+            return _one(StepOutput("", (), 0, len(request.prefix_token_ids) + len(published.token_ids), FINISH_CANCELLED))
         if not published.events and request.deadline_ms is not None and now_ms() > request.deadline_ms:
             return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
-        inp = GenerationInput.from_request(request, published.token_ids, published.text)
+        # A continuation generates after its turn's delivered output (and a takeover after both).
+        inp = GenerationInput.from_request(request, (*request.prefix_token_ids, *published.token_ids),
+                                           request.prefix_text + published.text)
         running.stream = self.engine.generate(inp)
         return _engine_outputs(running.stream)
 
@@ -413,7 +415,8 @@ class GpuWorker:
             token_ids=list(out.token_ids_diff),
             finish_reason=finish_reason,
             error=out.error,
-            prompt_tokens=out.prompt_tokens if out.finished else None,
+            # On the first event too: an edge that closes a stream nothing finishes bills its prompt.
+            prompt_tokens=out.prompt_tokens if out.finished or seq == 0 else None,
             completion_tokens=out.completion_tokens if out.finished else None,
             worker_id=self.settings.worker_id,
             tenant=request.tenant if seq == 0 else None,
@@ -421,22 +424,7 @@ class GpuWorker:
         )
 
     async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent]) -> asyncio.Future:
-        final = events[-1]
-        token_times = [e.created_at_ms for e in events if e.token_ids]
-        completion = Completion.for_request(
-            request,
-            text="".join(e.text for e in events),
-            tool_calls=whole_tool_calls(d for e in events for d in e.tool_calls),
-            finish_reason=final.finish_reason or FINISH_ERROR,
-            prompt_tokens=final.prompt_tokens or 0,
-            completion_tokens=final.completion_tokens or 0,
-            cancelled=final.finish_reason in CANCELLED_REASONS,
-            error=final.error,
-            worker_id=self.settings.worker_id,
-            started_at_ms=events[0].created_at_ms,
-            first_token_at_ms=token_times[0] if token_times else None,
-            finished_at_ms=final.created_at_ms,
-        )
+        completion = Completion.from_events(request, events, self.settings.worker_id)
         self.metrics.finished(completion.finish_reason)
         assert self._sender is not None
         return await self._sender.send(self.catalog.completions, completion, request.request_id)

@@ -25,8 +25,10 @@ from aiokafka.structs import RecordMetadata
 from tokenbus.moderation import InputReview, Policy
 from tokenbus.producers.moderated import InputModerator
 from tokenbus.producers.publisher import RequestPublisher
-from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest
+from tokenbus.schemas import FINISH_INCOMPLETE, AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
 from tokenbus.topics import BusSettings, RecordSender, ReplyEvent, ReplyRouter, ReplyStream, TopicCatalog, make_producer
+
+CLOSED_BY = "closer"  # the worker_id of records that close a stream nothing answers
 
 
 def new_request_id() -> str:
@@ -88,6 +90,25 @@ class TokenbusClient:
     async def cancel(self, request_id: str, reason: str = "") -> None:
         """Ask whichever GPU consumer holds the request to stop it (within one engine step)."""
         await self.sender.cancel(request_id, reason)
+
+    async def close_incomplete(self, request: ChatRequest, delivered: list[TokenEvent]) -> Completion:
+        """End a stream that nothing answers any more (its GPU consumer died with no one to take
+        over): a final ``incomplete`` event after what was delivered, which every reader of the
+        stream and any later owner of the request honour as the end, a cancel in case the
+        generation is only stalled, and the Completion that stores the turn as incomplete with
+        the text delivered and bills the tokens generated. A consumer that takes the request over
+        later finds the final event and publishes the same Completion again (billed once)."""
+        usage = next((e.prompt_tokens for e in delivered if e.prompt_tokens is not None), None)
+        final = TokenEvent(request.request_id, len(delivered), finish_reason=FINISH_INCOMPLETE, truncate=True,
+                           prompt_tokens=usage if usage is not None else request.estimated_prompt_tokens,
+                           completion_tokens=len(request.prefix_token_ids) + sum(len(e.token_ids) for e in delivered),
+                           worker_id=CLOSED_BY)
+        await self.sender.send_and_wait(request.reply_topic, final, request.request_id,
+                                        partition=request.reply_partition)
+        await self.sender.cancel(request.request_id, "stream closed as incomplete")
+        completion = Completion.from_events(request, [*delivered, final], CLOSED_BY)
+        await self.sender.send_and_wait(self.catalog.completions, completion, request.request_id)
+        return completion
 
     async def submit(self, request: ChatRequest, topic: str | None = None) -> ReplyStream:
         """Open the reply stream first, then publish: no event can slip past. The caller reads

@@ -2,6 +2,8 @@
 
 from tokenbus.schemas.codec import AvroCodec, DecodeError
 from tokenbus.schemas.records import (
+    FINISH_INCOMPLETE,
+    INCOMPLETE_FINISH_REASONS,
     TOOL_CHOICE_AUTO,
     TOOL_CHOICE_FUNCTION,
     TOOL_CHOICE_NONE,
@@ -24,6 +26,8 @@ from tokenbus.schemas.records import (
 )
 
 __all__ = [
+    "FINISH_INCOMPLETE",
+    "INCOMPLETE_FINISH_REASONS",
     "TOOL_CHOICE_AUTO",
     "TOOL_CHOICE_FUNCTION",
     "TOOL_CHOICE_NONE",

@@ -15,6 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+# Finish reasons of a turn that did not finish: its transcript says "incomplete", and it can be
+# continued. "incomplete" itself is written by an edge that closed a stream nothing answered.
+FINISH_INCOMPLETE = "incomplete"
+INCOMPLETE_FINISH_REASONS = frozenset({"cancelled", "error", FINISH_INCOMPLETE})
+
 TOOL_CHOICE_NONE = "none"
 TOOL_CHOICE_AUTO = "auto"
 TOOL_CHOICE_REQUIRED = "required"
@@ -140,6 +145,12 @@ class ChatRequest:
     tool_choice: str = TOOL_CHOICE_AUTO  # none, auto, required, or function (tool_choice_name)
     tool_choice_name: str | None = None
     parallel_tool_calls: bool = True
+    # A continuation of an incomplete turn: generated after what that turn delivered, and stored
+    # as that turn (its request id and time).
+    continues_request_id: str | None = None
+    continues_turn_at_ms: int | None = None
+    prefix_token_ids: list[int] = field(default_factory=list)
+    prefix_text: str = ""
 
     @property
     def partition_key(self) -> str:
@@ -234,6 +245,18 @@ class Completion:
     worker_id: str = ""
     first_token_at_ms: int | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    continues_request_id: str | None = None
+    continues_turn_at_ms: int | None = None
+    carried_tokens: int = 0
+
+    @property
+    def incomplete(self) -> bool:
+        return self.finish_reason in INCOMPLETE_FINISH_REASONS
+
+    @property
+    def billed_completion_tokens(self) -> int:
+        """What this request generated: a continuation's carried tokens were billed with its turn."""
+        return max(0, self.completion_tokens - self.carried_tokens)
 
     @classmethod
     def for_request(cls, request: ChatRequest, **outcome: Any) -> Completion:
@@ -241,7 +264,31 @@ class Completion:
         request, plus ``outcome`` (text, finish_reason, token counts, timings, worker_id, ...)."""
         return cls(request_id=request.request_id, model=request.model, tier=request.tier, tenant=request.tenant,
                    key_id=request.key_id, conversation_id=request.conversation_id, messages=request.messages,
-                   created_at_ms=request.created_at_ms, **outcome)
+                   created_at_ms=request.created_at_ms, continues_request_id=request.continues_request_id,
+                   continues_turn_at_ms=request.continues_turn_at_ms, carried_tokens=len(request.prefix_token_ids),
+                   **outcome)
+
+    @classmethod
+    def from_events(cls, request: ChatRequest, events: list[TokenEvent], worker_id: str) -> Completion:
+        """The Completion of a stream that ended with ``events[-1]``: the one record that says how a
+        turn ended, built the same by a GPU consumer and by an edge that closed a silent stream."""
+        final = events[-1]
+        token_times = [e.created_at_ms for e in events if e.token_ids]
+        finish_reason = final.finish_reason or "error"
+        return cls.for_request(
+            request,
+            text=request.prefix_text + "".join(e.text for e in events),
+            tool_calls=whole_tool_calls(d for e in events for d in e.tool_calls),
+            finish_reason=finish_reason,
+            prompt_tokens=final.prompt_tokens or 0,
+            completion_tokens=final.completion_tokens or 0,
+            cancelled=finish_reason in ("cancelled", "content_filter"),
+            error=final.error,
+            worker_id=worker_id,
+            started_at_ms=events[0].created_at_ms,
+            first_token_at_ms=token_times[0] if token_times else None,
+            finished_at_ms=final.created_at_ms,
+        )
 
     def to_avro(self) -> dict[str, Any]:
         return {**_fields(self), "messages": _messages_to_avro(self.messages),

@@ -10,6 +10,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenbus.sse_edge.api.chat import chat_completions
+from tokenbus.sse_edge.api.continuation import continue_turn
 from tokenbus.sse_edge.api.conversations import list_conversations, list_messages
 from tokenbus.sse_edge.api.models import list_models
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
@@ -58,6 +59,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
+            Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),
             Route("/v1/usage", tenant_usage, methods=["GET"]),

@@ -9,9 +9,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio as redis
+from aiokafka.errors import KafkaError
 
 from tokenbus.moderation import INPUT, InputReview
 from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import ChatRequest, TokenEvent
 from tokenbus.sse_edge.plumbing.admission import Admission
 from tokenbus.sse_edge.plumbing.auth import Authenticator
 from tokenbus.sse_edge.plumbing.broker_watch import BrokerWatch
@@ -27,6 +29,8 @@ from tokenbus.stores.transcripts import TranscriptStore, open_store
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
+
+CLOSE_ATTEMPTS = 12
 
 
 class EdgeState:
@@ -79,6 +83,17 @@ class EdgeState:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def close_incomplete(self, request: ChatRequest, delivered: list[TokenEvent]) -> None:
+        """Close a stream that nothing answers (producers' close_incomplete), once the bus takes it."""
+        for attempt in range(CLOSE_ATTEMPTS):
+            try:
+                await self.bus.close_incomplete(request, delivered)
+                return
+            except KafkaError as exc:
+                log.warning("closing %s as incomplete failed (%s); retrying", request.request_id, type(exc).__name__)
+                await asyncio.sleep(min(2**attempt, 10))
+        log.error("could not close %s as incomplete: the bus did not answer", request.request_id)
 
     async def cancel_unless_resumed(self, request_id: str) -> None:
         """After a client went away: wait out the grace window, then cancel unless it came back."""

@@ -9,7 +9,7 @@ from tokenbus.topics.clients import FetchPacer, cancel_task, make_consumer, make
 from tokenbus.topics.dead_letters import DeadLetterPublisher
 from tokenbus.topics.provision import delete_topics, ensure_topics
 from tokenbus.topics.replay import replay
-from tokenbus.topics.replies import ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
+from tokenbus.topics.replies import STREAM_IDLE, ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
 from tokenbus.topics.sending import RecordSender
 from tokenbus.topics.settings import BusSettings
 
@@ -23,6 +23,7 @@ __all__ = [
     "ReplyRouter",
     "ReplyStream",
     "ReplyStreamError",
+    "STREAM_IDLE",
     "TopicCatalog",
     "TopicSpec",
     "cancel_task",

@@ -34,11 +34,16 @@ DEFAULT_QUEUE_SIZE = 4096
 RECREATED_CHECK_S = 1.0  # how often the router looks for a reply log that was re-created
 
 
+STREAM_IDLE = "stream_timeout"  # nothing arrived for the idle timeout: whatever generated it is gone
+STREAM_OVERFLOW = "stream_overflow"  # the reader fell too far behind
+ROUTER_STOPPED = "edge_stopping"
+
+
 class ReplyStreamError(RuntimeError):
     """The stream cannot continue: its reader fell too far behind, nothing arrived in time,
     or the bus went away. ``code`` says which, for the client's error event."""
 
-    def __init__(self, message: str, code: str = "stream_timeout") -> None:
+    def __init__(self, message: str, code: str = STREAM_IDLE) -> None:
         super().__init__(message)
         self.code = code
 
@@ -107,7 +112,7 @@ class ReplyStream:
         try:
             self._queue.put_nowait(reply)
         except asyncio.QueueFull:
-            self.fail(ReplyStreamError(f"reply queue of {self.request_id} overflowed: reader too slow"))
+            self.fail(ReplyStreamError(f"reply queue of {self.request_id} overflowed: reader too slow", STREAM_OVERFLOW))
 
     def fail(self, error: ReplyStreamError) -> None:
         self._end(error)
@@ -136,7 +141,7 @@ class ReplyStream:
                     async with asyncio.timeout(idle_timeout):
                         item = await self._queue.get()
                 except TimeoutError:
-                    raise ReplyStreamError(f"no token event for {idle_timeout}s") from None
+                    raise ReplyStreamError(f"no token event for {idle_timeout}s", STREAM_IDLE) from None
             if item is None:
                 return
             if isinstance(item, ReplyStreamError):
@@ -208,7 +213,7 @@ class ReplyRouter:
         await cancel_task(self._rotation)
         await self._pacer.close()
         await stop_reader(self._reader, self._consumer)
-        self.fail_all(ReplyStreamError("reply router stopped"))
+        self.fail_all(ReplyStreamError("reply router stopped", ROUTER_STOPPED))
 
     def fail_all(self, error: ReplyStreamError) -> int:
         """End every open stream with ``error``; returns how many there were."""

@@ -5,6 +5,7 @@ published again: the client is attached to the first one's stream."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncGenerator
@@ -70,23 +71,28 @@ async def chat_completions(request: Request) -> Response:
     try:
         bus_request = to_bus_request(chat, edge, key, request_id)
         bus_request.messages = await prompt_messages(edge, key, chat, bus_request.messages)
-        admitted = await edge.admission.admit(key, chat.model, bus_request.estimated_prompt_tokens,
-                                              bus_request.offers_tools)
-        bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
-        stream = await publish(edge, bus_request, chat, digest)
+        return await serve(request, edge, key, bus_request, chat.stream, chat.include_usage, digest, started)
     except ApiError:
         if idempotency_key:  # never published: a retry with this key must be able to try again
             await edge.streams.release(key.tenant, idempotency_key, request_id)
         raise
 
-    hooks = relay_hooks(edge, request_id, admitted)
-    events = live_events(edge, stream)
-    if chat.stream:
-        writer = ChunkWriter(request_id, admitted.model, chat.include_usage)
+
+async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: ChatRequest, stream: bool,
+                include_usage: bool, digest: str, started: float) -> Response:
+    """Admit ``bus_request``, publish it and relay its stream: as SSE, or as one chat.completion."""
+    requested = bus_request.model
+    admitted = await edge.admission.admit(key, requested, bus_request.estimated_prompt_tokens, bus_request.offers_tools)
+    bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
+    reply_stream = await publish(edge, bus_request, include_usage, digest)
+    hooks = relay_hooks(edge, bus_request, admitted)
+    events = live_events(edge, reply_stream)
+    if stream:
+        writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage)
         stream_format = StreamFormat.for_request(request)
         return sse_response(sse_frames(events, writer, hooks, edge.metrics, started, stream_format),
-                            settings.heartbeat_s, stream_format, admitted.headers)
-    return await collect_completion(request, events, request_id, admitted.model, hooks, admitted.headers)
+                            edge.settings.heartbeat_s, stream_format, admitted.headers)
+    return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, admitted.headers)
 
 
 async def live_events(edge: EdgeState, stream: ReplyStream) -> AsyncGenerator[ReplyEvent, None]:
@@ -116,10 +122,10 @@ async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequ
     return messages
 
 
-async def publish(edge: EdgeState, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str) -> ReplyStream:
+async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> ReplyStream:
     """Record where the stream will live, then open it and publish (the SDK's submit): no event
     can slip past, and any edge can find the stream once it exists."""
-    await register_stream(edge, bus_request, chat, digest)
+    await register_stream(edge, bus_request, include_usage, digest)
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
     try:
         stream = await edge.bus.submit(bus_request, topic=ingress)
@@ -197,22 +203,26 @@ def tool_choice_of(chat: ChatCompletionRequest) -> str:
     return chat.tool_choice if isinstance(chat.tool_choice, str) else TOOL_CHOICE_FUNCTION
 
 
-async def register_stream(edge: EdgeState, bus_request: ChatRequest, chat: ChatCompletionRequest, digest: str) -> None:
+async def register_stream(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> None:
     """Record where the stream will be, before any event of it can exist."""
     partition = bus_request.reply_partition
     record = StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, partition,
-                          edge.bus.router.position(partition), chat.include_usage, digest)
+                          edge.bus.router.position(partition), include_usage, digest,
+                          base64.b64encode(edge.bus.codec.encode(bus_request)).decode())
     try:
         await edge.streams.register(record)
     except (redis.RedisError, OSError):
         pass  # the stream is served; it just cannot be resumed elsewhere
 
 
-def relay_hooks(edge: EdgeState, request_id: str, admitted: Admitted) -> RelayHooks:
+def relay_hooks(edge: EdgeState, bus_request: ChatRequest, admitted: Admitted) -> RelayHooks:
     async def on_final(event: TokenEvent) -> None:
         await edge.admission.charge_completion(admitted, event.completion_tokens or 0)
 
     def on_abandoned() -> None:
-        edge.in_background(edge.cancel_unless_resumed(request_id))
+        edge.in_background(edge.cancel_unless_resumed(bus_request.request_id))
 
-    return RelayHooks(on_final, on_abandoned)
+    def on_stalled(delivered: list[TokenEvent]) -> None:
+        edge.in_background(edge.close_incomplete(bus_request, delivered))
+
+    return RelayHooks(on_final, on_abandoned, on_stalled)

@@ -45,8 +45,8 @@ async def list_conversations(request: Request) -> Response:
 
 def message_row(m: TranscriptMessage) -> dict[str, Any]:
     row: dict[str, Any] = {"object": "conversation.message", "request_id": m.request_id, "role": m.role, "content": m.content,
-           "model": m.model, "finish_reason": m.finish_reason or None, "created_at": m.turn_at_ms / 1000,
-           "cursor": m.cursor}
+           "model": m.model, "finish_reason": m.finish_reason or None, "status": m.status,
+           "created_at": m.turn_at_ms / 1000, "cursor": m.cursor}
     if m.tool_calls:
         row["tool_calls"] = tool_calls_body([(c.id, c.name, c.arguments) for c in m.calls])
     if m.tool_call_id:

@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Send
 
-from tokenbus.schemas import TokenEvent, ToolCall, ToolCallDelta, whole_tool_calls
+from tokenbus.schemas import TokenEvent, ToolCall, whole_tool_calls
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
-from tokenbus.topics import ReplyEvent, ReplyStreamError
+from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
 
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 
@@ -105,10 +105,12 @@ def stream_error(exc: ReplyStreamError) -> ApiError:
 
 @dataclass
 class RelayHooks:
-    """What the relay reports back: usage when the stream ends, or that the client went away first."""
+    """What the relay reports back: usage when the stream ends, that the client went away first,
+    or that nothing answered for the idle timeout (with the events relayed until then)."""
 
     on_final: Callable[[TokenEvent], Awaitable[None]]
     on_abandoned: Callable[[], None]
+    on_stalled: Callable[[list[TokenEvent]], None] = lambda delivered: None
 
 
 async def sse_frames(
@@ -121,6 +123,7 @@ async def sse_frames(
     last_sent: float | None = None
     skip = stream_format.skip_chunks
     ids = stream_format.event_ids
+    delivered: list[TokenEvent] = []
     metrics.open_streams.inc()
     try:
         if send_role:
@@ -130,6 +133,7 @@ async def sse_frames(
                 yield frame(writer.role())
         async for reply in events:
             event = reply.event
+            delivered.append(event)
             error = generation_error(event) if event.is_final else None
             if error is not None:
                 finished = True
@@ -154,6 +158,8 @@ async def sse_frames(
         metrics.e2e.observe(time.perf_counter() - started)
     except ReplyStreamError as exc:
         finished = True
+        if exc.code == STREAM_IDLE:
+            hooks.on_stalled(delivered)
         yield frame(stream_error(exc).body())
     finally:
         metrics.open_streams.dec()
@@ -179,7 +185,8 @@ async def collect_completion(
     headers: dict[str, str],
 ) -> JSONResponse:
     """Wait for the whole completion; a client that disconnects first abandons it."""
-    collecting = asyncio.ensure_future(_collect(events))
+    delivered: list[TokenEvent] = []
+    collecting = asyncio.ensure_future(_collect(events, delivered))
     disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
     done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
     disconnected.cancel()
@@ -190,6 +197,8 @@ async def collect_completion(
     try:
         text, calls, final = collecting.result()
     except ReplyStreamError as exc:
+        if exc.code == STREAM_IDLE:
+            hooks.on_stalled(delivered)
         raise stream_error(exc) from None
     await hooks.on_final(final)
     error = generation_error(final)
@@ -200,19 +209,15 @@ async def collect_completion(
     return JSONResponse(body, headers=headers)
 
 
-async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[ToolCall], TokenEvent]:
-    text: list[str] = []
-    deltas: list[ToolCallDelta] = []
-    final: TokenEvent | None = None
+async def _collect(events: AsyncGenerator[ReplyEvent, None],
+                   delivered: list[TokenEvent]) -> tuple[str, list[ToolCall], TokenEvent]:
     try:
         async for reply in events:
-            text.append(reply.event.text)
-            deltas += reply.event.tool_calls
-            final = reply.event
+            delivered.append(reply.event)
     finally:
         await events.aclose()
-    assert final is not None
-    return "".join(text), whole_tool_calls(deltas), final
+    text = "".join(e.text for e in delivered)
+    return text, whole_tool_calls(d for e in delivered for d in e.tool_calls), delivered[-1]
 
 
 async def _wait_for_disconnect(request: Request) -> None:

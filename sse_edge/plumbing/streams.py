@@ -20,6 +20,8 @@ class StreamRecord:
     start_offset: int  # no event of this request lies before it
     include_usage: bool = False
     body_hash: str = ""
+    # The request as published (Avro, base64): what a continuation of an incomplete turn repeats.
+    request: str = ""
 
 
 class IdempotencyConflict(Exception):
@@ -38,6 +40,22 @@ class StreamRegistry:
     def _idempotency(self, tenant: str, key: str) -> str:
         # The client's key is hashed: whatever bytes it holds, it names one Redis key of one tenant.
         return f"{self._prefix}idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+    def _continued(self, request_id: str) -> str:
+        return f"{self._prefix}continued:{request_id}"
+
+    async def claim_continuation(self, request_id: str, continuation_id: str) -> str | None:
+        """Bind an incomplete turn to the one request that continues it; returns the continuation
+        that claimed it first, if another did."""
+        if await self._redis.set(self._continued(request_id), continuation_id, nx=True, ex=self._ttl_s):
+            return None
+        earlier = await self._redis.get(self._continued(request_id))
+        return earlier.decode() if earlier else None
+
+    async def release_continuation(self, request_id: str, continuation_id: str) -> None:
+        """The continuation was never published: the turn may be continued again."""
+        if await self._redis.get(self._continued(request_id)) == continuation_id.encode():
+            await self._redis.delete(self._continued(request_id))
 
     def _detached(self, request_id: str) -> str:
         return f"{self._prefix}detached:{request_id}"

@@ -166,6 +166,19 @@ class ChatCompletionRequest(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class ContinueRequest(BaseModel):
+    """The body of ``POST /v1/chat/completions/{id}/continue`` (optional): how to answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
 def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,

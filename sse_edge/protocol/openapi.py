@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest
+from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueRequest
 
 ERROR = {
     "type": "object",
@@ -37,7 +37,9 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 def openapi_spec() -> dict[str, Any]:
     request_schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {})}
+    continue_schema = ContinueRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
+                  "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {})}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
@@ -70,6 +72,19 @@ def openapi_spec() -> dict[str, Any]:
                 "responses": {"200": {"description": "The rest of the SSE stream",
                                       "content": {"text/event-stream": {"schema": {"type": "string"}}}},
                               **_errors(400, 401, 404)},
+            }},
+            "/v1/chat/completions/{completion_id}/continue": {"post": {
+                "operationId": "continueChatCompletion", "security": secured,
+                "description": "Generate the rest of a turn that ended incomplete; the transcript stores the "
+                               "turn as one completed reply.",
+                "parameters": [
+                    {"name": "completion_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/ContinueRequest"}}}},
+                "responses": {"200": {"description": "The continuation: a completion, or an SSE stream of chunks",
+                                      "content": {"application/json": {"schema": CHAT_COMPLETION},
+                                                  "text/event-stream": {"schema": {"type": "string"}}}},
+                              **_errors(400, 401, 404, 409, 429, 503)},
             }},
             "/v1/models": {"get": {"operationId": "listModels", "security": secured, "responses": {
                 "200": {"description": "Models this key may use",

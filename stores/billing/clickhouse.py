@@ -87,9 +87,10 @@ def _time(ms: int | None) -> dt.datetime | None:
 
 def usage_row(completion: Completion, prices: PriceTable) -> list[Any]:
     c = completion
-    input_cost, output_cost = prices.cost_nanousd(c.model, c.tier, c.prompt_tokens, c.completion_tokens)
+    generated = c.billed_completion_tokens  # a continuation's carried tokens were billed with its turn
+    input_cost, output_cost = prices.cost_nanousd(c.model, c.tier, c.prompt_tokens, generated)
     return [c.request_id, c.tenant, c.key_id, c.model, c.tier, c.conversation_id or "", c.prompt_tokens,
-            c.completion_tokens, input_cost, output_cost, c.finish_reason, c.cancelled, c.error or "", c.worker_id,
+            generated, input_cost, output_cost, c.finish_reason, c.cancelled, c.error or "", c.worker_id,
             _time(c.created_at_ms), _time(c.started_at_ms), _time(c.first_token_at_ms), _time(c.finished_at_ms)]
 
 

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 INSERT_MESSAGE = (
     "INSERT INTO {ks}.messages_by_conversation (tenant, conversation_id, turn_at_ms, request_id, position, role, "
-    "content, model, finish_reason, tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+    "content, model, finish_reason, tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "USING TIMESTAMP ? AND TTL ?"
 )
 UPSERT_CONVERSATION = (
     "INSERT INTO {ks}.conversations_by_tenant (tenant, conversation_id, model, last_turn_at_ms, last_request_id) "
@@ -126,7 +127,7 @@ class CassandraTranscriptStore:
         for m in turn.messages:
             batch.add(self.insert_message, (m.tenant, m.conversation_id, m.turn_at_ms, m.request_id, m.position,
                                             m.role, m.content, m.model, m.finish_reason, m.tool_calls,
-                                            m.tool_call_id, self._ttl_s))
+                                            m.tool_call_id, turn.version_ms * 1000, self._ttl_s))
         await self._execute(batch)
         await self._execute(self.upsert_conversation.bind((
             turn.tenant, turn.conversation_id, turn.model, turn.turn_at_ms, turn.request_id,

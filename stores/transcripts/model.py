@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from tokenbus.schemas import ChatMessage, Completion, ToolCall
+from tokenbus.schemas import INCOMPLETE_FINISH_REASONS, ChatMessage, Completion, ToolCall
 
 T = TypeVar("T")
 
@@ -38,6 +38,11 @@ class TranscriptMessage:
     finish_reason: str = ""
     tool_calls: str = ""  # an assistant message's function calls: JSON text of [{id, name, arguments}]
     tool_call_id: str = ""  # a tool message: the call it answers
+
+    @property
+    def status(self) -> str:
+        """``incomplete`` for a reply whose stream ended without finishing (it can be continued)."""
+        return "incomplete" if self.finish_reason in INCOMPLETE_FINISH_REASONS else "completed"
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -77,6 +82,9 @@ class Turn:
     turn_at_ms: int
     model: str
     messages: list[TranscriptMessage] = field(default_factory=list)
+    # When this version of the turn was finished: of two versions (an incomplete turn and its
+    # continuation), the later one stands, whatever order they are written in.
+    version_ms: int = 0
 
 
 class BadCursor(ValueError):
@@ -114,17 +122,20 @@ def calls_json(calls: tuple[ToolCall, ...]) -> str:
 
 
 def turn_of(completion: Completion, assistant_text: str | None = None) -> Turn:
-    """The rows a Completion contributes; a request without a conversation id is its own conversation."""
-    conversation_id = completion.conversation_id or completion.request_id
+    """The rows a Completion contributes; a request without a conversation id is its own conversation.
+    A continuation of an incomplete turn rewrites that turn's rows (its request id and time)."""
+    request_id = completion.continues_request_id or completion.request_id
+    turn_at_ms = completion.continues_turn_at_ms or completion.created_at_ms
+    conversation_id = completion.conversation_id or request_id
     prompt = new_messages(completion.messages, completion.conversation_id is not None)
     reply = ChatMessage("assistant", completion.text if assistant_text is None else assistant_text,
                         tuple(completion.tool_calls))
     rows = [
-        TranscriptMessage(completion.tenant, conversation_id, completion.created_at_ms, completion.request_id,
-                          position, m.role, m.content, completion.model,
+        TranscriptMessage(completion.tenant, conversation_id, turn_at_ms, request_id, position, m.role, m.content,
+                          completion.model,
                           completion.finish_reason if m is reply else "", calls_json(m.tool_calls),
                           m.tool_call_id or "")
         for position, m in enumerate([*prompt, reply])
     ]
-    return Turn(completion.tenant, conversation_id, completion.request_id, completion.created_at_ms,
-                completion.model, rows)
+    return Turn(completion.tenant, conversation_id, request_id, turn_at_ms, completion.model, rows,
+                completion.finished_at_ms)

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS messages_by_conversation (
     expires_at_ms INTEGER,
     tool_calls TEXT NOT NULL DEFAULT '',
     tool_call_id TEXT NOT NULL DEFAULT '',
+    version_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, conversation_id, turn_at_ms, request_id, position)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS conversations_by_tenant (
@@ -56,13 +57,16 @@ CREATE TABLE IF NOT EXISTS conversations_by_tenant (
 
 UPSERT_MESSAGE = """
 INSERT INTO messages_by_conversation (tenant, conversation_id, turn_at_ms, request_id, position, role, content,
-    model, finish_reason, expires_at_ms, tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    model, finish_reason, expires_at_ms, tool_calls, tool_call_id, version_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET role = excluded.role, content = excluded.content, model = excluded.model,
     finish_reason = excluded.finish_reason, expires_at_ms = excluded.expires_at_ms,
-    tool_calls = excluded.tool_calls, tool_call_id = excluded.tool_call_id
+    tool_calls = excluded.tool_calls, tool_call_id = excluded.tool_call_id, version_ms = excluded.version_ms
+WHERE excluded.version_ms >= messages_by_conversation.version_ms
 """
 # Columns added after the first release: a file written before gets them on open.
-ADDED_COLUMNS = {"tool_calls": "TEXT NOT NULL DEFAULT ''", "tool_call_id": "TEXT NOT NULL DEFAULT ''"}
+ADDED_COLUMNS = {"tool_calls": "TEXT NOT NULL DEFAULT ''", "tool_call_id": "TEXT NOT NULL DEFAULT ''",
+                 "version_ms": "INTEGER NOT NULL DEFAULT 0"}
 # The latest turn wins whatever order turns are written in, like Cassandra's USING TIMESTAMP.
 UPSERT_CONVERSATION = """
 INSERT INTO conversations_by_tenant VALUES (?, ?, ?, ?, ?, ?)
@@ -113,7 +117,7 @@ class SqliteTranscriptStore:
         with self._db:
             self._db.executemany(UPSERT_MESSAGE, [
                 (m.tenant, m.conversation_id, m.turn_at_ms, m.request_id, m.position, m.role, m.content, m.model,
-                 m.finish_reason, expires, m.tool_calls, m.tool_call_id) for m in turn.messages])
+                 m.finish_reason, expires, m.tool_calls, m.tool_call_id, turn.version_ms) for m in turn.messages])
             self._db.execute(UPSERT_CONVERSATION, (turn.tenant, turn.conversation_id, turn.model, turn.turn_at_ms,
                                                    turn.request_id, expires))
 

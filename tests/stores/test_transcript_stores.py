@@ -74,6 +74,21 @@ async def test_writing_a_turn_again_changes_nothing(store):
     assert len(before.items) == 2
 
 
+@pytest.mark.parametrize("order", ["in order", "reversed"])
+async def test_a_continued_turn_stands_over_its_incomplete_version_whatever_the_order(store, order):
+    tenant, conv = unique("acme"), unique("conv")
+    broken = completion("r1", tenant, 1000, [("user", "tell me")], "once upon", conv)
+    broken.finish_reason, broken.finished_at_ms = "incomplete", 2000
+    continued = completion("r2", tenant, 5000, [("user", "tell me")], "once upon a time", conv)
+    continued.continues_request_id, continued.continues_turn_at_ms, continued.finished_at_ms = "r1", 1000, 6000
+    versions = [broken, continued] if order == "in order" else [continued, broken]
+    for version in versions:  # a takeover may publish the incomplete version again, late
+        await store.write_turn(turn_of(version))
+    rows = (await store.list_messages(tenant, conv)).items
+    assert [(m.request_id, m.role, m.content, m.status) for m in rows] == [
+        ("r1", "user", "tell me", "completed"), ("r1", "assistant", "once upon a time", "completed")]
+
+
 async def test_pages_cover_everything_once(store):
     tenant = unique("acme")
     for i in range(7):

@@ -1,0 +1,104 @@
+"""``POST /v1/chat/completions/{id}/continue``: finish a turn whose stream ended incomplete (its
+GPU consumer was lost with no one to take over, it was cancelled, it failed).
+
+The continuation is a new request (its own id, stream and bill) that repeats the turn's request
+and generates after everything the turn delivered, as a GPU consumer taking a request over does:
+with the same seed, the text is what the uninterrupted turn would have written. Its client gets
+the new text; the transcript stores the turn again, under the turn's own id and time, as one
+completed reply; billing charges the continuation only for what it generated.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import time
+
+import redis.asyncio as redis
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenbus.producers import new_request_id
+from tokenbus.schemas import INCOMPLETE_FINISH_REASONS, ChatRequest, TokenEvent, now_ms
+from tokenbus.sse_edge.api.chat import serve
+from tokenbus.sse_edge.api.resume import not_found
+from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, Unavailable, from_validation_error
+from tokenbus.sse_edge.protocol.chat import ContinueRequest
+from tokenbus.sse_edge.protocol.validation import read_body
+from tokenbus.sse_edge.state import EdgeState
+from tokenbus.topics import ReplyStreamError, replay
+
+READ_IDLE_S = 2.0  # the turn's stream is read from the log; a live one would keep it waiting
+
+
+async def continue_turn(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    started = time.perf_counter()
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    options = parse_options(await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s))
+    request_id = request.path_params["completion_id"]
+    try:
+        record = await edge.streams.get(request_id)
+    except (redis.RedisError, OSError):
+        raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
+    if record is None or record.tenant != key.tenant or not record.request:
+        raise not_found(request_id)
+    turn = edge.bus.codec.decode(base64.b64decode(record.request), ChatRequest)
+    delivered = await turn_events(edge, record.request_id, record.partition, record.start_offset)
+    continuation = continuation_of(turn, delivered, edge)
+    try:
+        earlier = await edge.streams.claim_continuation(request_id, continuation.request_id)
+    except (redis.RedisError, OSError):
+        raise Unavailable("Continuing is unavailable right now; retry shortly.", "streams_unavailable") from None
+    if earlier is not None:
+        raise Conflict(f"`{request_id}` was continued already by `{earlier}`; resume that stream.",
+                       code="turn_continued")
+    try:
+        return await serve(request, edge, key, continuation, options.stream, options.include_usage, "", started)
+    except ApiError:
+        await edge.streams.release_continuation(request_id, continuation.request_id)
+        raise
+
+
+def parse_options(raw: bytes) -> ContinueRequest:
+    try:
+        return ContinueRequest.model_validate(json.loads(raw) if raw.strip() else {})
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequest("We could not parse the JSON body of your request.", code="invalid_json") from None
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+async def turn_events(edge: EdgeState, request_id: str, partition: int, start_offset: int) -> list[TokenEvent]:
+    """The turn's whole stream, which must have ended incomplete."""
+    events: list[TokenEvent] = []
+    try:
+        async for reply in replay(edge.settings.bus, request_id, partition, start_offset, idle_timeout=READ_IDLE_S,
+                                  codec=edge.bus.codec):
+            events.append(reply.event)
+    except ReplyStreamError:
+        raise Conflict(f"`{request_id}` is still being generated; resume its stream instead.",
+                       code="turn_in_progress") from None
+    final = events[-1] if events else None
+    if final is None or final.finish_reason not in INCOMPLETE_FINISH_REASONS:
+        raise Conflict(f"`{request_id}` finished ({final.finish_reason if final else 'no events'}): nothing to "
+                       "continue.", code="turn_complete")
+    return events
+
+
+def continuation_of(turn: ChatRequest, delivered: list[TokenEvent], edge: EdgeState) -> ChatRequest:
+    """The turn's request again, generating after what it delivered (and what it continued)."""
+    return dataclasses.replace(
+        turn,
+        request_id=new_request_id(),
+        reply_topic=edge.bus.catalog.tokens,
+        reply_partition=edge.bus.router.reply_partition,
+        created_at_ms=now_ms(),
+        deadline_ms=None,
+        continues_request_id=turn.continues_request_id or turn.request_id,
+        continues_turn_at_ms=turn.continues_turn_at_ms or turn.created_at_ms,
+        prefix_token_ids=[*turn.prefix_token_ids, *(t for e in delivered for t in e.token_ids)],
+        prefix_text=turn.prefix_text + "".join(e.text if e.raw_text is None else e.raw_text for e in delivered),
+    )
