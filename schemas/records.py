@@ -151,6 +151,8 @@ class ChatRequest:
     continues_turn_at_ms: int | None = None
     prefix_token_ids: list[int] = field(default_factory=list)
     prefix_text: str = ""
+    # Notes tokenbus's own parts leave on a request (and its Completion), e.g. ``purpose=summary``.
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def partition_key(self) -> str:
@@ -248,6 +250,7 @@ class Completion:
     continues_request_id: str | None = None
     continues_turn_at_ms: int | None = None
     carried_tokens: int = 0
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def incomplete(self) -> bool:
@@ -266,7 +269,7 @@ class Completion:
                    key_id=request.key_id, conversation_id=request.conversation_id, messages=request.messages,
                    created_at_ms=request.created_at_ms, continues_request_id=request.continues_request_id,
                    continues_turn_at_ms=request.continues_turn_at_ms, carried_tokens=len(request.prefix_token_ids),
-                   **outcome)
+                   annotations=request.annotations, **outcome)
 
     @classmethod
     def from_events(cls, request: ChatRequest, events: list[TokenEvent], worker_id: str) -> Completion:

@@ -95,10 +95,14 @@ class EdgeSettings(BaseSettings):
     history_turns: int = 64
     history_ttl_s: int = 86_400
     history_wait_s: float = 5.0
+    # Per model, the model that summarizes the turns its history leaves out (`model:summarizer`;
+    # none: turns are just left out), and how long a summary may be.
+    history_summaries: Annotated[dict[str, str], NoDecode] = {}
+    history_summary_max_tokens: int = 256
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",
-                             mode="before")(parse_pairs)
+                             "history_summaries", mode="before")(parse_pairs)
 
     @model_validator(mode="after")
     def _fallbacks_are_served(self) -> EdgeSettings:
@@ -106,4 +110,7 @@ class EdgeSettings(BaseSettings):
         for model, fallback in self.fallback.items():
             if model == fallback or fallback not in served:
                 raise ValueError(f"fallback {model}:{fallback} must name another model of TOKENBUS_MODELS")
+        for model, summarizer in self.history_summaries.items():
+            if summarizer not in served:
+                raise ValueError(f"history summaries {model}:{summarizer} must name a model of TOKENBUS_MODELS")
         return self

@@ -1,4 +1,5 @@
-"""The transcripts job: each Completion becomes a turn in the transcript store."""
+"""The transcripts job: each Completion becomes a turn in the transcript store, but one that
+answers a summarizing request (server-side history), which becomes its conversation's summary."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from tokenbus.moderation import OUTPUT, Policy
 from tokenbus.schemas import Completion
 from tokenbus.stores.transcripts import TranscriptStore
-from tokenbus.stores.transcripts.model import turn_of
+from tokenbus.stores.transcripts.model import is_summary, summary_of, turn_of
 
 
 class TranscriptWriter:
@@ -23,4 +24,8 @@ class TranscriptWriter:
         return self.policy.redact(completion.text, findings, completion.tier, OUTPUT) if findings else completion.text
 
     async def handle(self, completion: Completion, message: Any) -> None:
-        await self.store.write_turn(turn_of(completion, self.assistant_text(completion)))
+        summary = summary_of(completion)
+        if summary is not None:
+            await self.store.write_summary(completion.tenant, *summary)
+        elif not is_summary(completion):  # a summary request is not a turn of its conversation
+            await self.store.write_turn(turn_of(completion, self.assistant_text(completion)))

@@ -39,6 +39,7 @@ from tokenbus.sse_edge.plumbing.admission import Admitted
 from tokenbus.sse_edge.plumbing.history import ConversationNotFound
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, collect_completion, sse_frames, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
+from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.state import EdgeState
@@ -112,11 +113,17 @@ async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequ
     if chat.server_history:
         assert chat.conversation_id is not None  # validation requires it
         try:
-            turns = await edge.history.turns(key.tenant, chat.conversation_id)
+            history = await edge.history.load(key.tenant, chat.conversation_id)
         except ConversationNotFound:
             raise NotFound(f"No conversation '{chat.conversation_id}'.", param="metadata.conversation_id",
                            code="conversation_not_found") from None
-        return context.with_history(chat.model, messages, turns, chat.token_limit)
+        prompt, dropped = context.with_history(chat.model, messages, history, chat.token_limit)
+        summarizer = edge.settings.history_summaries.get(chat.model)
+        if summarizer is not None and needs_summary(history, dropped):
+            summary = summary_request(edge.bus, summarizer, key, chat.conversation_id, history, dropped,
+                                      edge.settings.history_summary_max_tokens)
+            edge.in_background(ask_for_summary(edge.bus, edge.history, summary))
+        return prompt
     if context.limits(chat.model):
         context.check(chat.model, context.count(chat.model, messages), chat.token_limit)
     return messages

@@ -15,10 +15,11 @@ from typing import Any
 
 from tokenbus.schemas import ChatMessage, estimate_prompt_tokens, message_text
 from tokenbus.sse_edge.errors import InvalidRequest
-from tokenbus.sse_edge.plumbing.history import StoredTurn
+from tokenbus.sse_edge.plumbing.history import History, StoredTurn
 from tokenbus.sse_edge.settings import EdgeSettings
 
 MESSAGE_OVERHEAD = 4  # tokens a chat template adds around each message (as the estimate counts)
+SUMMARY_PREFIX = "Summary of the earlier conversation: "
 
 
 class ContextWindows:
@@ -59,23 +60,31 @@ class ContextWindows:
         """Tokens kept free for the answer: ``max_tokens``, or a quarter of the window when unset."""
         return max_tokens if max_tokens is not None else self.window(model) // 4
 
-    def with_history(self, model: str, messages: list[ChatMessage], turns: list[StoredTurn],
-                     max_tokens: int | None) -> list[ChatMessage]:
-        """``messages`` with the newest ``turns`` that fit placed before them (after their leading
-        system and developer messages); a turn goes whole or not at all, and once one does not
-        fit no older one is taken."""
+    def with_history(self, model: str, messages: list[ChatMessage], history: History,
+                     max_tokens: int | None) -> tuple[list[ChatMessage], list[StoredTurn]]:
+        """``messages`` with the newest stored turns that fit placed before them (after their
+        leading system and developer messages), and the turns left out. A turn goes whole or not
+        at all, and once one does not fit no older one is taken. Where turns are left out and the
+        conversation has a summary, it goes first (it is budgeted first)."""
         lead = 0
         while lead < len(messages) and messages[lead].role in ("system", "developer"):
             lead += 1
         prompt = self.count(model, messages)
         self.check(model, prompt, max_tokens)
         budget = self.window(model) - self.reserve(model, max_tokens) - prompt
+        summary = [ChatMessage("system", SUMMARY_PREFIX + history.summary.content)] if history.summary else []
+        summary_cost = self.count(model, summary) if summary else 0
+        if summary_cost > budget or self.count(model, [m for t in history.turns for m in t.messages]) <= budget:
+            summary, summary_cost = [], 0  # it does not fit, or every turn does
+        budget -= summary_cost
         chosen: list[StoredTurn] = []
-        for turn in reversed(turns):
+        for turn in reversed(history.turns):
             cost = self.count(model, turn.messages)
             if cost > budget:
                 break
             chosen.append(turn)
             budget -= cost
-        history = [m for turn in reversed(chosen) for m in turn.messages]
-        return [*messages[:lead], *history, *messages[lead:]]
+        chosen.reverse()
+        dropped = history.turns[:len(history.turns) - len(chosen)]
+        turns = [m for turn in chosen for m in turn.messages]
+        return [*messages[:lead], *(summary if dropped else []), *turns, *messages[lead:]], dropped

@@ -27,7 +27,7 @@ from typing import Any
 import redis.asyncio as redis
 
 from tokenbus.schemas import ChatMessage, ToolCall
-from tokenbus.stores.transcripts import Conversation, TranscriptMessage, TranscriptStore
+from tokenbus.stores.transcripts import Conversation, Summary, TranscriptMessage, TranscriptStore
 
 POLL_S = 0.05
 PAGE = 500
@@ -40,7 +40,19 @@ class StoredTurn:
     and developer ones) and the assistant's reply."""
 
     request_id: str
+    turn_at_ms: int
     messages: tuple[ChatMessage, ...]
+
+    @property
+    def position(self) -> tuple[int, str]:
+        """Where it stands in its conversation (what a summary's ``through`` is compared with)."""
+        return self.turn_at_ms, self.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    turns: list[StoredTurn]  # the last ones, oldest first
+    summary: Summary | None = None  # of earlier turns, where summaries are made
 
 
 class ConversationNotFound(LookupError):
@@ -60,6 +72,17 @@ class ConversationHistory:
     def _cache_key(self, tenant: str, conversation_id: str) -> str:
         return f"{self._prefix}history:{tenant}:{conversation_id}"
 
+    def _summarizing_key(self, tenant: str, conversation_id: str) -> str:
+        return f"{self._prefix}summarizing:{tenant}:{conversation_id}"
+
+    async def claim_summary(self, tenant: str, conversation_id: str, ttl_s: float) -> bool:
+        """Whether this request may ask for the conversation's summary (one at a time)."""
+        try:
+            return bool(await self._redis.set(self._summarizing_key(tenant, conversation_id), "1", nx=True,
+                                              px=int(ttl_s * 1000)))
+        except (redis.RedisError, OSError):
+            return False
+
     def _newest_key(self, tenant: str, conversation_id: str) -> str:
         return f"{self._prefix}history-newest:{tenant}:{conversation_id}"
 
@@ -70,22 +93,22 @@ class ConversationHistory:
         except (redis.RedisError, OSError):
             pass  # the next turn may miss this one if it comes before it is stored
 
-    async def turns(self, tenant: str, conversation_id: str) -> list[StoredTurn]:
-        """The last turns of the conversation, oldest first."""
+    async def load(self, tenant: str, conversation_id: str) -> History:
+        """The last turns of the conversation, oldest first, and its summary."""
         conversation, known = await self._stored_conversation(tenant, conversation_id)
         if conversation is None:
             if not known:
                 raise ConversationNotFound(conversation_id)
-            return []
+            return History([])
         cached = await self._cached(tenant, conversation_id)
         if cached is not None and cached["newest"] == conversation.last_request_id:
-            return [_turn_from_json(t) for t in cached["turns"]]
+            return History([_turn_from_json(t) for t in cached["turns"]], conversation.summary)
         turns = [_turn_from_json(t) for t in cached["turns"]] if cached else []
         rows = await self._messages(tenant, conversation_id, cached["cursor"] if cached else None)
         turns = (turns + group_turns(rows))[-self._turns:]
         cursor = rows[-1].cursor if rows else (cached["cursor"] if cached else None)
         await self._cache(tenant, conversation_id, conversation.last_request_id, cursor, turns)
-        return turns
+        return History(turns, conversation.summary)
 
     async def _stored_conversation(self, tenant: str, conversation_id: str) -> tuple[Conversation | None, bool]:
         """The stored conversation once it holds the newest turn published to it (or ``wait_s``
@@ -138,18 +161,19 @@ def group_turns(rows: list[TranscriptMessage]) -> list[StoredTurn]:
             continue
         message = ChatMessage(row.role, row.content, tuple(row.calls), row.tool_call_id or None)
         if turns and turns[-1].request_id == row.request_id:
-            turns[-1] = StoredTurn(row.request_id, (*turns[-1].messages, message))
+            turns[-1] = StoredTurn(row.request_id, row.turn_at_ms, (*turns[-1].messages, message))
         else:
-            turns.append(StoredTurn(row.request_id, (message,)))
+            turns.append(StoredTurn(row.request_id, row.turn_at_ms, (message,)))
     return turns
 
 
 def _turn_to_json(turn: StoredTurn) -> list[Any]:
-    return [turn.request_id, [[m.role, m.content, [[c.id, c.name, c.arguments] for c in m.tool_calls], m.tool_call_id]
-                              for m in turn.messages]]
+    messages = [[m.role, m.content, [[c.id, c.name, c.arguments] for c in m.tool_calls], m.tool_call_id]
+                for m in turn.messages]
+    return [turn.request_id, turn.turn_at_ms, messages]
 
 
 def _turn_from_json(data: list[Any]) -> StoredTurn:
-    request_id, messages = data
-    return StoredTurn(request_id, tuple(ChatMessage(role, content, tuple(ToolCall(*c) for c in calls), call_id)
-                                        for role, content, calls, call_id in messages))
+    request_id, turn_at_ms, messages = data
+    return StoredTurn(request_id, turn_at_ms, tuple(
+        ChatMessage(role, content, tuple(ToolCall(*c) for c in calls), call_id) for role, content, calls, call_id in messages))

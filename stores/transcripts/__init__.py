@@ -2,7 +2,7 @@
 (Cassandra in production, SQLite embedded). ``open_store`` picks the one the settings name."""
 
 from tokenbus.stores.transcripts.base import TranscriptSettings, TranscriptStore
-from tokenbus.stores.transcripts.model import BadCursor, Conversation, Page, TranscriptMessage, Turn
+from tokenbus.stores.transcripts.model import BadCursor, Conversation, Page, Summary, TranscriptMessage, Turn
 
 
 def open_store(settings: TranscriptSettings) -> TranscriptStore:
@@ -15,5 +15,5 @@ def open_store(settings: TranscriptSettings) -> TranscriptStore:
     return SqliteTranscriptStore(settings.sqlite_path, settings.ttl_s)
 
 
-__all__ = ["BadCursor", "Conversation", "Page", "TranscriptMessage", "TranscriptSettings", "TranscriptStore", "Turn",
-           "open_store"]
+__all__ = ["BadCursor", "Conversation", "Page", "Summary", "TranscriptMessage", "TranscriptSettings", "TranscriptStore",
+           "Turn", "open_store"]

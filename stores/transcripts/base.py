@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tokenbus.stores.transcripts.model import Conversation, Page, TranscriptMessage, Turn
+from tokenbus.stores.transcripts.model import Conversation, Page, Summary, TranscriptMessage, Turn
 from tokenbus.topics.settings import split_csv
 
 
@@ -40,6 +40,9 @@ class TranscriptStore(Protocol):
         """A conversation's messages in order; empty for another tenant's conversation."""
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
-        """One of the tenant's conversations (its latest turn); None for another tenant's."""
+        """One of the tenant's conversations (its latest turn and summary); None for another tenant's."""
+
+    async def write_summary(self, tenant: str, conversation_id: str, summary: Summary) -> None:
+        """Keep ``summary`` for the conversation unless the one it has covers later turns."""
 
     async def close(self) -> None: ...

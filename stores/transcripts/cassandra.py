@@ -15,7 +15,15 @@ from typing import Any
 
 from tokenbus.stores.ddl import ddl_statements
 from tokenbus.stores.transcripts.base import TranscriptSettings
-from tokenbus.stores.transcripts.model import Conversation, Page, TranscriptMessage, Turn, decode_cursor, page_size
+from tokenbus.stores.transcripts.model import (
+    Conversation,
+    Page,
+    Summary,
+    TranscriptMessage,
+    Turn,
+    decode_cursor,
+    page_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +41,13 @@ SELECT_CONVERSATIONS = (
     "WHERE tenant = ? AND conversation_id > ? LIMIT ?"
 )
 SELECT_CONVERSATION = (
-    "SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM {ks}.conversations_by_tenant "
-    "WHERE tenant = ? AND conversation_id = ? LIMIT ?"
+    "SELECT conversation_id, model, last_turn_at_ms, last_request_id, summary, summary_through_ms, "
+    "summary_through_request_id FROM {ks}.conversations_by_tenant WHERE tenant = ? AND conversation_id = ? LIMIT ?"
+)
+# Cells written at the summary's own time: the summary of the latest turns stands, whatever the order.
+WRITE_SUMMARY = (
+    "INSERT INTO {ks}.conversations_by_tenant (tenant, conversation_id, summary, summary_through_ms, "
+    "summary_through_request_id) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?"
 )
 SELECT_MESSAGES = (
     "SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id "
@@ -90,6 +103,7 @@ class CassandraTranscriptStore:
         self.upsert_conversation = self._prepare(UPSERT_CONVERSATION, keyspace)
         self.select_conversations = self._prepare(SELECT_CONVERSATIONS, keyspace)
         self.select_conversation = self._prepare(SELECT_CONVERSATION, keyspace)
+        self.write_summary_statement = self._prepare(WRITE_SUMMARY, keyspace)
         self.select_messages = self._prepare(SELECT_MESSAGES, keyspace)
 
     @classmethod
@@ -142,7 +156,16 @@ class CassandraTranscriptStore:
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
         rows = await self._execute(self.select_conversation.bind((tenant, conversation_id, 1)))
-        return Conversation(tenant, rows[0][0], rows[0][1], rows[0][2], rows[0][3]) if rows else None
+        if not rows:
+            return None
+        r = rows[0]
+        summary = Summary(r[4], r[5] or 0, r[6] or "") if r[4] else None
+        return Conversation(tenant, r[0], r[1], r[2], r[3], summary)
+
+    async def write_summary(self, tenant: str, conversation_id: str, summary: Summary) -> None:
+        await self._execute(self.write_summary_statement.bind((
+            tenant, conversation_id, summary.content, summary.through_turn_at_ms, summary.through_request_id,
+            summary.through_turn_at_ms * 1000, self._ttl_s)))
 
     async def list_messages(self, tenant: str, conversation_id: str, limit: int = 100,
                             after: str | None = None) -> Page[TranscriptMessage]:

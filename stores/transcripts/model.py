@@ -54,12 +54,26 @@ class TranscriptMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary of a conversation's turns up to and including ``through`` (turn time, request id)."""
+
+    content: str
+    through_turn_at_ms: int
+    through_request_id: str
+
+    @property
+    def through(self) -> tuple[int, str]:
+        return self.through_turn_at_ms, self.through_request_id
+
+
+@dataclass(frozen=True, slots=True)
 class Conversation:
     tenant: str
     conversation_id: str
     model: str
     last_turn_at_ms: int
     last_request_id: str
+    summary: Summary | None = None  # of its earlier turns, where summaries are made (read by get_conversation)
 
     @property
     def cursor(self) -> str:
@@ -113,6 +127,34 @@ def new_messages(messages: list[ChatMessage], continues_conversation: bool) -> l
         return list(messages)
     last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
     return list(messages[last_assistant + 1:])
+
+
+# A request that asks a model to summarize a conversation's earlier turns carries these
+# annotations; the transcripts job stores its Completion as the conversation's summary.
+PURPOSE = "purpose"
+PURPOSE_SUMMARY = "summary"
+
+
+def summary_annotations(conversation_id: str, through_turn_at_ms: int, through_request_id: str) -> dict[str, str]:
+    return {PURPOSE: PURPOSE_SUMMARY, "conversation_id": conversation_id,
+            "through_turn_at_ms": str(through_turn_at_ms), "through_request_id": through_request_id}
+
+
+def is_summary(completion: Completion) -> bool:
+    """Whether ``completion`` answers a summarizing request (it is no turn of its conversation)."""
+    return completion.annotations.get(PURPOSE) == PURPOSE_SUMMARY
+
+
+def summary_of(completion: Completion) -> tuple[str, Summary] | None:
+    """The conversation and summary a summarizing request's Completion holds; None for any other
+    Completion (a turn), and for a summary the model did not finish (a refusal, a failure)."""
+    notes = completion.annotations
+    if not is_summary(completion):
+        return None
+    if completion.finish_reason not in ("stop", "length") or not completion.text.strip():
+        return None
+    summary = Summary(completion.text.strip(), int(notes["through_turn_at_ms"]), notes["through_request_id"])
+    return notes["conversation_id"], summary
 
 
 def calls_json(calls: tuple[ToolCall, ...]) -> str:

@@ -19,6 +19,7 @@ from tokenbus.schemas import now_ms
 from tokenbus.stores.transcripts.model import (
     Conversation,
     Page,
+    Summary,
     TranscriptMessage,
     Turn,
     decode_cursor,
@@ -51,6 +52,9 @@ CREATE TABLE IF NOT EXISTS conversations_by_tenant (
     last_turn_at_ms INTEGER NOT NULL,
     last_request_id TEXT NOT NULL,
     expires_at_ms INTEGER,
+    summary TEXT NOT NULL DEFAULT '',
+    summary_through_ms INTEGER NOT NULL DEFAULT 0,
+    summary_through_request_id TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (tenant, conversation_id)
 ) WITHOUT ROWID;
 """
@@ -65,11 +69,20 @@ ON CONFLICT DO UPDATE SET role = excluded.role, content = excluded.content, mode
 WHERE excluded.version_ms >= messages_by_conversation.version_ms
 """
 # Columns added after the first release: a file written before gets them on open.
-ADDED_COLUMNS = {"tool_calls": "TEXT NOT NULL DEFAULT ''", "tool_call_id": "TEXT NOT NULL DEFAULT ''",
-                 "version_ms": "INTEGER NOT NULL DEFAULT 0"}
+ADDED_COLUMNS = {
+    "messages_by_conversation": {"tool_calls": "TEXT NOT NULL DEFAULT ''", "tool_call_id": "TEXT NOT NULL DEFAULT ''",
+                                 "version_ms": "INTEGER NOT NULL DEFAULT 0"},
+    "conversations_by_tenant": {"summary": "TEXT NOT NULL DEFAULT ''", "summary_through_ms": "INTEGER NOT NULL DEFAULT 0",
+                                "summary_through_request_id": "TEXT NOT NULL DEFAULT ''"},
+}
+WRITE_SUMMARY = """
+UPDATE conversations_by_tenant SET summary = ?, summary_through_ms = ?, summary_through_request_id = ?
+WHERE tenant = ? AND conversation_id = ? AND (summary_through_ms, summary_through_request_id) <= (?, ?)
+"""
 # The latest turn wins whatever order turns are written in, like Cassandra's USING TIMESTAMP.
 UPSERT_CONVERSATION = """
-INSERT INTO conversations_by_tenant VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO conversations_by_tenant (tenant, conversation_id, model, last_turn_at_ms, last_request_id, expires_at_ms)
+VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET model = excluded.model, last_turn_at_ms = excluded.last_turn_at_ms,
     last_request_id = excluded.last_request_id, expires_at_ms = excluded.expires_at_ms
 WHERE (excluded.last_turn_at_ms, excluded.last_request_id) >= (last_turn_at_ms, last_request_id)
@@ -80,7 +93,8 @@ SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM conversatio
 WHERE tenant = ? AND conversation_id > ? AND {LIVE} ORDER BY conversation_id LIMIT ?
 """
 SELECT_CONVERSATION = f"""
-SELECT conversation_id, model, last_turn_at_ms, last_request_id FROM conversations_by_tenant
+SELECT conversation_id, model, last_turn_at_ms, last_request_id, summary, summary_through_ms,
+    summary_through_request_id FROM conversations_by_tenant
 WHERE tenant = ? AND conversation_id = ? AND {LIVE}
 """
 SELECT_MESSAGES = f"""
@@ -101,10 +115,11 @@ class SqliteTranscriptStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(messages_by_conversation)")}
-        for column, kind in ADDED_COLUMNS.items():
-            if column not in have:
-                self._db.execute(f"ALTER TABLE messages_by_conversation ADD COLUMN {column} {kind}")
+        for table, columns in ADDED_COLUMNS.items():
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for column, kind in columns.items():
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -130,7 +145,18 @@ class SqliteTranscriptStore:
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
         rows = await self._run(self._query, SELECT_CONVERSATION, (tenant, conversation_id, now_ms()))
-        return Conversation(tenant, *rows[0]) if rows else None
+        if not rows:
+            return None
+        cid, model, last_at, last_id, content, through_ms, through_id = rows[0]
+        summary = Summary(content, through_ms, through_id) if content else None
+        return Conversation(tenant, cid, model, last_at, last_id, summary)
+
+    async def write_summary(self, tenant: str, conversation_id: str, summary: Summary) -> None:
+        def write() -> None:
+            with self._db:
+                self._db.execute(WRITE_SUMMARY, (summary.content, *summary.through, tenant, conversation_id,
+                                                 *summary.through))
+        await self._run(write)
 
     async def list_messages(self, tenant: str, conversation_id: str, limit: int = 100,
                             after: str | None = None) -> Page[TranscriptMessage]:

@@ -178,10 +178,11 @@ class FakeSession:
         bound = dict(zip(plan.binds, values))
         key = tuple(bound[c] for c in table.key_columns)
         written_at = bound.get("[timestamp]", 0)
-        if key in table.rows and table.write_times.get(key, 0) > written_at:
-            return []  # an older write loses
-        table.rows[key] = {c: bound[c] for c in plan.columns}
-        table.write_times[key] = written_at
+        row = table.rows.setdefault(key, {c: None for c in table.columns})
+        for column in plan.columns:  # an upsert of the columns it names; each cell keeps its newest write
+            if table.write_times.get((key, column), 0) <= written_at:
+                row[column] = bound[column]
+                table.write_times[(key, column)] = written_at
         table.ttls[key] = bound.get("[ttl]", 0)
         return []
 

@@ -8,27 +8,44 @@ from tests.gpu_consumers.tiny_model import build_tiny_model
 from tokenbus.schemas import ChatMessage
 from tokenbus.sse_edge.errors import InvalidRequest
 from tokenbus.sse_edge.plumbing.context import ContextWindows
-from tokenbus.sse_edge.plumbing.history import StoredTurn
+from tokenbus.sse_edge.plumbing.history import History, StoredTurn
+from tokenbus.sse_edge.plumbing.summaries import needs_summary
 from tokenbus.sse_edge.settings import EdgeSettings
+from tokenbus.stores.transcripts import Summary
 
 
 def turn(i: int, words: int) -> StoredTurn:
-    return StoredTurn(f"r{i}", (ChatMessage("user", f"q{i} " + "word " * words), ChatMessage("assistant", f"a{i}")))
+    return StoredTurn(f"r{i}", 1000 + i, (ChatMessage("user", f"q{i} " + "word " * words),
+                                          ChatMessage("assistant", f"a{i}")))
 
 
 def test_the_newest_whole_turns_that_fit_go_between_the_system_message_and_the_new_ones():
     windows = ContextWindows(EdgeSettings(context_windows={"m": 100}))
     new = [ChatMessage("system", "Be brief."), ChatMessage("user", "And now?")]
     turns = [turn(0, 2), turn(1, 40), turn(2, 2), turn(3, 2)]  # turn 1 alone is too big to fit
-    prompt = windows.with_history("m", new, turns, max_tokens=10)
+    prompt, dropped = windows.with_history("m", new, History(turns), max_tokens=10)
     assert [m.content.split()[0] for m in prompt] == ["Be", "q2", "a2", "q3", "a3", "And"]  # nothing older than 1
-    assert windows.count("m", prompt) <= 100 - 10
+    assert windows.count("m", prompt) <= 100 - 10 and dropped == turns[:2]
+
+
+def test_the_summary_of_left_out_turns_goes_first_and_only_when_turns_are_left_out():
+    windows = ContextWindows(EdgeSettings(context_windows={"m": 100}))
+    new = [ChatMessage("system", "Be brief."), ChatMessage("user", "And now?")]
+    summary = Summary("they asked about q0 and q1", 1001, "r1")
+    turns = [turn(0, 2), turn(1, 40), turn(2, 2), turn(3, 2)]
+    prompt, dropped = windows.with_history("m", new, History(turns, summary), max_tokens=10)
+    assert prompt[1] == ChatMessage("system", "Summary of the earlier conversation: they asked about q0 and q1")
+    assert [m.content.split()[0] for m in prompt[2:]] == ["q2", "a2", "q3", "a3", "And"]
+    assert needs_summary(History(turns, summary), dropped) is False  # it covers r1, the newest left out
+    assert needs_summary(History(turns, Summary("older", 1000, "r0")), dropped) is True
+    everything, none_dropped = windows.with_history("m", new, History(turns[2:], summary), max_tokens=10)
+    assert none_dropped == [] and all("Summary" not in m.content for m in everything)
 
 
 def test_a_prompt_that_cannot_fit_is_refused_with_the_numbers():
     windows = ContextWindows(EdgeSettings(context_windows={"m": 50}))
     with pytest.raises(InvalidRequest) as refused:
-        windows.with_history("m", [ChatMessage("user", "x" * 200)], [], max_tokens=5)
+        windows.with_history("m", [ChatMessage("user", "x" * 200)], History([]), max_tokens=5)
     assert refused.value.code == "context_length_exceeded"
     assert "maximum context length is 50 tokens" in str(refused.value) and "(54 in the messages, 5 in" in str(refused.value)
 

@@ -148,13 +148,13 @@ async def test_the_cache_and_the_store_give_the_same_turns(stack, edge_url, tena
     try:
         for _ in range(50):  # the third turn reaches the store
             conversation = await store.get_conversation(tenant, "twice")
-            if conversation and len(await history.turns(tenant, "twice")) == 3:
+            if conversation and len((await history.load(tenant, "twice")).turns) == 3:
                 break
             await asyncio.sleep(0.1)
-        cached = await history.turns(tenant, "twice")
+        cached = await history.load(tenant, "twice")
         await cache.delete(f"{stack.settings.redis_prefix}history:{tenant}:twice")
-        rebuilt = await history.turns(tenant, "twice")
+        rebuilt = await history.load(tenant, "twice")
     finally:
         await cache.aclose()
         await store.close()
-    assert cached == rebuilt and [t.messages[0].content for t in rebuilt] == ["q0", "q1", "q2"]
+    assert cached == rebuilt and [t.messages[0].content for t in rebuilt.turns] == ["q0", "q1", "q2"]

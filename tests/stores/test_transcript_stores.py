@@ -14,7 +14,7 @@ from tests.fakes.cassandra_session import FakeSession
 from tokenbus.schemas import ChatMessage, Completion
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.stores.transcripts.cassandra import CassandraTranscriptStore, schema_statements
-from tokenbus.stores.transcripts.model import BadCursor, turn_of
+from tokenbus.stores.transcripts.model import BadCursor, Summary, turn_of
 from tokenbus.stores.transcripts.sqlite import SqliteTranscriptStore
 
 KEYSPACE = "tokenbus_test"
@@ -87,6 +87,20 @@ async def test_a_continued_turn_stands_over_its_incomplete_version_whatever_the_
     rows = (await store.list_messages(tenant, conv)).items
     assert [(m.request_id, m.role, m.content, m.status) for m in rows] == [
         ("r1", "user", "tell me", "completed"), ("r1", "assistant", "once upon a time", "completed")]
+
+
+async def test_the_summary_of_the_latest_turns_stands_whatever_the_order(store):
+    tenant, conv = unique("acme"), unique("conv")
+    await store.write_turn(turn_of(completion("r1", tenant, 1000, [("user", "hi")], "hello", conv)))
+    assert (await store.get_conversation(tenant, conv)).summary is None
+    newer, older = Summary("they said hi twice", 3000, "r3"), Summary("they said hi", 1000, "r1")
+    for summary in (newer, older):
+        await store.write_summary(tenant, conv, summary)
+    await store.write_turn(turn_of(completion("r4", tenant, 4000, [("user", "more")], "ok", conv)))
+    conversation = await store.get_conversation(tenant, conv)
+    assert conversation.summary == newer and conversation.last_request_id == "r4"
+    await store.write_summary(unique("other"), conv, older)  # another tenant's write reaches nothing of this one
+    assert (await store.get_conversation(tenant, conv)).summary == newer
 
 
 async def test_pages_cover_everything_once(store):
