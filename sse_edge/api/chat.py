@@ -1,4 +1,5 @@
-"""``POST /v1/chat/completions``: authenticate, validate, admit, publish to the bus, relay the
+"""``POST /v1/chat/completions``: authenticate, validate, place the conversation's stored turns
+(server-side history), admit (or fall back to another model), publish to the bus, relay the
 token stream. With an ``Idempotency-Key`` seen before (same body), the request is not
 published again: the client is attached to the first one's stream."""
 
@@ -82,8 +83,8 @@ async def chat_completions(request: Request) -> Response:
 async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: ChatRequest, stream: bool,
                 include_usage: bool, digest: str, started: float) -> Response:
     """Admit ``bus_request``, publish it and relay its stream: as SSE, or as one chat.completion."""
-    requested = bus_request.model
-    admitted = await edge.admission.admit(key, requested, bus_request.estimated_prompt_tokens, bus_request.offers_tools)
+    admitted = await edge.admission.admit(key, bus_request.model, bus_request.estimated_prompt_tokens,
+                                          bus_request.offers_tools)
     bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
     reply_stream = await publish(edge, bus_request, include_usage, digest)
     hooks = relay_hooks(edge, bus_request, admitted)

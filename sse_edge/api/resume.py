@@ -7,7 +7,9 @@ does not exist."""
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import dataclass
 
 import redis.asyncio as redis
 from starlette.requests import Request
@@ -23,15 +25,39 @@ from tokenbus.stores.keys import ApiKey
 from tokenbus.topics import replay
 
 
-def parse_last_event_id(request: Request) -> tuple[int, int] | None:
+@dataclass(frozen=True, slots=True)
+class LastEvent:
+    """Where an SSE client stands: the event at ``offset`` of ``partition``, all of it, or (an
+    event written as several chunks, such as a function call's pieces) up to its chunk ``chunk``."""
+
+    partition: int
+    offset: int
+    chunk: int | None = None
+
+    @property
+    def delivered_through(self) -> int:
+        """The last offset whose event the client has whole."""
+        return self.offset if self.chunk is None else self.offset - 1
+
+    @property
+    def chunks_to_skip(self) -> int:
+        """Chunks of the first event replayed that the client has."""
+        return 0 if self.chunk is None else self.chunk + 1
+
+
+LAST_EVENT_ID = re.compile(r"(\d+)-(\d+)(?:\.(\d+))?")
+
+
+def parse_last_event_id(request: Request) -> LastEvent | None:
     raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
     if not raw:
         return None
-    partition, _, offset = raw.partition("-")
-    if not (partition.isdigit() and offset.isdigit()):
+    match = LAST_EVENT_ID.fullmatch(raw)
+    if match is None:
         raise InvalidRequest("Last-Event-ID must be an event id from this stream, like '3-1042'.",
                              param="Last-Event-ID", code="invalid_last_event_id")
-    return int(partition), int(offset)
+    partition, offset, chunk = match.groups()
+    return LastEvent(int(partition), int(offset), int(chunk) if chunk is not None else None)
 
 
 def not_found(request_id: str) -> NotFound:
@@ -53,11 +79,11 @@ async def resume_stream(request: Request) -> Response:
 
 
 async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record: StreamRecord,
-                         last_event: tuple[int, int] | None, stream: bool) -> Response:
+                         last_event: LastEvent | None, stream: bool) -> Response:
     """Serve an existing request's stream again from the log, after ``last_event`` if given."""
     if record.tenant != key.tenant:
         raise not_found(record.request_id)
-    if last_event is not None and last_event[0] != record.partition:
+    if last_event is not None and last_event.partition != record.partition:
         raise InvalidRequest("Last-Event-ID does not belong to this stream.", param="Last-Event-ID",
                              code="invalid_last_event_id")
     try:
@@ -66,13 +92,14 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
         pass
     edge.metrics.resumed.inc()
     events = replay(edge.settings.bus, record.request_id, record.partition, record.start_offset,
-                    delivered_through=last_event[1] if last_event else None,
+                    delivered_through=last_event.delivered_through if last_event else None,
                     idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
     hooks = RelayHooks(on_final=_nothing_to_charge,
                        on_abandoned=lambda: edge.in_background(edge.cancel_unless_resumed(record.request_id)))
     if stream:
         writer = ChunkWriter(record.request_id, record.model, record.include_usage)
-        stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None)
+        stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None,
+                                                 skip_in_event=last_event.chunks_to_skip if last_event else 0)
         frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), stream_format,
                             send_role=last_event is None)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format)

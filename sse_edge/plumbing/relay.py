@@ -6,8 +6,9 @@ Two ways to write a stream (:class:`StreamFormat`). By default, as OpenAI writes
 lines and blank lines only, which the simplest client reads (skip blank lines, strip
 ``data: ``, parse JSON until ``[DONE]``). A client that asks for ``text/event-stream`` in its
 ``Accept`` header speaks SSE (EventSource, SSE libraries) and also gets each event's ``id:``
-(``partition-offset`` in the log, what makes a stream resumable on any edge) and heartbeat
-comments. Either client can resume: by ``Last-Event-ID``, or by the number of chunks it has.
+(``partition-offset`` in the log, what makes a stream resumable on any edge; ``.k`` added on
+the chunks of a token event written as several, such as a function call's pieces, but its
+last) and heartbeat comments. Either client can resume: by ``Last-Event-ID``, or by the number of chunks it has.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ class StreamFormat:
     skip_chunks: int = 0
 
     @classmethod
-    def for_request(cls, request: Request, resuming_by_id: bool = False) -> StreamFormat:
+    def for_request(cls, request: Request, resuming_by_id: bool = False, skip_in_event: int = 0) -> StreamFormat:
         accepts_sse = "text/event-stream" in request.headers.get("accept", "").lower()
-        return cls(event_ids=accepts_sse or resuming_by_id, skip_chunks=chunks_received(request))
+        return cls(event_ids=accepts_sse or resuming_by_id, skip_chunks=chunks_received(request) + skip_in_event)
 
 
 def chunks_received(request: Request) -> int:
@@ -88,6 +89,12 @@ def frame(body: dict[str, Any] | str, event_id: str | None = None) -> bytes:
     break the framing."""
     data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     return f"id: {event_id}\ndata: {data}\n\n".encode() if event_id else f"data: {data}\n\n".encode()
+
+
+def chunk_id(event_id: str, index: int, chunks: int) -> str:
+    """The SSE id of one chunk of an event: the event's id on its last chunk, ``id.index`` on the
+    ones before, so that a client resuming in the middle of an event gets only what it lacks."""
+    return event_id if index == chunks - 1 else f"{event_id}.{index}"
 
 
 def generation_error(event: TokenEvent) -> ApiError | None:
@@ -144,11 +151,11 @@ async def sse_frames(
                 now = time.perf_counter()
                 metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
                 last_sent = now
-            for chunk in chunks:
+            for i, chunk in enumerate(chunks):
                 if skip:
                     skip -= 1
                 else:
-                    yield frame(chunk, reply.event_id if ids else None)
+                    yield frame(chunk, chunk_id(reply.event_id, i, len(chunks)) if ids else None)
             if event.is_final:
                 finished = True
                 await hooks.on_final(event)

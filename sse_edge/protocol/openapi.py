@@ -65,7 +65,7 @@ def openapi_spec() -> dict[str, Any]:
                     {"name": "completion_id", "in": "path", "required": True, "schema": {"type": "string"}},
                     {"name": "Last-Event-ID", "in": "header", "required": False,
                      "description": "The id of the last event received (SSE clients)",
-                     "schema": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}},
+                     "schema": {"type": "string", "pattern": "^[0-9]+-[0-9]+([.][0-9]+)?$"}},
                     {"name": "after_chunks", "in": "query", "required": False,
                      "description": "How many data chunks were received (clients of the data-only stream)",
                      "schema": {"type": "integer", "minimum": 0}}],

@@ -152,3 +152,29 @@ async def test_tool_calls_are_kept_in_the_transcript(client, edge_url, auth):
     assert reply["finish_reason"] == "tool_calls"
     assert reply["tool_calls"] == [{"id": call.id, "type": "function",
                                     "function": {"name": "get_weather", "arguments": call.function.arguments}}]
+
+
+async def test_an_sse_client_resumes_in_the_middle_of_a_call_without_a_gap_or_a_repeat(edge_url, auth):
+    """A call's pieces share one token event; each chunk but the last gets its own id (`p-o.k`)."""
+    body = {"model": MODEL, "stream": True, "messages": QUESTION, "tools": [WEATHER], "seed": 15,
+            "parallel_tool_calls": False}
+    sse = {**auth, "Accept": "text/event-stream"}
+
+    def frames(text: str) -> list[tuple[str, str]]:
+        out, event_id = [], None
+        for line in text.splitlines():
+            if line.startswith("id: "):
+                event_id = line[4:]
+            elif line.startswith("data: "):
+                out.append((event_id, line[6:]))
+        return out
+
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+        whole = frames((await http.post("/v1/chat/completions", json=body, headers=sse)).text)
+        request_id = json.loads(whole[0][1])["id"]
+        pieces = [i for i, (event_id, _) in enumerate(whole) if event_id and "." in event_id]
+        assert len(pieces) >= 2, "the call's pieces carry chunk ids"
+        cut = pieces[1]  # the client has the header and one piece of the arguments
+        rest = frames((await http.get(f"/v1/chat/completions/{request_id}/stream",
+                                      headers={**sse, "Last-Event-ID": whole[cut][0]})).text)
+    assert rest == whole[cut + 1:]
