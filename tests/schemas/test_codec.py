@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import random
@@ -103,6 +104,31 @@ def test_records_written_before_tool_calls_still_read(record_type, version):
     assert decoded.request_id == current.request_id
     assert getattr(decoded, "tool_calls", []) == [] and getattr(decoded, "tools", []) == []
     assert all(m.tool_calls == () and m.tool_call_id is None for m in getattr(decoded, "messages", []))
+
+
+HISTORY = {"chat_request": ChatRequest, "completion": Completion, "token_event": TokenEvent}
+
+
+@pytest.mark.parametrize("path", sorted((SCHEMA_DIR / "history").glob("*.avsc")), ids=lambda p: p.stem)
+def test_every_retired_version_still_reads_with_the_defaults_of_what_came_later(path):
+    """A record written with any retired schema decodes into today's record: what that version
+    had is kept, every field added since takes its default."""
+    old = json.loads(path.read_text())
+    record_type = HISTORY[path.stem.split(".")[0]]
+    current = next(r for r in RECORDS if type(r) is record_type)
+    fields = {f["name"]: f for f in old["fields"]}
+    data = {k: v for k, v in current.to_avro().items() if k in fields}
+    if "messages" in data:
+        item = fields["messages"]["type"]["items"]
+        message_fields = {f["name"] for f in item["fields"]} if isinstance(item, dict) else {"role", "content"}
+        data["messages"] = [{k: v for k, v in m.items() if k in message_fields} for m in data["messages"]]
+    decoded = AvroCodec().decode(AvroCodec().encode_with(old, data), record_type)
+    assert decoded.request_id == current.request_id
+    added = [f for f in dataclasses.fields(record_type) if f.name not in fields]
+    assert added, "a retired version lacks something today's has"
+    for field in added:
+        expected = field.default_factory() if callable(field.default_factory) else field.default
+        assert getattr(decoded, field.name) == expected, f"{field.name} of a {path.stem} record"
 
 
 def test_moderation_decisions_round_trip():
