@@ -139,7 +139,8 @@ async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool
         stream = await edge.bus.submit(bus_request, topic=ingress)
     except KafkaError as exc:
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
-    if bus_request.conversation_id is not None:
+    if bus_request.conversation_id is not None and bus_request.continues_request_id is None:
+        # The conversation's next turn waits for this one (a continuation rewrites a turn stored already).
         await edge.history.published(bus_request.tenant, bus_request.conversation_id, bus_request.request_id)
     return stream
 
