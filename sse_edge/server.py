@@ -1,18 +1,45 @@
-"""Run one edge process with uvicorn."""
+"""Run one edge process with uvicorn, draining open streams on SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 
 import uvicorn
+from starlette.applications import Starlette
 
 from tokenbus.sse_edge.app import create_app
 from tokenbus.sse_edge.settings import EdgeSettings
+from tokenbus.topics import cancel_task
+
+# After the grace, the streams told to resume elsewhere need a moment to write that and close.
+CLOSE_MARGIN_S = 5.0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which on shutdown stops accepting and waits for open connections; while
+    it waits, the edge gives its streams their grace and then tells the rest to resume elsewhere."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette, grace_s: float) -> None:
+        super().__init__(config)
+        self._app = app
+        self._grace_s = grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        edge = getattr(self._app.state, "edge", None)
+        drain = asyncio.create_task(edge.drain(self._grace_s)) if edge is not None else None
+        try:
+            await super().shutdown(sockets)
+        finally:
+            await cancel_task(drain)
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = EdgeSettings()
+    app = create_app(settings)
     # Access logs carry no prompt text, but keep them off by default: paths and timings go to /metrics.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, http=settings.http, log_level="warning",
-                access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, http=settings.http, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=int(settings.shutdown_grace_s + CLOSE_MARGIN_S))
+    DrainingServer(config, app, settings.shutdown_grace_s).run()

@@ -68,6 +68,9 @@ class EdgeSettings(BaseSettings):
     broker_check_s: float = 1.0  # how often the edge asks whether the broker answers
     broker_grace_s: float = 5.0  # open streams end with an error once the broker is away this long
     heartbeat_s: float = 15.0
+    # On SIGTERM the edge stops accepting and gives open streams this long to finish; the rest
+    # end with an `edge_stopping` error event, to be resumed on another edge.
+    shutdown_grace_s: float = 10.0
     max_body_bytes: int = 1_000_000
     body_timeout_s: float = 30.0  # the whole request body must arrive within this
     max_messages: int = 256

@@ -26,7 +26,8 @@ from tokenbus.sse_edge.plumbing.streams import StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore
 from tokenbus.stores.transcripts import TranscriptStore, open_store
-from tokenbus.topics import cancel_task
+from tokenbus.topics import ReplyStreamError, cancel_task
+from tokenbus.topics.replies import ROUTER_STOPPED
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,19 @@ class EdgeState:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutting down (no new connections are taken by then): give open streams ``grace_s`` to
+        finish, then end the rest with an event that tells their clients to resume on another edge."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self.bus.router.open_streams and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        ended = self.bus.router.fail_all(ReplyStreamError(
+            "This edge is shutting down; resume the stream on another edge with Last-Event-ID or after_chunks.",
+            ROUTER_STOPPED))
+        if ended:
+            log.info("shutting down: %d open streams told to resume elsewhere", ended)
 
     async def close_incomplete(self, request: ChatRequest, delivered: list[TokenEvent]) -> None:
         """Close a stream that nothing answers (producers' close_incomplete), once the bus takes it."""

@@ -30,6 +30,7 @@ from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, Ser
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
+from tokenbus.topics.replies import ROUTER_STOPPED
 
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 
@@ -66,13 +67,18 @@ def chunks_received(request: Request) -> int:
 
 class TokenStreamResponse(EventSourceResponse):
     """sse-starlette's response, writing without a cancel scope around each frame when no send
-    timeout is set (as here): that scope cost about a tenth of the edge's CPU per token event."""
+    timeout is set (as here): that scope cost about a tenth of the edge's CPU per token event.
+    And not cut off when the server begins to shut down: the edge drains its streams itself
+    (sse_edge/server.py), letting them finish and telling the rest to resume elsewhere."""
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is None:
             await send(message)
         else:
             await super()._send_with_timeout(send, message)
+
+    async def _listen_for_exit_signal_with_grace(self) -> None:
+        await asyncio.Event().wait()  # ends with the stream
 
 
 def sse_response(frames: AsyncIterator[bytes], heartbeat_s: float, stream_format: StreamFormat,
@@ -105,7 +111,7 @@ def generation_error(event: TokenEvent) -> ApiError | None:
 
 
 def stream_error(exc: ReplyStreamError) -> ApiError:
-    if exc.code == "bus_unavailable":
+    if exc.code in ("bus_unavailable", ROUTER_STOPPED):
         return Unavailable(str(exc), exc.code)
     return ApiError(504, str(exc), "server_error", code=exc.code)
 
