@@ -17,7 +17,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -65,6 +65,7 @@ class _Running:
     stream: GenerationStream | None = None
     cancelled: bool = False
     stop_reason: str = FINISH_CANCELLED
+    admitted_at_ms: int = field(default_factory=now_ms)
 
     def cancel(self, reason: str = "") -> None:
         self.cancelled = True
@@ -355,7 +356,7 @@ class GpuWorker:
         async for out in self._outputs(running, published):
             if out.finish_reason == FINISH_CANCELLED:
                 out = dataclasses.replace(out, finish_reason=running.stop_reason)
-            event = self._token_event(request, len(events), out, tool_calls)
+            event = self._token_event(request, len(events), out, tool_calls, running.admitted_at_ms)
             deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key, event))
             events.append(event)
             sent = time.time()
@@ -396,7 +397,7 @@ class GpuWorker:
         return parser(request.request_id, offered, published.tool_calls, request.parallel_tool_calls)
 
     def _token_event(self, request: ChatRequest, seq: int, out: StepOutput,
-                     tool_calls: HermesToolParser | None = None) -> TokenEvent:
+                     tool_calls: HermesToolParser | None = None, admitted_at_ms: int | None = None) -> TokenEvent:
         parsed = ParsedText(content=out.text_diff, raw=out.text_diff)
         finish_reason = out.finish_reason
         if tool_calls is not None:
@@ -421,6 +422,7 @@ class GpuWorker:
             worker_id=self.settings.worker_id,
             tenant=request.tenant if seq == 0 else None,
             tier=request.tier if seq == 0 else None,
+            admitted_at_ms=admitted_at_ms if seq == 0 else None,
         )
 
     async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent]) -> asyncio.Future:

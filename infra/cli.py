@@ -11,6 +11,7 @@ import sys
 import time
 
 from tokenbus.infra.admin.keys import add_key_commands
+from tokenbus.infra.admin.trace import add_trace_command
 from tokenbus.infra.admin.usage import add_arguments as add_usage_arguments
 from tokenbus.infra.admin.usage import cmd_usage
 from tokenbus.infra.devstack.banner import ready_banner
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage = commands.add_parser("usage", help="usage and cost per tenant, model and tier (ClickHouse)")
     add_usage_arguments(usage)
     usage.set_defaults(run=cmd_usage)
+    add_trace_command(commands)
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     serve = bench.add_parser("serve", help="load-test any OpenAI-compatible streaming endpoint")
     add_serve_arguments(serve)

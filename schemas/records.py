@@ -204,6 +204,7 @@ class TokenEvent:
     # Who asked, on the first event only: output moderation applies the tier's actions.
     tenant: str | None = None
     tier: str | None = None
+    admitted_at_ms: int | None = None  # on the first event: when the GPU consumer admitted the request
 
     @property
     def is_final(self) -> bool:

@@ -109,7 +109,7 @@ def request_usage(client: Any, database: str, request_id: str) -> dict[str, Any]
     """The raw usage rows of one request (there is one, or none yet)."""
     result = client.query(
         f"SELECT request_id, tenant, model, tier, prompt_tokens, completion_tokens, input_cost_nanousd, "
-        f"output_cost_nanousd, finish_reason, cancelled, worker_id FROM {database}.usage_events "
+        f"output_cost_nanousd, finish_reason, cancelled, worker_id, inserted_at FROM {database}.usage_events "
         "WHERE request_id = {id:String}",
         parameters={"id": request_id},
     )

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tokenbus.schemas import now_ms
 from tokenbus.stores.ddl import ddl_statements
 from tokenbus.stores.transcripts.base import TranscriptSettings
 from tokenbus.stores.transcripts.model import (
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 INSERT_MESSAGE = (
     "INSERT INTO {ks}.messages_by_conversation (tenant, conversation_id, turn_at_ms, request_id, position, role, "
-    "content, model, finish_reason, tool_calls, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "content, model, finish_reason, tool_calls, tool_call_id, written_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "USING TIMESTAMP ? AND TTL ?"
 )
 UPSERT_CONVERSATION = (
@@ -50,8 +51,8 @@ WRITE_SUMMARY = (
     "summary_through_request_id) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?"
 )
 SELECT_MESSAGES = (
-    "SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id "
-    "FROM {ks}.messages_by_conversation "
+    "SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id, "
+    "written_at_ms FROM {ks}.messages_by_conversation "
     "WHERE tenant = ? AND conversation_id = ? AND (turn_at_ms, request_id, position) > (?, ?, ?) LIMIT ?"
 )
 RETRY_ATTEMPTS = 5
@@ -138,10 +139,11 @@ class CassandraTranscriptStore:
         # A turn's messages share one partition: an unlogged batch is a single write there.
         batch = self._new_batch()
         batch.is_idempotent = True
+        written = now_ms()
         for m in turn.messages:
             batch.add(self.insert_message, (m.tenant, m.conversation_id, m.turn_at_ms, m.request_id, m.position,
                                             m.role, m.content, m.model, m.finish_reason, m.tool_calls,
-                                            m.tool_call_id, turn.version_ms * 1000, self._ttl_s))
+                                            m.tool_call_id, written, turn.version_ms * 1000, self._ttl_s))
         await self._execute(batch)
         await self._execute(self.upsert_conversation.bind((
             turn.tenant, turn.conversation_id, turn.model, turn.turn_at_ms, turn.request_id,
@@ -174,7 +176,7 @@ class CassandraTranscriptStore:
         rows = await self._execute(self.select_messages.bind(
             (tenant, conversation_id, int(turn_at), str(request_id), int(position), limit + 1)))
         items = [TranscriptMessage(tenant, conversation_id, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7] or "",
-                                   r[8] or "") for r in rows[:limit]]
+                                   r[8] or "", r[9] or 0) for r in rows[:limit]]
         return Page(items, items[-1].cursor if len(rows) > limit else None)
 
     async def close(self) -> None:

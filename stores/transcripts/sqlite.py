@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS messages_by_conversation (
     tool_calls TEXT NOT NULL DEFAULT '',
     tool_call_id TEXT NOT NULL DEFAULT '',
     version_ms INTEGER NOT NULL DEFAULT 0,
+    written_at_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, conversation_id, turn_at_ms, request_id, position)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS conversations_by_tenant (
@@ -61,17 +62,19 @@ CREATE TABLE IF NOT EXISTS conversations_by_tenant (
 
 UPSERT_MESSAGE = """
 INSERT INTO messages_by_conversation (tenant, conversation_id, turn_at_ms, request_id, position, role, content,
-    model, finish_reason, expires_at_ms, tool_calls, tool_call_id, version_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    model, finish_reason, expires_at_ms, tool_calls, tool_call_id, version_ms, written_at_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET role = excluded.role, content = excluded.content, model = excluded.model,
     finish_reason = excluded.finish_reason, expires_at_ms = excluded.expires_at_ms,
-    tool_calls = excluded.tool_calls, tool_call_id = excluded.tool_call_id, version_ms = excluded.version_ms
+    tool_calls = excluded.tool_calls, tool_call_id = excluded.tool_call_id, version_ms = excluded.version_ms,
+    written_at_ms = excluded.written_at_ms
 WHERE excluded.version_ms >= messages_by_conversation.version_ms
 """
 # Columns added after the first release: a file written before gets them on open.
 ADDED_COLUMNS = {
     "messages_by_conversation": {"tool_calls": "TEXT NOT NULL DEFAULT ''", "tool_call_id": "TEXT NOT NULL DEFAULT ''",
-                                 "version_ms": "INTEGER NOT NULL DEFAULT 0"},
+                                 "version_ms": "INTEGER NOT NULL DEFAULT 0",
+                                 "written_at_ms": "INTEGER NOT NULL DEFAULT 0"},
     "conversations_by_tenant": {"summary": "TEXT NOT NULL DEFAULT ''", "summary_through_ms": "INTEGER NOT NULL DEFAULT 0",
                                 "summary_through_request_id": "TEXT NOT NULL DEFAULT ''"},
 }
@@ -98,8 +101,8 @@ SELECT conversation_id, model, last_turn_at_ms, last_request_id, summary, summar
 WHERE tenant = ? AND conversation_id = ? AND {LIVE}
 """
 SELECT_MESSAGES = f"""
-SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id
-FROM messages_by_conversation
+SELECT turn_at_ms, request_id, position, role, content, model, finish_reason, tool_calls, tool_call_id,
+    written_at_ms FROM messages_by_conversation
 WHERE tenant = ? AND conversation_id = ? AND (turn_at_ms, request_id, position) > (?, ?, ?) AND {LIVE}
 ORDER BY turn_at_ms, request_id, position LIMIT ?
 """
@@ -129,10 +132,12 @@ class SqliteTranscriptStore:
 
     def _write_turn(self, turn: Turn) -> None:
         expires = turn.turn_at_ms + self._ttl_ms if self._ttl_ms else None
+        written = now_ms()
         with self._db:
             self._db.executemany(UPSERT_MESSAGE, [
                 (m.tenant, m.conversation_id, m.turn_at_ms, m.request_id, m.position, m.role, m.content, m.model,
-                 m.finish_reason, expires, m.tool_calls, m.tool_call_id, turn.version_ms) for m in turn.messages])
+                 m.finish_reason, expires, m.tool_calls, m.tool_call_id, turn.version_ms, written)
+                for m in turn.messages])
             self._db.execute(UPSERT_CONVERSATION, (turn.tenant, turn.conversation_id, turn.model, turn.turn_at_ms,
                                                    turn.request_id, expires))
 
