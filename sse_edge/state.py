@@ -48,7 +48,7 @@ class EdgeState:
         self.auth = Authenticator(self.keys, settings.key_cache_ttl_s)
         self.limiter = RateLimiter(self.redis, settings.redis_prefix, settings.redis_failure_mode)
         self.streams = StreamRegistry(self.redis, settings.redis_prefix, settings.stream_ttl_s)
-        self.queues = QueueDepthMonitor(settings.bus)
+        self.queues = QueueDepthMonitor(settings.bus, gauge=self.metrics.queue_depth)
         self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings, self.metrics)
         self._background: set[asyncio.Task[None]] = set()
         self._transcripts: TranscriptStore | None = None

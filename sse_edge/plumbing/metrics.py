@@ -22,6 +22,8 @@ class EdgeMetrics:
         self.rate_limited = Counter("tokenbus:rate_limited", "Requests refused with 429.", ["limit"], registry=r)
         self.overloaded = Counter("tokenbus:overloaded", "Requests refused with 503 for queue depth.", ["tier"],
                                   registry=r)
+        self.queue_depth = Gauge("tokenbus:queue_depth", "Requests waiting or running per model and tier (the GPU "
+                                 "consumer group's lag on the request topic).", ["model", "tier"], registry=r)
         self.fallbacks = Counter("tokenbus:fallbacks", "Requests served by a fallback model: its queue was full.",
                                  ["model", "fallback", "tier"], registry=r)
         self.resumed = Counter("tokenbus:streams_resumed", "Streams resumed with Last-Event-ID or an idempotent retry.",

@@ -15,6 +15,7 @@ import asyncio
 import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client import Gauge
 
 from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, stop_reader
 
@@ -24,8 +25,9 @@ PAUSED_REFRESH_S = 5.0
 
 
 class QueueDepthMonitor:
-    def __init__(self, settings: BusSettings, interval_s: float = 0.5) -> None:
+    def __init__(self, settings: BusSettings, interval_s: float = 0.5, gauge: Gauge | None = None) -> None:
         self._settings = settings
+        self._gauge = gauge  # tokenbus:queue_depth{model,tier}, for dashboards and autoscalers
         self._catalog = TopicCatalog(settings)
         self._interval_s = interval_s
         self._tail: AIOKafkaConsumer | None = None
@@ -88,3 +90,5 @@ class QueueDepthMonitor:
                     done = await committed.committed(tp) or 0
                     depth += max(0, end - done)
                 self._depth[(model, tier)] = depth
+                if self._gauge is not None:
+                    self._gauge.labels(model, tier).set(depth)
