@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenbus.topics.settings import BusSettings
 
@@ -15,10 +15,20 @@ def topic_safe(name: str) -> str:
     return _UNSAFE_TOPIC_CHARS.sub("_", name)
 
 
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
+    """A topic as provisioning creates it: on a Kafka cluster replicated (``replicas``) with the
+    topic-level ``config`` (retention, min.insync.replicas); the embedded broker has one node and
+    keeps everything until the topic is deleted."""
+
     name: str
     partitions: int
+    replicas: int = 1
+    config: dict[str, str] = field(default_factory=dict)
 
 
 class TopicCatalog:
@@ -71,15 +81,26 @@ class TopicCatalog:
         return None
 
     def all_topics(self) -> list[TopicSpec]:
+        """Every topic with its partitions and, for a Kafka cluster, replication and retention:
+        token streams as long as streams are resumable, completions long enough to replay
+        billing, decisions and dead letters long enough to audit, requests and cancels briefly."""
         s = self.settings
+
+        def spec(name: str, partitions: int, retention_ms: int) -> TopicSpec:
+            if s.broker == "embedded":  # one node, no retention
+                return TopicSpec(name, partitions)
+            config = {"retention.ms": str(retention_ms), "min.insync.replicas": str(min(s.min_insync_replicas,
+                                                                                         s.replication_factor))}
+            return TopicSpec(name, partitions, s.replication_factor, config)
+
         specs = [
-            TopicSpec(self.ingress, s.request_partitions),
-            TopicSpec(self.tokens, s.token_partitions),
-            TopicSpec(self.control, s.service_partitions),
-            TopicSpec(self.completions, s.service_partitions),
-            TopicSpec(self.moderation, s.service_partitions),
-            TopicSpec(self.dlq, s.service_partitions),
+            spec(self.ingress, s.request_partitions, DAY_MS),
+            spec(self.tokens, s.token_partitions, s.token_retention_ms),
+            spec(self.control, s.service_partitions, HOUR_MS),
+            spec(self.completions, s.service_partitions, s.completion_retention_ms),
+            spec(self.moderation, s.service_partitions, 30 * DAY_MS),
+            spec(self.dlq, s.service_partitions, 30 * DAY_MS),
         ]
         for model in s.models:
-            specs += [TopicSpec(t, s.request_partitions) for t in self.model_request_topics(model)]
+            specs += [spec(t, s.request_partitions, DAY_MS) for t in self.model_request_topics(model)]
         return specs

@@ -94,11 +94,15 @@ class RingingProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ships
 
 
 def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
+    # On Kafka a write is acknowledged once every in-sync replica has it, and the idempotent
+    # producer keeps a retried send from being written twice. The embedded broker has one node
+    # and no idempotent producer (consumers dedup by (request_id, seq) either way).
+    on_kafka = settings.broker == "kafka"
     options: dict[str, Any] = dict(
         bootstrap_servers=settings.bootstrap_servers,
-        acks=1,
+        acks="all" if on_kafka else 1,
         linger_ms=0,
-        enable_idempotence=False,  # not supported by the embedded broker; consumers dedup instead
+        enable_idempotence=on_kafka,
         request_timeout_ms=10_000,
         max_batch_size=256 * 1024,
     )

@@ -20,7 +20,8 @@ async def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[
         wanted = [spec for spec in specs if spec.name not in existing]
         if wanted:
             await admin.create_topics(
-                [NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=1) for spec in wanted]
+                [NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=spec.replicas,
+                          topic_configs=spec.config) for spec in wanted]
             )
             log.info("created topics: %s", ", ".join(spec.name for spec in wanted))
         return [spec.name for spec in wanted]

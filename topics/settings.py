@@ -35,6 +35,14 @@ class BusSettings(BaseSettings):
     # Models served, and tiers from highest priority to lowest.
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]
     tiers: Annotated[list[str], NoDecode] = ["interactive", "standard", "batch"]
+    # On a Kafka cluster (not the embedded broker): copies of each partition, and how many must
+    # have a write before it is acknowledged (producers use acks=all there).
+    replication_factor: int = 3
+    min_insync_replicas: int = 2
+    # Token streams are kept as long as streams are resumable (the edge's TOKENBUS_EDGE_STREAM_TTL_S);
+    # completions as long as billing may be replayed from them.
+    token_retention_ms: int = 86_400_000
+    completion_retention_ms: int = 7 * 86_400_000
     request_partitions: int = 4
     # Reply partitions: edges own disjoint sets and rotate through them (producers/replies.py).
     token_partitions: int = 24

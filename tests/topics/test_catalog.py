@@ -28,9 +28,20 @@ def test_settings_read_comma_separated_environment(monkeypatch):
     assert settings.models == ["a", "b"] and settings.tiers == ["hi", "lo"]
 
 
+def test_a_kafka_cluster_gets_replicated_topics_with_retention_and_the_embedded_broker_plain_ones():
+    kafka = {spec.name.removeprefix("tb."): spec for spec in TopicCatalog(BusSettings(topic_prefix="tb.")).all_topics()}
+    assert {spec.replicas for spec in kafka.values()} == {3}
+    assert {spec.config["min.insync.replicas"] for spec in kafka.values()} == {"2"}
+    assert kafka["tokens"].config["retention.ms"] == str(24 * 3600 * 1000)  # as long as streams resume
+    assert kafka["completions"].config["retention.ms"] == str(7 * 24 * 3600 * 1000)  # billing replays
+    embedded = TopicCatalog(BusSettings(topic_prefix="tb.", broker="embedded")).all_topics()
+    assert {(spec.replicas, len(spec.config)) for spec in embedded} == {(1, 0)}
+
+
 async def test_provisioning_is_idempotent_with_explicit_partitions(stack):
+    # Kafka's topic settings, at the one replica the embedded broker has: configs go with the create.
     settings = BusSettings(bootstrap_servers=stack.bootstrap_servers, topic_prefix=unique_prefix(),
-                           token_partitions=6, request_partitions=3)
+                           token_partitions=6, request_partitions=3, replication_factor=1)
     specs = TopicCatalog(settings).all_topics()
     created = await ensure_topics(settings.bootstrap_servers, specs)
     assert sorted(created) == sorted(spec.name for spec in specs)
