@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench import (
     broker_scan,
+    capacity,
     chat_turn,
     consumer_throughput,
     edge_costs,
@@ -40,12 +41,13 @@ SCENARIOS = {
     "processors": processors,
     "turn_profile": turn_profile,
     "chat_turn": chat_turn,
+    "capacity": capacity,  # the inputs and the check of docs/capacity.md: on request only
     "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run
     "soak": soak,  # 10 minutes: run by `make faults`, not by default
     "broker_scan": broker_scan,  # measures the embedded broker, not tokenbus: on request only
     "gpu": gpu,  # needs a CUDA GPU: on request only
 }
-DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ("soak", "broker_scan", "gpu")]
+DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ("soak", "broker_scan", "gpu", "capacity")]
 
 
 def loop_seconds(iterations: int = 5_000_000) -> float:

@@ -38,7 +38,7 @@ class TranscriptMessage:
     finish_reason: str = ""
     tool_calls: str = ""  # an assistant message's function calls: JSON text of [{id, name, arguments}]
     tool_call_id: str = ""  # a tool message: the call it answers
-    written_at_ms: int = 0  # when the store wrote it (set by the store; what `tokenbus trace` shows)
+    written_at_ms: int = 0  # when the store last wrote it (set by the store; what `tokenbus trace` shows)
 
     @property
     def status(self) -> str:
