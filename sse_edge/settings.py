@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -52,6 +54,10 @@ class EdgeSettings(BaseSettings):
     http: Literal["auto", "h11", "httptools"] = "auto"
     # The partitions of `tokens` this process owns (`0,3` or `0-7`); each edge process needs its own.
     reply_partitions: Annotated[list[int], NoDecode] = [0]
+    # For identical replicas (a Kubernetes StatefulSet): each takes this many reply partitions
+    # from its ordinal, the number its host name ends with (`edge-2` with 4: partitions 8-11),
+    # instead of reply_partitions. 0: reply_partitions as set.
+    reply_partitions_per_ordinal: int = 0
     # New requests move to the next owned reply partition this often (0: never); see
     # producers/replies.py for why a broker without retention needs it.
     reply_rotate_s: float = 15.0
@@ -106,6 +112,17 @@ class EdgeSettings(BaseSettings):
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",
                              "history_summaries", mode="before")(parse_pairs)
+
+    @model_validator(mode="after")
+    def _partitions_of_this_replica(self) -> EdgeSettings:
+        block = self.reply_partitions_per_ordinal
+        if block > 0:
+            ordinal = re.search(r"-(\d+)$", socket.gethostname())
+            if ordinal is None:
+                raise ValueError("reply_partitions_per_ordinal needs a host name ending with -<ordinal>")
+            first = int(ordinal.group(1)) * block
+            self.reply_partitions = list(range(first, first + block))
+        return self
 
     @model_validator(mode="after")
     def _fallbacks_are_served(self) -> EdgeSettings:

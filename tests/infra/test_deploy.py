@@ -1,7 +1,8 @@
-"""The deployment files (infra/deploy/) are checked as files, with no Docker: the compose file
-against the compose-spec schema (as check-jsonschema ships it), every TOKENBUS_* variable it
-sets against the services' settings classes, every address it names against the services and
-the ports they expose, and every image against a pinned version."""
+"""The deployment files (infra/deploy/) are checked as files, with no Docker or cluster: the
+compose file against the compose-spec schema (as check-jsonschema ships it) and the Kubernetes
+manifests against the official client's models; every TOKENBUS_* variable they set against the
+services' settings classes; every address against the services and the ports they expose;
+every image against a pinned version; KEDA's triggers against the topic catalog."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.billing.clickhouse import ClickHouseSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.stream_processors.settings import ProcessorSettings
-from tokenbus.topics import BusSettings
+from tokenbus.topics import BusSettings, TopicCatalog
 
 DEPLOY = Path(__file__).parents[2] / "infra" / "deploy"
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
@@ -122,3 +123,96 @@ def test_the_dashboard_is_provisioned_from_the_file_the_tests_check(compose):
     volumes = compose["services"]["grafana"]["volumes"]
     assert any(v.startswith("../grafana/tokenbus.json:") for v in volumes)
     assert (COMPOSE.parent / "../grafana/tokenbus.json").resolve() == (DEPLOY / "grafana" / "tokenbus.json").resolve()
+
+
+# -- Kubernetes (kustomize) --------------------------------------------------------------------
+
+KUBERNETES = DEPLOY / "kubernetes"
+MODELS = {"Namespace": "V1Namespace", "ConfigMap": "V1ConfigMap", "Secret": "V1Secret", "Job": "V1Job",
+          "StatefulSet": "V1StatefulSet", "Deployment": "V1Deployment", "Service": "V1Service",
+          "HorizontalPodAutoscaler": "V2HorizontalPodAutoscaler", "PodDisruptionBudget": "V1PodDisruptionBudget"}
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[dict]:
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    files = sorted(p.name for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == files, "kustomization lists every manifest"
+    return [doc for name in files for doc in yaml.safe_load_all((KUBERNETES / name).read_text()) if doc]
+
+
+def pods(manifests: list[dict]) -> list[tuple[dict, dict]]:
+    """(workload, pod spec) of every workload."""
+    return [(doc, doc["spec"]["template"]["spec"]) for doc in manifests if doc["kind"] in ("Deployment", "StatefulSet",
+                                                                                              "Job")]
+
+
+def test_every_manifest_is_what_the_kubernetes_api_reads(manifests):
+    """Read into the official client's models and written back: a field the API does not know,
+    or a value of the wrong type, does not survive the round trip."""
+    from kubernetes.client import ApiClient
+
+    api = ApiClient()
+    kinds = set()
+    for doc in manifests:
+        if doc["kind"] == "ScaledObject":
+            continue  # KEDA's: checked below
+        model = api._ApiClient__deserialize(doc, MODELS[doc["kind"]])  # the client's own reader
+        assert api.sanitize_for_serialization(model) == doc, f"{doc['kind']} {doc['metadata']['name']}"
+        kinds.add(doc["kind"])
+    assert kinds == set(MODELS)
+    with pytest.raises(AssertionError):  # the round trip does catch a misspelt field
+        bad = {**manifests[0], "metadata": {**manifests[0]["metadata"], "lables": {"a": "b"}}}
+        assert api.sanitize_for_serialization(api._ApiClient__deserialize(bad, MODELS[bad["kind"]])) == bad
+
+
+def test_kubernetes_variables_images_ports_and_shutdown_agree_with_tokenbus(manifests):
+    known = settings_variables()
+    config = next(d for d in manifests if d["kind"] == "ConfigMap")["data"]
+    secret = next(d for d in manifests if d["kind"] == "Secret")["stringData"]
+    variables = set(config) | set(secret)
+    for _, pod in pods(manifests):
+        for container in pod["containers"]:
+            variables |= {e["name"] for e in container.get("env", [])}
+            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            ports = {p["containerPort"] for p in container.get("ports", [])}
+            for var in ("TOKENBUS_EDGE_PORT", "TOKENBUS_WORKER_PORT", "TOKENBUS_PROC_PORT"):
+                if var in env:
+                    assert int(env[var]) in ports
+    assert not {v for v in variables if v.startswith("TOKENBUS_")} - known
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    pinned = {i["name"] for i in kustomization["images"] if re.fullmatch(r"\d[\w.-]*", i.get("newTag", ""))}
+    assert {c["image"] for _, pod in pods(manifests) for c in pod["containers"]} <= pinned
+
+    edge = next(d for d in manifests if d["kind"] == "StatefulSet")
+    container = edge["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert edge["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > float(env["TOKENBUS_EDGE_SHUTDOWN_GRACE_S"])
+    hpa = next(d for d in manifests if d["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == edge["metadata"]["name"]
+    per_edge = int(env["TOKENBUS_EDGE_REPLY_PARTITIONS_PER_ORDINAL"])
+    assert hpa["spec"]["maxReplicas"] * per_edge <= int(config["TOKENBUS_TOKEN_PARTITIONS"])  # every edge its own
+    for service in (d for d in manifests if d["kind"] == "Service"):
+        selected = [w for w, _ in pods(manifests)
+                    if service["spec"]["selector"].items() <= w["spec"]["template"].get("metadata", {})
+                    .get("labels", {}).items()]
+        assert selected, f"service {service['metadata']['name']} selects no pods"
+
+
+def test_gpu_consumers_take_a_gpu_and_keda_follows_their_groups_lag(manifests):
+    config = next(d for d in manifests if d["kind"] == "ConfigMap")["data"]
+    bus = BusSettings(models=config["TOKENBUS_MODELS"].split(","), tiers=config["TOKENBUS_TIERS"].split(","))
+    catalog = TopicCatalog(bus)
+    for scaled in (d for d in manifests if d["kind"] == "ScaledObject"):
+        target = next(d for d in manifests if d["kind"] == "Deployment"
+                      and d["metadata"]["name"] == scaled["spec"]["scaleTargetRef"]["name"])
+        container = target["spec"]["template"]["spec"]["containers"][0]
+        model = next(e["value"] for e in container["env"] if e["name"] == "TOKENBUS_WORKER_MODEL")
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        triggers = scaled["spec"]["triggers"]
+        assert {t["type"] for t in triggers} == {"kafka"}
+        assert {t["metadata"]["consumerGroup"] for t in triggers} == {catalog.gpu_group(model)}
+        assert sorted(t["metadata"]["topic"] for t in triggers) == sorted(catalog.model_request_topics(model))
+        assert all(t["metadata"]["bootstrapServers"] == config["TOKENBUS_BOOTSTRAP_SERVERS"] for t in triggers)
+        assert scaled["spec"]["maxReplicaCount"] <= int(config["TOKENBUS_REQUEST_PARTITIONS"])

@@ -17,3 +17,12 @@ def test_reply_partitions_reject_words(monkeypatch):
     monkeypatch.setenv("TOKENBUS_EDGE_REPLY_PARTITIONS", "first")
     with pytest.raises(ValidationError):
         EdgeSettings()
+
+
+def test_a_statefulset_replica_takes_its_reply_partitions_from_its_ordinal(monkeypatch):
+    monkeypatch.setenv("TOKENBUS_EDGE_REPLY_PARTITIONS_PER_ORDINAL", "4")
+    monkeypatch.setattr("socket.gethostname", lambda: "tokenbus-edge-2")
+    assert EdgeSettings().reply_partitions == [8, 9, 10, 11]
+    monkeypatch.setattr("socket.gethostname", lambda: "laptop")
+    with pytest.raises(ValidationError, match="ordinal"):
+        EdgeSettings()
