@@ -4,6 +4,7 @@ started once per session on free ports, and a fresh topic namespace per test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -74,6 +75,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
         yield embedded
     finally:
         embedded.stop()
+
+
+@contextlib.contextmanager
+def own_stack(stack: EmbeddedStack, run_root: Path, models: list[str], extra_env: dict[str, str],
+              worker_env: dict[str, dict[str, str]] | None = None) -> Iterator[EmbeddedStack]:
+    """A whole stack of its own (broker, services, topics), for a test that kills or reconfigures
+    what the session's stack shares."""
+    settings = stack.settings.model_copy(update={
+        "run_root": run_root, "topic_prefix": unique_prefix(), "broker_port": free_port(), "edge_port": free_port(),
+        "worker_port": free_port(), "processors_port": free_port(), "models": models})
+    own = EmbeddedStack(settings, extra_env={**SIM_ENV, **extra_env})
+    try:
+        own.start(worker_env=worker_env)
+        yield own
+    finally:
+        own.stop()
 
 
 @pytest.fixture

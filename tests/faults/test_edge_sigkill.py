@@ -36,6 +36,15 @@ async def read_until_killed(http: httpx.AsyncClient, url: str, body: dict, got: 
         pass  # the edge died under us
 
 
+async def resume(http: httpx.AsyncClient, edge_url: str, events: list[dict]) -> list[dict]:
+    """The rest of a stream, from the edge at ``edge_url``, after the last event id in ``events``."""
+    request_id = json.loads(events[0]["data"])["id"]
+    last_id = [e["id"] for e in events if "id" in e][-1]
+    response = await http.get(f"{edge_url}{CHAT}/{request_id}/stream", headers={"Last-Event-ID": last_id})
+    assert response.status_code == 200
+    return sse_events(response.text)
+
+
 @pytest.mark.parametrize("run", range(FAULT_RUNS))
 async def test_every_stream_resumes_identically_after_an_edge_sigkill(stack: EmbeddedStack, api_key, run):
     port = free_port()
@@ -54,14 +63,7 @@ async def test_every_stream_resumes_identically_after_an_edge_sigkill(stack: Emb
         doomed.signal(signal.SIGKILL)  # every stream is mid-way
         await asyncio.gather(*readers)
 
-        async def resume(events: list[dict]) -> list[dict]:
-            request_id = json.loads(events[0]["data"])["id"]
-            last_id = [e["id"] for e in events if "id" in e][-1]
-            response = await http.get(f"{stack.edge_url}{CHAT}/{request_id}/stream", headers={"Last-Event-ID": last_id})
-            assert response.status_code == 200
-            return sse_events(response.text)
-
-        rests = await asyncio.gather(*(resume(g) for g in got))
+        rests = await asyncio.gather(*(resume(http, stack.edge_url, g) for g in got))
     for body, before, after in zip(bodies, got, rests):
         expected = await expected_output(body["messages"], seed=body["seed"], max_tokens=40, settings=SLOW_SETTINGS)
         assert content_of(before) + content_of(after) == expected.text  # no gap, no repeat

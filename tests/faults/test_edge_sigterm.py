@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.faults.conftest import FAULT_RUNS
-from tests.faults.test_edge_sigkill import STREAMS, read_until_killed
-from tests.sse_edge.test_streams_e2e import CHAT, content_of, sse_events
+from tests.faults.test_edge_sigkill import STREAMS, read_until_killed, resume
+from tests.sse_edge.test_streams_e2e import CHAT, content_of
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack
 
@@ -47,14 +47,7 @@ async def test_every_stream_resumes_identically_after_an_edge_sigterm(stack: Emb
         stopping.popen.wait(timeout=15)
         exited_after = time.monotonic() - signalled
 
-        async def resume(events: list[dict]) -> list[dict]:
-            request_id = json.loads(events[0]["data"])["id"]
-            last_id = [e["id"] for e in events if "id" in e][-1]
-            response = await http.get(f"{stack.edge_url}{CHAT}/{request_id}/stream", headers={"Last-Event-ID": last_id})
-            assert response.status_code == 200
-            return sse_events(response.text)
-
-        rests = await asyncio.gather(*(resume(g) for g in got))
+        rests = await asyncio.gather(*(resume(http, stack.edge_url, g) for g in got))
     # uvicorn re-raises SIGTERM once its graceful shutdown is done, so the exit status says why it ended.
     assert stopping.popen.returncode == -signal.SIGTERM and exited_after < 1 + 5
     for body, before, after in zip(bodies, got, rests):

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import SIM_ENV, SLOW_MODEL, SLOW_SETTINGS, unique_prefix
+from tests.conftest import SLOW_MODEL, SLOW_SETTINGS, own_stack
 from tests.expected import expected_output
 from tests.sse_edge.test_streams_e2e import CHAT
 from tokenbus.infra.devstack.processes import free_port
@@ -29,19 +29,11 @@ SEED, MAX_TOKENS = 7, 120
 
 
 @pytest.fixture
-def own_stack(stack: EmbeddedStack, tmp_path: Path) -> Iterator[EmbeddedStack]:
+def isolated(stack: EmbeddedStack, tmp_path: Path) -> Iterator[EmbeddedStack]:
     """A stack whose only GPU consumer this test may kill."""
-    settings = stack.settings.model_copy(update={
-        "run_root": tmp_path / "run", "topic_prefix": unique_prefix(), "broker_port": free_port(),
-        "edge_port": free_port(), "worker_port": free_port(), "processors_port": free_port(),
-        "models": [SLOW_MODEL]})
-    own = EmbeddedStack(settings, extra_env={**SIM_ENV, "TOKENBUS_EDGE_STREAM_IDLE_TIMEOUT_S": "3",
-                                             "TOKENBUS_PROC_BILLING_BATCH_S": "0.2"})
-    try:
-        own.start(worker_env={SLOW_MODEL: SLOW_ENV})
+    env = {"TOKENBUS_EDGE_STREAM_IDLE_TIMEOUT_S": "3", "TOKENBUS_PROC_BILLING_BATCH_S": "0.2"}
+    with own_stack(stack, tmp_path / "run", [SLOW_MODEL], env, {SLOW_MODEL: SLOW_ENV}) as own:
         yield own
-    finally:
-        own.stop()
 
 
 async def assistant_row(http: httpx.AsyncClient, conversation: str, status: str) -> dict:
@@ -55,11 +47,11 @@ async def assistant_row(http: httpx.AsyncClient, conversation: str, status: str)
     pytest.fail(f"no {status} reply stored: {rows}")
 
 
-async def test_a_turn_cut_short_is_stored_incomplete_and_its_continuation_completes_it(own_stack):
-    headers = {"Authorization": f"Bearer {own_stack.dev_key}"}
+async def test_a_turn_cut_short_is_stored_incomplete_and_its_continuation_completes_it(isolated):
+    headers = {"Authorization": f"Bearer {isolated.dev_key}"}
     body = {"model": SLOW_MODEL, "stream": True, "seed": SEED, "max_tokens": MAX_TOKENS, "messages": MESSAGES,
             "metadata": {"conversation_id": "cut-short"}}
-    async with httpx.AsyncClient(base_url=own_stack.edge_url, timeout=60, headers=headers) as http:
+    async with httpx.AsyncClient(base_url=isolated.edge_url, timeout=60, headers=headers) as http:
         delivered, errors, request_id = "", [], None
         async with http.stream("POST", CHAT, json=body) as response:
             async for line in response.aiter_lines():
@@ -72,7 +64,7 @@ async def test_a_turn_cut_short_is_stored_incomplete_and_its_continuation_comple
                 request_id = chunk["id"]
                 delivered += (chunk["choices"][0]["delta"].get("content") or "") if chunk["choices"] else ""
                 if len(delivered.split()) == 10:
-                    own_stack.processes[WORKER].signal(signal.SIGKILL)  # no other member takes over
+                    isolated.processes[WORKER].signal(signal.SIGKILL)  # no other member takes over
         assert errors and errors[0]["code"] == "stream_timeout"
         expected = await expected_output(MESSAGES, seed=SEED, max_tokens=MAX_TOKENS, settings=SLOW_SETTINGS)
         assert expected.text.startswith(delivered) and len(delivered.split()) < MAX_TOKENS
@@ -80,7 +72,7 @@ async def test_a_turn_cut_short_is_stored_incomplete_and_its_continuation_comple
         cut = await assistant_row(http, "cut-short", "incomplete")
         assert cut["content"] == delivered and cut["finish_reason"] == "incomplete"
 
-        own_stack.start_worker(f"{WORKER}-2", free_port(), model=SLOW_MODEL, env=SLOW_ENV)
+        isolated.start_worker(f"{WORKER}-2", free_port(), model=SLOW_MODEL, env=SLOW_ENV)
         continued = await http.post(f"{CHAT}/{request_id}/continue", json={"stream": False})
         assert continued.status_code == 200, continued.text
         rest = continued.json()["choices"][0]["message"]["content"]
@@ -94,7 +86,7 @@ async def test_a_turn_cut_short_is_stored_incomplete_and_its_continuation_comple
         assert again.status_code == 409 and again.json()["error"]["code"] == "turn_continued"
         done = await http.post(f"{CHAT}/{continued.json()['id']}/continue")
         assert done.status_code == 409 and done.json()["error"]["code"] == "turn_complete"
-        stranger = await own_stack.create_key("stranger", "standard")
+        stranger = await isolated.create_key("stranger", "standard")
         hidden = await http.post(f"{CHAT}/{request_id}/continue", headers={"Authorization": f"Bearer {stranger}"})
         assert hidden.status_code == 404
 

@@ -13,8 +13,7 @@ import openai
 import pytest
 from aiokafka import TopicPartition
 
-from tests.conftest import SIM_ENV, SLOW_MODEL, SLOW_SETTINGS, unique_prefix
-from tokenbus.infra.devstack.processes import free_port
+from tests.conftest import SLOW_MODEL, SLOW_SETTINGS, own_stack
 from tokenbus.infra.devstack.stack import EmbeddedStack
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest
 from tokenbus.stores.transcripts.sqlite import SqliteTranscriptStore
@@ -24,19 +23,11 @@ SLOW_ENV = {f"TOKENBUS_SIM_{k.upper()}": str(v) for k, v in SLOW_SETTINGS.model_
 
 
 @pytest.fixture
-def own_stack(stack: EmbeddedStack, tmp_path: Path) -> Iterator[EmbeddedStack]:
-    settings = stack.settings.model_copy(update={
-        "run_root": tmp_path / "run", "topic_prefix": unique_prefix(), "broker_port": free_port(),
-        "edge_port": free_port(), "worker_port": free_port(), "processors_port": free_port(),
-        "models": [SLOW_MODEL]})
-    own = EmbeddedStack(settings, extra_env={
-        **SIM_ENV, "TOKENBUS_EDGE_CONTEXT_WINDOWS": f"{SLOW_MODEL}:300",
-        "TOKENBUS_EDGE_HISTORY_SUMMARIES": f"{SLOW_MODEL}:{SLOW_MODEL}", "TOKENBUS_EDGE_HISTORY_SUMMARY_MAX_TOKENS": "20"})
-    try:
-        own.start(worker_env={SLOW_MODEL: SLOW_ENV})
+def isolated(stack: EmbeddedStack, tmp_path: Path) -> Iterator[EmbeddedStack]:
+    env = {"TOKENBUS_EDGE_CONTEXT_WINDOWS": f"{SLOW_MODEL}:300",
+           "TOKENBUS_EDGE_HISTORY_SUMMARIES": f"{SLOW_MODEL}:{SLOW_MODEL}", "TOKENBUS_EDGE_HISTORY_SUMMARY_MAX_TOKENS": "20"}
+    with own_stack(stack, tmp_path / "run", [SLOW_MODEL], env, {SLOW_MODEL: SLOW_ENV}) as own:
         yield own
-    finally:
-        own.stop()
 
 
 async def bus_requests(stack: EmbeddedStack, tier: str) -> list[ChatRequest]:
@@ -55,10 +46,10 @@ async def bus_requests(stack: EmbeddedStack, tier: str) -> list[ChatRequest]:
     return found
 
 
-async def test_left_out_turns_are_summarized_and_the_summary_goes_first(own_stack):
-    client = openai.AsyncOpenAI(base_url=f"{own_stack.edge_url}/v1", api_key=own_stack.dev_key, max_retries=0,
+async def test_left_out_turns_are_summarized_and_the_summary_goes_first(isolated):
+    client = openai.AsyncOpenAI(base_url=f"{isolated.edge_url}/v1", api_key=isolated.dev_key, max_retries=0,
                                 timeout=60)
-    store = SqliteTranscriptStore(own_stack.transcripts_path)
+    store = SqliteTranscriptStore(isolated.transcripts_path)
     system = {"role": "system", "content": "You are terse."}
     try:
         summary = None
@@ -80,7 +71,7 @@ async def test_left_out_turns_are_summarized_and_the_summary_goes_first(own_stac
     finally:
         await store.close()
 
-    served = {r.request_id: r for r in await bus_requests(own_stack, "standard")}
+    served = {r.request_id: r for r in await bus_requests(isolated, "standard")}
     prompt = served[last.id].messages
     assert prompt[0] == ChatMessage("system", "You are terse.")
     assert prompt[1] == ChatMessage("system", f"Summary of the earlier conversation: {summary.content}")
@@ -88,7 +79,7 @@ async def test_left_out_turns_are_summarized_and_the_summary_goes_first(own_stac
     assert kept and kept[0].role == "user" and prompt[-1].content == "and finally?"
     assert len(kept) // 2 < (len(rows) - 1) // 2  # turns were left out; the summary stands for them
 
-    summarizing = [r for r in await bus_requests(own_stack, "batch") if r.annotations.get("purpose") == "summary"]
+    summarizing = [r for r in await bus_requests(isolated, "batch") if r.annotations.get("purpose") == "summary"]
     assert summarizing and summarizing[0].annotations["conversation_id"] == "long-talk"
     assert summarizing[0].tenant == "dev" and summarizing[0].conversation_id is None
     assert all(r.request_id not in {s.request_id for s in summarizing} for r in rows)  # a summary is no turn
