@@ -13,7 +13,9 @@ class IncrementalDetokenizer:
     whole sequence, which made a long output quadratic. This is how vLLM and TGI stream text.
 
     ``token_ids`` and ``emitted`` may start with what a previous worker already produced and sent:
-    decoding continues after them, and text already sent is never sent again."""
+    decoding continues after them, and text already sent is never sent again. Text of those
+    tokens that it held back (the start of a possible stop sequence, a function call's markup)
+    was not sent: it comes out with the first push."""
 
     CONTEXT_TOKENS = 5  # emitted tokens decoded again as context for the first new one
 
@@ -23,19 +25,26 @@ class IncrementalDetokenizer:
         self.emitted = emitted  # text given out so far
         self._read = len(self.token_ids)  # tokens whose text is in ``emitted``
         self._context = max(0, self._read - self.CONTEXT_TOKENS)  # where the decoded window starts
+        self._unsent = ""
+        if self.token_ids:
+            whole = tokenizer.decode(self.token_ids, skip_special_tokens=True)
+            if whole.startswith(emitted) and not whole.endswith(REPLACEMENT_CHAR):
+                self._unsent, self.emitted = whole[len(emitted):], whole
 
     def push(self, new_ids: list[int]) -> str:
         """Add tokens; return the text they complete (empty while a character is still split)."""
+        unsent, self._unsent = self._unsent, ""
         self.token_ids.extend(new_ids)
         decode = self._tokenizer.decode
         known = decode(self.token_ids[self._context:self._read], skip_special_tokens=True)
         text = decode(self.token_ids[self._context:], skip_special_tokens=True)
         if len(text) <= len(known) or text.endswith(REPLACEMENT_CHAR):
+            self._unsent = unsent  # still waiting for a whole character
             return ""
         delta = text[len(known):]
         self._context, self._read = self._read, len(self.token_ids)
         self.emitted += delta
-        return delta
+        return unsent + delta
 
 
 class StopFilter:

@@ -169,6 +169,18 @@ async def test_continuing_after_a_prefix_equals_the_uninterrupted_output(engine)
     assert rest[-1].finish_reason == full[-1].finish_reason
 
 
+async def test_a_continuation_gives_out_what_the_previous_worker_held_back(engine):
+    """A worker holds back text that may become a stop sequence or a function call; if it dies
+    there, its successor must still give that text out."""
+    full = await collect(engine, request(8, "tell me a story", max_tokens=16))
+    ids = [t for o in full for t in o.token_ids_diff]
+    prefix_text = text_of_first_tokens(full, 6)
+    sent = prefix_text[:-3]  # the last three characters were held back, never published
+    rest = await collect(engine, GenerationInput("contract-8", (ChatMessage("user", "tell me a story"),),
+                                                 SamplingParams(max_tokens=16), tuple(ids[:6]), sent))
+    assert sent + text_of(rest) == text_of(full)
+
+
 async def test_stop_sequences_never_leak_into_the_text(engine):
     full_text = text_of(await collect(engine, request(3, "stop me", max_tokens=30)))
     stop = full_text[8:11]
