@@ -34,7 +34,7 @@ from tokenbus.gpu_consumers.engines import (
     GenerationStream,
     StepOutput,
 )
-from tokenbus.gpu_consumers.engines.tool_calls import TOOL_PARSERS, HermesToolParser, ParsedText
+from tokenbus.gpu_consumers.engines.tool_calls import TOOL_PARSERS, HermesToolParser
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
 from tokenbus.gpu_consumers.offsets import OffsetTracker
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
@@ -398,21 +398,21 @@ class GpuWorker:
 
     def _token_event(self, request: ChatRequest, seq: int, out: StepOutput,
                      tool_calls: HermesToolParser | None = None, admitted_at_ms: int | None = None) -> TokenEvent:
-        parsed = ParsedText(content=out.text_diff, raw=out.text_diff)
-        finish_reason = out.finish_reason
-        if tool_calls is not None:
+        text, calls, raw_text, finish_reason = out.text_diff, [], None, out.finish_reason
+        if tool_calls is not None:  # only a request that offers functions pays for the parser
             parsed = tool_calls.feed(out.text_diff)
             if out.finished:
                 rest = tool_calls.flush()
                 parsed.content, parsed.raw = parsed.content + rest.content, parsed.raw + rest.raw
                 if finish_reason == FINISH_STOP and tool_calls.calls:
                     finish_reason = FINISH_TOOL_CALLS
+            text, calls, raw_text = parsed.content, parsed.calls, parsed.raw_text
         return TokenEvent(
             request_id=request.request_id,
             seq=seq,
-            text=parsed.content,
-            tool_calls=parsed.calls,
-            raw_text=parsed.raw_text,
+            text=text,
+            tool_calls=calls,
+            raw_text=raw_text,
             token_ids=list(out.token_ids_diff),
             finish_reason=finish_reason,
             error=out.error,

@@ -4,6 +4,7 @@ Redis (keys, rate limits, stream records), admission, metrics, and the transcrip
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -22,16 +23,17 @@ from tokenbus.sse_edge.plumbing.history import ConversationHistory
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
 from tokenbus.sse_edge.plumbing.ratelimit import RateLimiter
-from tokenbus.sse_edge.plumbing.streams import StreamRegistry
+from tokenbus.sse_edge.plumbing.streams import StreamRecord, StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore
 from tokenbus.stores.transcripts import TranscriptStore, open_store
-from tokenbus.topics import ReplyStreamError, cancel_task
+from tokenbus.topics import ReplyStreamError, cancel_task, replay
 from tokenbus.topics.replies import ROUTER_STOPPED
 
 log = logging.getLogger(__name__)
 
 CLOSE_ATTEMPTS = 12
+CLOSE_READ_IDLE_S = 2.0  # a stalled stream's events are all in the log already
 
 
 class EdgeState:
@@ -98,16 +100,42 @@ class EdgeState:
         if ended:
             log.info("shutting down: %d open streams told to resume elsewhere", ended)
 
-    async def close_incomplete(self, request: ChatRequest, delivered: list[TokenEvent]) -> None:
-        """Close a stream that nothing answers (producers' close_incomplete), once the bus takes it."""
+    def turn_request(self, record: StreamRecord) -> ChatRequest:
+        """The request a stream record was registered for, as it was published."""
+        return self.bus.codec.decode(base64.b64decode(record.request), ChatRequest)
+
+    async def read_stream(self, record: StreamRecord, idle_s: float) -> tuple[list[TokenEvent], bool]:
+        """A stream's events as the log holds them, and whether its final event is among them
+        (no event for ``idle_s`` ends the read)."""
+        events: list[TokenEvent] = []
+        try:
+            async for reply in replay(self.settings.bus, record.request_id, record.partition, record.start_offset,
+                                      idle_timeout=idle_s, codec=self.bus.codec):
+                events.append(reply.event)
+        except ReplyStreamError:
+            return events, False
+        return events, bool(events) and events[-1].is_final
+
+    async def close_incomplete(self, request_id: str) -> None:
+        """Close a stream nothing answered for its idle timeout (producers' close_incomplete), with
+        what its log holds, once the bus takes it; a stream that has ended meanwhile is left alone."""
+        try:
+            record = await self.streams.get(request_id)
+        except (redis.RedisError, OSError):
+            record = None
+        if record is None or not record.request:
+            log.error("could not close %s as incomplete: its stream record is gone", request_id)
+            return
         for attempt in range(CLOSE_ATTEMPTS):
             try:
-                await self.bus.close_incomplete(request, delivered)
+                events, ended = await self.read_stream(record, CLOSE_READ_IDLE_S)
+                if not ended:
+                    await self.bus.close_incomplete(self.turn_request(record), events)
                 return
             except KafkaError as exc:
-                log.warning("closing %s as incomplete failed (%s); retrying", request.request_id, type(exc).__name__)
+                log.warning("closing %s as incomplete failed (%s); retrying", request_id, type(exc).__name__)
                 await asyncio.sleep(min(2**attempt, 10))
-        log.error("could not close %s as incomplete: the bus did not answer", request.request_id)
+        log.error("could not close %s as incomplete: the bus did not answer", request_id)
 
     async def cancel_unless_resumed(self, request_id: str) -> None:
         """After a client went away: wait out the grace window, then cancel unless it came back."""

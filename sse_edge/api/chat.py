@@ -87,10 +87,10 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
                                           bus_request.offers_tools)
     bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
     reply_stream = await publish(edge, bus_request, include_usage, digest)
-    hooks = relay_hooks(edge, bus_request, admitted)
+    hooks = relay_hooks(edge, bus_request.request_id, admitted)
     events = live_events(edge, reply_stream)
     if stream:
-        writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage)
+        writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000)
         stream_format = StreamFormat.for_request(request)
         return sse_response(sse_frames(events, writer, hooks, edge.metrics, started, stream_format),
                             edge.settings.heartbeat_s, stream_format, admitted.headers)
@@ -224,14 +224,14 @@ async def register_stream(edge: EdgeState, bus_request: ChatRequest, include_usa
         pass  # the stream is served; it just cannot be resumed elsewhere
 
 
-def relay_hooks(edge: EdgeState, bus_request: ChatRequest, admitted: Admitted) -> RelayHooks:
+def relay_hooks(edge: EdgeState, request_id: str, admitted: Admitted) -> RelayHooks:
     async def on_final(event: TokenEvent) -> None:
         await edge.admission.charge_completion(admitted, event.completion_tokens or 0)
 
     def on_abandoned() -> None:
-        edge.in_background(edge.cancel_unless_resumed(bus_request.request_id))
+        edge.in_background(edge.cancel_unless_resumed(request_id))
 
-    def on_stalled(delivered: list[TokenEvent]) -> None:
-        edge.in_background(edge.close_incomplete(bus_request, delivered))
+    def on_stalled() -> None:
+        edge.in_background(edge.close_incomplete(request_id))
 
     return RelayHooks(on_final, on_abandoned, on_stalled)

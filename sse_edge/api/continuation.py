@@ -10,7 +10,6 @@ completed reply; billing charges the continuation only for what it generated.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import time
@@ -25,10 +24,10 @@ from tokenbus.schemas import INCOMPLETE_FINISH_REASONS, ChatRequest, TokenEvent,
 from tokenbus.sse_edge.api.chat import serve
 from tokenbus.sse_edge.api.resume import not_found
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, Unavailable, from_validation_error
+from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ContinueRequest
 from tokenbus.sse_edge.protocol.validation import read_body
 from tokenbus.sse_edge.state import EdgeState
-from tokenbus.topics import ReplyStreamError, replay
 
 READ_IDLE_S = 2.0  # the turn's stream is read from the log; a live one would keep it waiting
 
@@ -45,8 +44,8 @@ async def continue_turn(request: Request) -> Response:
         raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
     if record is None or record.tenant != key.tenant or not record.request:
         raise not_found(request_id)
-    turn = edge.bus.codec.decode(base64.b64decode(record.request), ChatRequest)
-    delivered = await turn_events(edge, record.request_id, record.partition, record.start_offset)
+    turn = edge.turn_request(record)
+    delivered = await turn_events(edge, record)
     continuation = continuation_of(turn, delivered, edge)
     try:
         earlier = await edge.streams.claim_continuation(request_id, continuation.request_id)
@@ -71,20 +70,16 @@ def parse_options(raw: bytes) -> ContinueRequest:
         raise from_validation_error(exc) from None
 
 
-async def turn_events(edge: EdgeState, request_id: str, partition: int, start_offset: int) -> list[TokenEvent]:
+async def turn_events(edge: EdgeState, record: StreamRecord) -> list[TokenEvent]:
     """The turn's whole stream, which must have ended incomplete."""
-    events: list[TokenEvent] = []
-    try:
-        async for reply in replay(edge.settings.bus, request_id, partition, start_offset, idle_timeout=READ_IDLE_S,
-                                  codec=edge.bus.codec):
-            events.append(reply.event)
-    except ReplyStreamError:
-        raise Conflict(f"`{request_id}` is still being generated; resume its stream instead.",
-                       code="turn_in_progress") from None
-    final = events[-1] if events else None
-    if final is None or final.finish_reason not in INCOMPLETE_FINISH_REASONS:
-        raise Conflict(f"`{request_id}` finished ({final.finish_reason if final else 'no events'}): nothing to "
-                       "continue.", code="turn_complete")
+    events, ended = await edge.read_stream(record, READ_IDLE_S)
+    if not ended:
+        raise Conflict(f"`{record.request_id}` is still being generated; resume its stream instead.",
+                       code="turn_in_progress")
+    final = events[-1]
+    if final.finish_reason not in INCOMPLETE_FINISH_REASONS:
+        raise Conflict(f"`{record.request_id}` finished ({final.finish_reason}): nothing to continue.",
+                       code="turn_complete")
     return events
 
 

@@ -95,9 +95,11 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
                     delivered_through=last_event.delivered_through if last_event else None,
                     idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
     hooks = RelayHooks(on_final=_nothing_to_charge,
-                       on_abandoned=lambda: edge.in_background(edge.cancel_unless_resumed(record.request_id)))
+                       on_abandoned=lambda: edge.in_background(edge.cancel_unless_resumed(record.request_id)),
+                       on_stalled=lambda: edge.in_background(edge.close_incomplete(record.request_id)))
     if stream:
-        writer = ChunkWriter(record.request_id, record.model, record.include_usage)
+        created = edge.turn_request(record).created_at_ms // 1000 if record.request else None
+        writer = ChunkWriter(record.request_id, record.model, record.include_usage, created)
         stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None,
                                                  skip_in_event=last_event.chunks_to_skip if last_event else 0)
         frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), stream_format,

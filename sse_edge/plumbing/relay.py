@@ -119,11 +119,11 @@ def stream_error(exc: ReplyStreamError) -> ApiError:
 @dataclass
 class RelayHooks:
     """What the relay reports back: usage when the stream ends, that the client went away first,
-    or that nothing answered for the idle timeout (with the events relayed until then)."""
+    or that nothing answered for the idle timeout."""
 
     on_final: Callable[[TokenEvent], Awaitable[None]]
     on_abandoned: Callable[[], None]
-    on_stalled: Callable[[list[TokenEvent]], None] = lambda delivered: None
+    on_stalled: Callable[[], None] = lambda: None
 
 
 async def sse_frames(
@@ -136,7 +136,6 @@ async def sse_frames(
     last_sent: float | None = None
     skip = stream_format.skip_chunks
     ids = stream_format.event_ids
-    delivered: list[TokenEvent] = []
     metrics.open_streams.inc()
     try:
         if send_role:
@@ -146,7 +145,6 @@ async def sse_frames(
                 yield frame(writer.role())
         async for reply in events:
             event = reply.event
-            delivered.append(event)
             error = generation_error(event) if event.is_final else None
             if error is not None:
                 finished = True
@@ -172,7 +170,7 @@ async def sse_frames(
     except ReplyStreamError as exc:
         finished = True
         if exc.code == STREAM_IDLE:
-            hooks.on_stalled(delivered)
+            hooks.on_stalled()
         yield frame(stream_error(exc).body())
     finally:
         metrics.open_streams.dec()
@@ -198,8 +196,7 @@ async def collect_completion(
     headers: dict[str, str],
 ) -> JSONResponse:
     """Wait for the whole completion; a client that disconnects first abandons it."""
-    delivered: list[TokenEvent] = []
-    collecting = asyncio.ensure_future(_collect(events, delivered))
+    collecting = asyncio.ensure_future(_collect(events))
     disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
     done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
     disconnected.cancel()
@@ -211,7 +208,7 @@ async def collect_completion(
         text, calls, final = collecting.result()
     except ReplyStreamError as exc:
         if exc.code == STREAM_IDLE:
-            hooks.on_stalled(delivered)
+            hooks.on_stalled()
         raise stream_error(exc) from None
     await hooks.on_final(final)
     error = generation_error(final)
@@ -222,8 +219,8 @@ async def collect_completion(
     return JSONResponse(body, headers=headers)
 
 
-async def _collect(events: AsyncGenerator[ReplyEvent, None],
-                   delivered: list[TokenEvent]) -> tuple[str, list[ToolCall], TokenEvent]:
+async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[ToolCall], TokenEvent]:
+    delivered: list[TokenEvent] = []
     try:
         async for reply in events:
             delivered.append(reply.event)

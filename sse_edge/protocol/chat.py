@@ -190,10 +190,12 @@ def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 class ChunkWriter:
     """Builds the ``chat.completion.chunk`` bodies of one streamed response."""
 
-    def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
+    def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None) -> None:
+        """``created``: the request's time in seconds, so that a stream resumed later carries the
+        same ``created`` as the chunks before it (now when unknown)."""
         self.request_id = request_id
         self.model = model
-        self.created = int(time.time())
+        self.created = int(time.time()) if created is None else created
         self.include_usage = include_usage
         # Content chunks are the hot path: everything but the delta and finish reason is fixed.
         head = json.dumps(self._chunk([]), separators=(",", ":"), ensure_ascii=False)
