@@ -22,12 +22,11 @@ import time
 from typing import Any
 
 import httpx
-from aiokafka import TopicPartition
 
 from bench.stack import MODEL, bench_stack
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.schemas import AvroCodec, ChatRequest, TokenEvent
-from tokenbus.topics import BusSettings, TopicCatalog, make_consumer
+from tokenbus.topics import BusSettings, TopicCatalog, make_consumer, topic_partitions
 
 SIM = SimulatedEngineSettings(seed=1, ttft_ms=20, tokens_per_s=100, min_tokens=8, max_tokens=8)
 REQUESTS = int(os.environ.get("TOKENBUS_BENCH_TURN_REQUESTS", "40"))
@@ -63,7 +62,7 @@ async def record_times(bus: BusSettings, topics: list[str], kind: type, first_te
     await consumer.start()
     found: dict[str, int] = {}
     try:
-        consumer.assign([TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()])
+        consumer.assign(await topic_partitions(consumer, *topics))
         await consumer.seek_to_beginning()
         while batches := await consumer.getmany(timeout_ms=1000):
             for record in (r for batch in batches.values() for r in batch):

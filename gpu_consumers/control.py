@@ -6,10 +6,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from tokenbus.schemas import AvroCodec, Control, ControlAction, DecodeError
-from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, rewind_recreated, stop_reader, topic_partitions
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,7 @@ class ControlListener:
         self._consumer = make_consumer(self._settings, background=True)
         await self._consumer.start()
         self._pacer.attach(self._consumer)
-        partitions = self._consumer.partitions_for_topic(topic) or {0}
-        tps = [TopicPartition(topic, p) for p in partitions]
+        tps = await topic_partitions(self._consumer, topic)
         self._consumer.assign(tps)
         # From about now: the embedded broker's end offset can be a batch early, and
         # re-reading a few old cancels is harmless (they name finished requests).

@@ -115,13 +115,12 @@ class TokenLog:
         consumer = self._consumer
         assert consumer is not None
         since = min(r.created_at_ms for r in requests) - self._clock_skew_ms
-        start = (await consumer.offsets_for_times({tp: max(0, since)})).get(tp)
-        if start is None or start.timestamp < 0:
-            # Nothing written since the requests were made (the embedded broker answers
-            # offset 0 with timestamp -1 where Kafka answers None).
-            return {}
         consumer.assign([tp])
-        consumer.seek(tp, start.offset)
+        start = await self._first_offset_since(tp, max(0, since))
+        if start is None:  # nothing written since the requests were made
+            consumer.assign([])
+            return {}
+        consumer.seek(tp, start)
         wanted = {r.request_id.encode(): r.request_id for r in requests}
         by_request: dict[str, dict[int, TokenEvent]] = defaultdict(dict)
         while True:
@@ -140,3 +139,38 @@ class TokenLog:
                 break
         consumer.assign([])  # an assigned partition would be fetched in the background forever
         return {request_id: Published.contiguous(events) for request_id, events in by_request.items()}
+
+    async def _first_offset_since(self, tp: TopicPartition, since_ms: int) -> int | None:
+        """The first offset of ``tp`` written at or after ``since_ms``, or None if every record is
+        older: the broker's time index answers (``offsets_for_times``; the embedded broker says
+        "none" as offset 0 with timestamp -1, where Kafka says None). Not every Kafka-protocol
+        broker keeps a time index (librdkafka's mock cluster answers None whatever the time), so
+        a None is trusted only if the log's last record is older; otherwise the offsets are
+        searched by timestamp, a record per step. Timestamps are the producers' clocks, not
+        strictly ordered: the clock-skew margin covers that too."""
+        consumer = self._consumer
+        assert consumer is not None
+        found = (await consumer.offsets_for_times({tp: since_ms})).get(tp)
+        if found is not None and found.timestamp >= 0:
+            return int(found.offset)
+        low = (await consumer.beginning_offsets([tp]))[tp]
+        high = (await consumer.end_offsets([tp]))[tp]
+        if high <= low or await self._timestamp_at(tp, high - 1) < since_ms:
+            return None
+        while low < high - 1:  # the record at high - 1 is at or after since_ms
+            middle = (low + high - 1) // 2
+            if await self._timestamp_at(tp, middle) < since_ms:
+                low = middle + 1
+            else:
+                high = middle + 1
+        return int(low)
+
+    async def _timestamp_at(self, tp: TopicPartition, offset: int) -> int:
+        """The timestamp of the first record at or after ``offset`` (``tp`` is assigned)."""
+        consumer = self._consumer
+        assert consumer is not None
+        consumer.seek(tp, offset)
+        while True:
+            records = (await consumer.getmany(tp, timeout_ms=200, max_records=1)).get(tp, [])
+            if records:
+                return int(records[0].timestamp)

@@ -1,5 +1,7 @@
 """Shared fixtures: the real embedded stack (tansu broker, Redis, GPU consumer, edge)
-started once per session on free ports, and a fresh topic namespace per test."""
+started once per session on free ports, a three-broker Kafka-protocol cluster (librdkafka's
+mock cluster, tests/kafka_cluster.py) for the bus tests that run on both, and a fresh topic
+namespace per test."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka_cluster import MockKafkaCluster
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
@@ -114,6 +117,26 @@ def bus(stack: EmbeddedStack) -> BusSettings:
     """Bus settings on the session's broker with topics of their own, so tests never share data."""
     settings = stack.bus_settings().model_copy(update={"topic_prefix": unique_prefix(), "models": [MODEL]})
     asyncio.run(ensure_topics(settings.bootstrap_servers, TopicCatalog(settings).all_topics()))
+    return settings
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[MockKafkaCluster]:
+    with MockKafkaCluster(brokers=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+def each_bus(request: pytest.FixtureRequest) -> BusSettings:
+    """Like ``bus``, once on the embedded broker and once on a three-broker Kafka cluster (the
+    mock cluster, with the client settings a real Kafka cluster gets): for the tests of what the
+    bus itself must guarantee, so that nothing holds only on one broker."""
+    if request.param == "embedded":
+        return request.getfixturevalue("bus")
+    cluster: MockKafkaCluster = request.getfixturevalue("kafka_cluster")
+    settings = BusSettings(bootstrap_servers=cluster.bootstrap_servers, broker="kafka",
+                           topic_prefix=unique_prefix(), models=[MODEL])
+    cluster.create_topics(TopicCatalog(settings).all_topics())
     return settings
 
 

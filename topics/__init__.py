@@ -5,7 +5,15 @@ reading one request's token stream (``ReplyRouter`` live, ``replay`` from the lo
 
 from tokenbus.topics.batching import BatchingPublisher
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe
-from tokenbus.topics.clients import FetchPacer, cancel_task, make_consumer, make_producer, rewind_recreated, stop_reader
+from tokenbus.topics.clients import (
+    FetchPacer,
+    cancel_task,
+    make_consumer,
+    make_producer,
+    rewind_recreated,
+    stop_reader,
+    topic_partitions,
+)
 from tokenbus.topics.dead_letters import DeadLetterPublisher
 from tokenbus.topics.provision import delete_topics, ensure_topics
 from tokenbus.topics.replay import replay
@@ -34,5 +42,6 @@ __all__ = [
     "replay",
     "rewind_recreated",
     "stop_reader",
+    "topic_partitions",
     "topic_safe",
 ]

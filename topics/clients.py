@@ -334,6 +334,20 @@ def _position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
     return state.position if state is not None and state.has_valid_position else None
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, *topics: str) -> list[TopicPartition]:
+    """Every partition of ``topics`` that exist. A started client knows only the topics its
+    bootstrap answer listed: the embedded broker lists them all, a Kafka cluster need not, so
+    ``partitions_for_topic`` alone may answer None (and a reader assign nothing) for a topic
+    that exists. Topics it does not know yet are looked up first."""
+    unknown = [topic for topic in topics if consumer.partitions_for_topic(topic) is None]
+    if unknown:
+        client = consumer._client  # aiokafka's own metadata tracking, as its producer's partitions_for
+        for topic in unknown:
+            client.add_topic(topic)
+        await client.force_metadata_update()
+    return [TopicPartition(topic, p) for topic in topics for p in sorted(consumer.partitions_for_topic(topic) or ())]
+
+
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:
     """Cancel a background task (a reader, a watch, a timer) and wait until it has ended."""
     if task:

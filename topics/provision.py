@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import logging
 
+from aiokafka import errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tokenbus.topics.catalog import TopicSpec
 
 log = logging.getLogger(__name__)
+
+TOPIC_EXISTS = errors.TopicAlreadyExistsError.errno  # another provisioner got there first: fine
+
+
+class TopicProvisioningError(RuntimeError):
+    """The broker refused to create a topic of the catalog."""
 
 
 async def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[str]:
@@ -19,10 +26,16 @@ async def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[
         existing = set(await admin.list_topics())
         wanted = [spec for spec in specs if spec.name not in existing]
         if wanted:
-            await admin.create_topics(
+            response = await admin.create_topics(
                 [NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=spec.replicas,
                           topic_configs=spec.config) for spec in wanted]
             )
+            # A refused topic (three replicas asked of a one-broker cluster, a config the broker
+            # rejects) is an error, not a topic the broker would auto-create later with 1 replica.
+            refused = [f"{name}: {errors.for_code(code).__name__}{f' ({rest[0]})' if rest and rest[0] else ''}"
+                       for name, code, *rest in response.topic_errors if code not in (0, TOPIC_EXISTS)]
+            if refused:
+                raise TopicProvisioningError("the broker refused to create " + "; ".join(refused))
             log.info("created topics: %s", ", ".join(spec.name for spec in wanted))
         return [spec.name for spec in wanted]
     finally:

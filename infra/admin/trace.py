@@ -29,13 +29,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from tokenbus.infra.admin.usage import DEFAULT_PROCESSORS_URL
 from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, ModerationDecision, TokenEvent
 from tokenbus.stores.transcripts import TranscriptSettings, open_store
-from tokenbus.topics import BusSettings, TopicCatalog, make_consumer
+from tokenbus.topics import BusSettings, TopicCatalog, make_consumer, topic_partitions
 
 READ_IDLE_MS = 500
 
@@ -52,7 +51,7 @@ async def records(bus: BusSettings, topics: list[str], key: bytes | None = None)
     consumer = make_consumer(bus)
     await consumer.start()
     try:
-        tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+        tps = await topic_partitions(consumer, *topics)
         if not tps:
             return
         consumer.assign(tps)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from prometheus_client import Gauge
 
-from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, stop_reader
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, stop_reader, topic_partitions
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,9 @@ class QueueDepthMonitor:
         self._tail = make_consumer(self._settings, background=True)  # depth, not latency
         await self._tail.start()
         self._pacer.attach(self._tail)
-        tps = []
+        topics = [topic for model in self._settings.models for topic in self._catalog.model_request_topics(model)]
+        tps = await topic_partitions(self._tail, *topics)
         for model in self._settings.models:
-            for topic in self._catalog.model_request_topics(model):
-                tps += [TopicPartition(topic, p) for p in self._tail.partitions_for_topic(topic) or ()]
             committed = make_consumer(self._settings, group_id=self._catalog.gpu_group(model))
             await committed.start()
             self._committed[model] = committed

@@ -6,13 +6,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from aiokafka import TopicPartition
-
 from tests.conftest import MODEL
 from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
-from tokenbus.topics import BusSettings, make_consumer
+from tokenbus.topics import BusSettings, make_consumer, topic_partitions
 
 
 @contextlib.asynccontextmanager
@@ -36,8 +34,7 @@ async def read_all(bus: BusSettings, topic: str, expected: int, timeout: float =
     consumer = make_consumer(bus)
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        consumer.assign(await topic_partitions(consumer, topic))
         await consumer.seek_to_beginning()
         records = []
         loop = asyncio.get_running_loop()

@@ -14,8 +14,9 @@ from tokenbus.topics.dead_letters import HEADER_REASON, HEADER_SOURCE
 codec = AvroCodec()
 
 
-async def test_requests_stream_back_and_close_with_a_completion(bus):
-    async with running_worker(bus, min_tokens=6, max_tokens=6) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+async def test_requests_stream_back_and_close_with_a_completion(each_bus):
+    async with (running_worker(each_bus, min_tokens=6, max_tokens=6) as worker,
+                TokenbusClient(each_bus, idle_timeout=20) as client):
         requests = [
             client.new_request(MODEL, [ChatMessage("user", f"question {i}")], tier=tier, tenant="acme")
             for i, tier in enumerate(["interactive", "standard", "batch"] * 4)
@@ -31,7 +32,7 @@ async def test_requests_stream_back_and_close_with_a_completion(bus):
         assert [r.event.seq for r in stream] == list(range(6))
         assert stream[-1].event.finish_reason == "stop" and stream[-1].event.completion_tokens == 6
 
-    records = await read_all(bus, TopicCatalog(bus).completions, expected=len(requests))
+    records = await read_all(each_bus, TopicCatalog(each_bus).completions, expected=len(requests))
     completions = {c.request_id: c for c in (codec.decode(r.value, Completion) for r in records)}
     assert set(completions) == {r.request_id for r in requests}
     for request, stream in zip(requests, streams):
@@ -42,10 +43,10 @@ async def test_requests_stream_back_and_close_with_a_completion(bus):
         assert completion.started_at_ms <= (completion.first_token_at_ms or 0) <= completion.finished_at_ms
 
 
-async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(bus):
-    catalog = TopicCatalog(bus)
-    async with running_worker(bus), TokenbusClient(bus, idle_timeout=20) as client:
-        producer = make_producer(bus)
+async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(each_bus):
+    catalog = TopicCatalog(each_bus)
+    async with running_worker(each_bus), TokenbusClient(each_bus, idle_timeout=20) as client:
+        producer = make_producer(each_bus)
         await producer.start()
         try:
             await producer.send_and_wait(catalog.requests(MODEL, "standard"), b"\x00garbage, not an avro record", key=b"k")
@@ -55,15 +56,15 @@ async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(bus):
         events = [r.event async for r in client.stream(request)]
         assert events[-1].finish_reason in {"stop", "length"}
 
-    (dead,) = await read_all(bus, catalog.dlq, expected=1)
+    (dead,) = await read_all(each_bus, catalog.dlq, expected=1)
     headers = dict(dead.headers)
     assert dead.value == b"\x00garbage, not an avro record"
     assert headers[HEADER_REASON] == b"bad_magic"
     assert headers[HEADER_SOURCE].startswith(catalog.requests(MODEL, "standard").encode())
 
 
-async def test_request_past_its_deadline_is_not_generated(bus):
-    async with running_worker(bus), TokenbusClient(bus, idle_timeout=20) as client:
+async def test_request_past_its_deadline_is_not_generated(each_bus):
+    async with running_worker(each_bus), TokenbusClient(each_bus, idle_timeout=20) as client:
         request = client.new_request(MODEL, [ChatMessage("user", "too late")], deadline_ms=now_ms() - 1000)
         events = [r.event async for r in client.stream(request)]
     assert len(events) == 1

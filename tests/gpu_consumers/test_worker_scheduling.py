@@ -85,9 +85,9 @@ async def test_cancel_stops_generation_within_a_step_and_frees_the_slot(bus):
     assert completions[long.request_id].cancelled and completions[long.request_id].completion_tokens == received
 
 
-async def test_cancel_of_a_waiting_request_answers_it_without_generating(bus):
-    async with running_worker(bus, max_num_seqs=1, tokens_per_s=50, min_tokens=200, max_tokens=200), \
-            TokenbusClient(bus, idle_timeout=30) as client:
+async def test_cancel_of_a_waiting_request_answers_it_without_generating(each_bus):
+    async with running_worker(each_bus, max_num_seqs=1, tokens_per_s=50, min_tokens=200, max_tokens=200), \
+            TokenbusClient(each_bus, idle_timeout=30) as client:
         busy = await client.submit(client.new_request(MODEL, [ChatMessage("user", "busy")]))
         await anext(aiter(busy.events(idle_timeout=30)))  # busy holds the only slot
         waiting = client.new_request(MODEL, [ChatMessage("user", "never mind")])
@@ -99,11 +99,11 @@ async def test_cancel_of_a_waiting_request_answers_it_without_generating(bus):
     assert [(e.seq, e.finish_reason, e.completion_tokens) for e in events] == [(0, "cancelled", 0)]
 
 
-async def test_restart_continues_unfinished_requests_from_the_log(bus):
+async def test_restart_continues_unfinished_requests_from_the_log(each_bus):
     """A worker stopped mid-generation commits below its unfinished requests; the next one
     continues them after the tokens already published, and the text is the uninterrupted text."""
     engine = dict(ttft_ms=1, tokens_per_s=40, min_tokens=24, max_tokens=24)
-    async with TokenbusClient(bus, idle_timeout=60) as client:
+    async with TokenbusClient(each_bus, idle_timeout=60) as client:
         requests = [client.new_request(MODEL, [ChatMessage("user", f"q{i}")], seed=i) for i in range(4)]
         streams = [await client.submit(r) for r in requests]
         collected = {r.request_id: [] for r in requests}
@@ -113,10 +113,10 @@ async def test_restart_continues_unfinished_requests_from_the_log(bus):
                 collected[stream.request_id].append(reply.event)
 
         readers = [asyncio.create_task(collect(s)) for s in streams]
-        async with running_worker(bus, max_num_seqs=2, worker_id="first", **engine):
+        async with running_worker(each_bus, max_num_seqs=2, worker_id="first", **engine):
             while sum(len(v) for v in collected.values()) < 10:
                 await asyncio.sleep(0.02)
-        async with running_worker(bus, max_num_seqs=4, worker_id="second", **engine) as second:
+        async with running_worker(each_bus, max_num_seqs=4, worker_id="second", **engine) as second:
             await asyncio.gather(*readers)
             assert second.metrics.registry.get_sample_value(
                 "tokenbus:requests_taken_over_total", {"model_name": MODEL}) >= 1

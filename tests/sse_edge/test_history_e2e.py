@@ -10,13 +10,12 @@ import httpx
 import openai
 import pytest
 import redis.asyncio as redis
-from aiokafka import TopicPartition
 
 from tests.conftest import SLOW_MODEL
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, estimate_prompt_tokens
 from tokenbus.sse_edge.plumbing.history import ConversationHistory
 from tokenbus.stores.transcripts.sqlite import SqliteTranscriptStore
-from tokenbus.topics import TopicCatalog, make_consumer
+from tokenbus.topics import TopicCatalog, make_consumer, topic_partitions
 
 WINDOW = 300  # TOKENBUS_EDGE_CONTEXT_WINDOWS on the test stack
 MAX_TOKENS = 6
@@ -46,7 +45,7 @@ async def requests_on_the_bus(stack, request_ids: set[str]) -> dict[str, ChatReq
     consumer = make_consumer(bus)
     await consumer.start()
     try:
-        consumer.assign([TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()])
+        consumer.assign(await topic_partitions(consumer, topic))
         await consumer.seek_to_beginning()
         for _ in range(100):
             for records in (await consumer.getmany(timeout_ms=200)).values():

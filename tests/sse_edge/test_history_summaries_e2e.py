@@ -11,13 +11,12 @@ from pathlib import Path
 
 import openai
 import pytest
-from aiokafka import TopicPartition
 
 from tests.conftest import SLOW_MODEL, SLOW_SETTINGS, own_stack
 from tokenbus.infra.devstack.stack import EmbeddedStack
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest
 from tokenbus.stores.transcripts.sqlite import SqliteTranscriptStore
-from tokenbus.topics import TopicCatalog, make_consumer
+from tokenbus.topics import TopicCatalog, make_consumer, topic_partitions
 
 SLOW_ENV = {f"TOKENBUS_SIM_{k.upper()}": str(v) for k, v in SLOW_SETTINGS.model_dump().items()}
 
@@ -37,7 +36,7 @@ async def bus_requests(stack: EmbeddedStack, tier: str) -> list[ChatRequest]:
     consumer = make_consumer(bus)
     await consumer.start()
     try:
-        consumer.assign([TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()])
+        consumer.assign(await topic_partitions(consumer, topic))
         await consumer.seek_to_beginning()
         while batches := await consumer.getmany(timeout_ms=1000):
             found += [codec.decode(r.value, ChatRequest) for records in batches.values() for r in records]

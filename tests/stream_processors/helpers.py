@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord
 
-from tokenbus.topics import BusSettings, make_consumer, make_producer
+from tokenbus.topics import BusSettings, make_consumer, make_producer, topic_partitions
 
 T = TypeVar("T")
 
@@ -21,7 +21,7 @@ async def read_topic(bus: BusSettings, topic: str, idle_polls: int = 3) -> list[
     consumer = make_consumer(bus)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        tps = await topic_partitions(consumer, topic)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         records: list[ConsumerRecord] = []

@@ -1,3 +1,4 @@
+import asyncio
 
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -56,3 +57,12 @@ async def test_provisioning_is_idempotent_with_explicit_partitions(stack):
     partitions = {d["topic"]: len(d["partitions"]) for d in described}
     assert partitions == {spec.name: spec.partitions for spec in specs}
     assert partitions[TopicCatalog(settings).tokens] == 6
+
+
+
+async def test_provisioners_racing_for_the_same_topics_both_succeed(stack):
+    # Both list the topics as missing and both ask to create them: the one that comes second is
+    # answered TOPIC_ALREADY_EXISTS, which is success, where any other refusal is an error.
+    specs = TopicCatalog(BusSettings(topic_prefix=unique_prefix(), broker="embedded")).all_topics()
+    first, second = await asyncio.gather(*(ensure_topics(stack.bootstrap_servers, specs) for _ in range(2)))
+    assert sorted(first) == sorted(second) == sorted(spec.name for spec in specs)

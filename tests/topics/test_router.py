@@ -14,11 +14,11 @@ from tokenbus.topics import BusSettings, ReplyRouter, TopicCatalog, ensure_topic
 codec = AvroCodec()
 
 
-async def test_router_demultiplexes_partition_into_ordered_streams(bus):
-    tokens = TopicCatalog(bus).tokens
-    router = ReplyRouter(bus, partitions=[3])
+async def test_router_demultiplexes_partition_into_ordered_streams(each_bus):
+    tokens = TopicCatalog(each_bus).tokens
+    router = ReplyRouter(each_bus, partitions=[3])
     await router.start()
-    producer = make_producer(bus)
+    producer = make_producer(each_bus)
     await producer.start()
     try:
         a, b = router.open("req-a"), router.open("req-b")
@@ -58,12 +58,12 @@ async def wait_for(condition, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_router_rotates_new_requests_and_keeps_reading_open_streams(bus):
+async def test_router_rotates_new_requests_and_keeps_reading_open_streams(each_bus):
     """New requests move to the next owned partition; a stream opened before the move still
     gets every event on the old one, and the old one stops being read once its streams end."""
-    tokens = TopicCatalog(bus).tokens
-    router = ReplyRouter(bus, partitions=[1, 2], rotate_every_s=0.3)
-    producer = make_producer(bus)
+    tokens = TopicCatalog(each_bus).tokens
+    router = ReplyRouter(each_bus, partitions=[1, 2], rotate_every_s=0.3)
+    producer = make_producer(each_bus)
     await producer.start()
     # Events from before the router started belong to nobody: a rotation starts from the end.
     stale = TokenEvent("req-late", 0, "stale", [0], finish_reason="stop")
@@ -96,13 +96,13 @@ async def test_router_rotates_new_requests_and_keeps_reading_open_streams(bus):
     assert router.rotations >= 1
 
 
-async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(bus):
+async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus):
     """A request that took its reply partition just before a rotation still gets its events,
     from the position the router last routed there, even once that partition is no longer read."""
-    tokens = TopicCatalog(bus).tokens
-    router = ReplyRouter(bus, partitions=[4, 5], rotate_every_s=0.2)
+    tokens = TopicCatalog(each_bus).tokens
+    router = ReplyRouter(each_bus, partitions=[4, 5], rotate_every_s=0.2)
     await router.start()
-    producer = make_producer(bus)
+    producer = make_producer(each_bus)
     await producer.start()
     try:
         await wait_for(lambda: router.reading == {5})
