@@ -1,4 +1,4 @@
-"""Stream processors under faults: a SIGKILL mid-batch, and ClickHouse away for a while.
+"""Stream processors under faults: a SIGKILL or a SIGTERM mid-batch, and ClickHouse away for a while.
 Either way every completion ends up billed exactly once and written to its transcript
 exactly once. (`make faults` repeats each case TOKENBUS_FAULT_RUNS times.)"""
 
@@ -16,7 +16,8 @@ from tests.faults.conftest import FAULT_RUNS
 from tests.stream_processors.helpers import Processors, eventually
 from tokenbus.infra.devstack.stack import EmbeddedStack
 from tokenbus.schemas import AvroCodec, ChatMessage, Completion
-from tokenbus.topics import TopicCatalog, make_producer
+from tokenbus.stream_processors.settings import ProcessorSettings
+from tokenbus.topics import TopicCatalog, make_consumer, make_producer, topic_partitions
 
 pytestmark = pytest.mark.stack
 CODEC = AvroCodec()
@@ -47,6 +48,19 @@ def transcript_rows(stack: EmbeddedStack, tenant: str) -> int:
         return db.execute("SELECT count(*) FROM messages_by_conversation WHERE tenant = ?", (tenant,)).fetchone()[0]
 
 
+async def committed_completions(stack: EmbeddedStack) -> int:
+    """How many records of `completions` the processors' group has committed, all partitions."""
+    bus = stack.bus_settings()
+    group = ProcessorSettings(bus=bus).group_id
+    reader = make_consumer(bus, group_id=group)  # carries the group id, joins nothing (manual assignment)
+    await reader.start()
+    try:
+        tps = await topic_partitions(reader, TopicCatalog(bus).completions)
+        return sum([await reader.committed(tp) or 0 for tp in tps])
+    finally:
+        await reader.stop()
+
+
 async def billed(processors: Processors, tenant: str) -> dict:
     totals = await processors.totals()
     rows = [r for r in totals["raw"] if r["tenant"] == tenant]
@@ -68,9 +82,13 @@ async def settle_exactly(side: EmbeddedStack, tenant: str, records: list[Complet
     assert transcript_rows(side, tenant) == 2 * len(records)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
 @pytest.mark.parametrize("run", range(FAULT_RUNS))
-async def test_sigkill_mid_batch_loses_and_doubles_nothing(side_stack, run):
-    tenant = f"kill-{uuid.uuid4().hex[:6]}"
+async def test_stopped_mid_batch_loses_and_doubles_nothing(side_stack, run, sig):
+    """SIGKILL: the offsets of what it just did are not committed, and it is done again (the
+    stores deduplicate). SIGTERM: it stops its agents, flushes the billing batch and commits,
+    and leaves within its grace."""
+    tenant = f"{sig.name.lower()}-{uuid.uuid4().hex[:6]}"
     processors = Processors(side_stack.processors_url)
     side_stack.start_processors("processors", side_stack.settings.processors_port)
     first, rest = completions(tenant, 400), completions(tenant, 400, start=400)
@@ -79,8 +97,12 @@ async def test_sigkill_mid_batch_loses_and_doubles_nothing(side_stack, run):
     async def halfway():
         return await processors.metric("tokenbus:processor_events_total", processor="write-transcripts") >= 100
     await eventually(halfway, timeout=60, interval=0.05)
-    side_stack.processes["processors"].signal(signal.SIGKILL)  # offsets of what it just did are not committed
-    side_stack.processes["processors"].popen.wait(10)
+    side_stack.processes["processors"].signal(sig)
+    exit_code = side_stack.processes["processors"].popen.wait(30)
+    if sig == signal.SIGTERM:
+        assert exit_code in (0, -signal.SIGTERM), side_stack.processes["processors"].log_tail()
+        # It committed exactly what it wrote: the next one starts where the transcripts end.
+        assert await committed_completions(side_stack) * 2 == transcript_rows(side_stack, tenant) > 0
 
     await publish(side_stack, rest)  # arrives while no processor runs
     side_stack.start_processors("processors", side_stack.settings.processors_port)
