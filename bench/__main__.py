@@ -25,6 +25,7 @@ from bench import (
     soak,
     sse_fanout,
     tier_fairness,
+    tracing,
     turn_profile,
 )
 
@@ -41,6 +42,7 @@ SCENARIOS = {
     "processors": processors,
     "turn_profile": turn_profile,
     "chat_turn": chat_turn,
+    "tracing": tracing,
     "capacity": capacity,  # the inputs and the check of docs/capacity.md: on request only
     "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run
     "soak": soak,  # 10 minutes: run by `make faults`, not by default

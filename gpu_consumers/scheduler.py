@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from aiokafka import TopicPartition
 
 from tokenbus.schemas import ChatRequest
+from tokenbus.topics import tracing
 
 
 @dataclass(eq=False)
@@ -30,6 +31,7 @@ class Pending:
     # Fetched from before this worker's assignment, so another worker may have started it: what
     # it already published, looked up as soon as the request is fetched.
     published: asyncio.Future | None = None
+    trace: tracing.Context | None = None  # the trace context the request record carried
 
     @property
     def tenant(self) -> str:

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from tokenbus.gpu_consumers.engines import load_engine
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
+from tokenbus.topics import tracing
 
 log = logging.getLogger(__name__)
 
@@ -57,4 +58,6 @@ async def serve_worker(settings: WorkerSettings) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("tokenbus.gpu_consumers").setLevel(os.environ.get("TOKENBUS_LOG_LEVEL", "INFO").upper())
-    asyncio.run(serve_worker(WorkerSettings()))
+    settings = WorkerSettings()
+    tracing.configure("tokenbus-gpu-consumer", settings.bus.otlp_endpoint)
+    asyncio.run(serve_worker(settings))

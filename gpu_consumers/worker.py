@@ -49,6 +49,7 @@ from tokenbus.topics import (
     TopicCatalog,
     make_consumer,
     make_producer,
+    tracing,
 )
 
 log = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ class GpuWorker:
         maybe_seen = record.offset < fresh_from
         # Look up now, not at admission: the lookups of one fetch then share one scan of the log.
         published = asyncio.ensure_future(self.token_log.published(request)) if maybe_seen else None
-        self.scheduler.add(Pending(request, tp, record.offset, published))
+        self.scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
                   record.offset, maybe_seen)
 
@@ -308,6 +309,13 @@ class GpuWorker:
     # -- serving one request ---------------------------------------------------------
 
     async def _serve(self, running: _Running) -> None:
+        pending = running.pending
+        attributes = {"tokenbus.request_id": pending.request.request_id, "tokenbus.worker_id": self.settings.worker_id}
+        # The completion, sent inside the span, carries its context on to the processors.
+        with tracing.span("generate", pending.trace, tracing.SpanKind.CONSUMER, attributes):
+            await self._serve_in_span(running)
+
+    async def _serve_in_span(self, running: _Running) -> None:
         pending = running.pending
         request = pending.request
         log.debug("admitted %s (%d running)", request.request_id, len(self._running))
@@ -364,6 +372,7 @@ class GpuWorker:
                 self.metrics.tokens(len(out.token_ids_diff))
                 if last_sent is None and not published.events:
                     self.metrics.first_token(sent - request.created_at_ms / 1000)
+                    tracing.event("first token")
                 elif last_sent is not None:
                     self.metrics.token_gap(sent - last_sent)
                 last_sent = sent

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 
 from tokenbus.sse_edge.app import create_app
 from tokenbus.sse_edge.settings import EdgeSettings
-from tokenbus.topics import cancel_task
+from tokenbus.topics import cancel_task, tracing
 
 # After the grace, the streams told to resume elsewhere need a moment to write that and close.
 CLOSE_MARGIN_S = 5.0
@@ -38,6 +38,7 @@ class DrainingServer(uvicorn.Server):
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = EdgeSettings()
+    tracing.configure("tokenbus-edge", settings.bus.otlp_endpoint)
     app = create_app(settings)
     # Access logs carry no prompt text, but keep them off by default: paths and timings go to /metrics.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, http=settings.http, log_level="warning",

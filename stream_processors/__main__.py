@@ -5,10 +5,14 @@ from __future__ import annotations
 import faust
 
 from tokenbus.stream_processors.app import create_app
+from tokenbus.stream_processors.settings import ProcessorSettings
+from tokenbus.topics import tracing
 
 
 def main() -> None:
-    app = create_app()
+    settings = ProcessorSettings()
+    tracing.configure("tokenbus-processors", settings.bus.otlp_endpoint)
+    app = create_app(settings)
     worker = faust.Worker(app, loglevel="WARNING", quiet=True)
     # faust's progress spinner sets the root logger to DEBUG (its handler spins on every record),
     # so every library's debug line was built and then dropped: aiokafka's, one per partition per

@@ -5,6 +5,7 @@ synchronous (chDB too), so writes run on one worker thread of their own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 from tokenbus.schemas import Completion, DecodeError, ModerationDecision
 from tokenbus.stores.billing.clickhouse import UsageWriter
 from tokenbus.stream_processors.context import ProcessorContext
+from tokenbus.topics import tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +56,13 @@ class ClickHouseSink:
         records = [record for _, record in decoded]
         if not records:
             return 0, 0
+        turns = [parent for message, _ in decoded if (parent := tracing.from_record(message.headers))]
+        with tracing.span(processor, kind=tracing.SpanKind.CONSUMER, links=turns) if turns else contextlib.nullcontext():
+            return await self._write_batch(processor, decoded, write)
+
+    async def _write_batch(self, processor: str, decoded: list[tuple[Any, R]],
+                           write: Callable[[UsageWriter, list[R]], int]) -> tuple[int, int]:
+        records = [record for _, record in decoded]
         started = time.perf_counter()
         try:
             written = await self.ctx.retrying(processor, lambda: self._write(records, write))

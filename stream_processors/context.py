@@ -10,6 +10,7 @@ emit, the dead-letter path, metrics, and the one rule for failures:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ from tokenbus.producers import RequestPublisher
 from tokenbus.schemas import AvroCodec, DecodeError, Record
 from tokenbus.stream_processors.metrics import ProcessorMetrics
 from tokenbus.stream_processors.settings import ProcessorSettings
-from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog, make_producer
+from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog, make_producer, tracing
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -121,8 +122,13 @@ class ProcessorContext:
         except DecodeError as exc:
             await self.dead_letter(processor, message, exc.reason, exc.detail)
             return
+        # A record sent with a trace context (a request, a completion) gets a span of this job;
+        # records it sends meanwhile (a routed request) carry it on. Token events carry none.
+        parent = tracing.from_record(message.headers)
+        traced = tracing.span(processor, parent, tracing.SpanKind.CONSUMER) if parent else contextlib.nullcontext()
         try:
-            await self.retrying(processor, lambda: handle(record, message))
+            with traced:
+                await self.retrying(processor, lambda: handle(record, message))
         except Rejected as exc:
             await self.dead_letter(processor, message, exc.reason, exc.detail)
             return

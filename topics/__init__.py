@@ -1,7 +1,8 @@
 """The bus library: topic names and provisioning, aiokafka client settings,
 and the two ways every service talks to the bus: sending a record
 (``RecordSender``, ``BatchingPublisher`` for many at once, ``DeadLetterPublisher``) and
-reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log)."""
+reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log); and
+``tracing``, a turn's trace carried across the bus in record headers."""
 
 from tokenbus.topics.batching import BatchingPublisher
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe

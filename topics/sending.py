@@ -2,7 +2,8 @@
 
 Every service sends its records through a ``RecordSender`` (token events in bulk go through
 ``BatchingPublisher``, which encodes the same way), so how a record is framed and keyed is
-decided here and nowhere else.
+decided here and nowhere else. A record sent while a span is current carries its trace context
+in its headers (topics/tracing.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
 from tokenbus.schemas import AvroCodec, Control, ControlAction, Record
+from tokenbus.topics import tracing
 from tokenbus.topics.catalog import TopicCatalog
 
 
@@ -26,7 +28,8 @@ class RecordSender:
                    partition: int | None = None) -> asyncio.Future[RecordMetadata]:
         """Queue ``record`` for ``topic``; the returned future resolves when the broker acknowledges it."""
         delivery: asyncio.Future[RecordMetadata] = await self.producer.send(
-            topic, self.codec.encode(record), key=key.encode(), partition=partition)
+            topic, self.codec.encode(record), key=key.encode(), partition=partition,
+            headers=tracing.record_headers() or None)
         return delivery
 
     async def send_and_wait(self, topic: str, record: Record, key: str,

@@ -43,6 +43,9 @@ class BusSettings(BaseSettings):
     # completions as long as billing may be replayed from them.
     token_retention_ms: int = 86_400_000
     completion_retention_ms: int = 7 * 86_400_000
+    # Where every service sends its OpenTelemetry spans (an OTLP/HTTP collector's base address,
+    # e.g. http://otel-collector:4318); unset, nothing is traced (topics/tracing.py).
+    otlp_endpoint: str | None = None
     request_partitions: int = 4
     # Reply partitions: edges own disjoint sets and rotate through them (producers/replies.py).
     token_partitions: int = 24

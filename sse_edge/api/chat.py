@@ -45,7 +45,7 @@ from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessagePa
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.keys import ApiKey
-from tokenbus.topics import ReplyEvent, ReplyStream
+from tokenbus.topics import ReplyEvent, ReplyStream, tracing
 
 IDEMPOTENT_WAIT_S = 3.0
 
@@ -82,13 +82,21 @@ async def chat_completions(request: Request) -> Response:
 
 async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: ChatRequest, stream: bool,
                 include_usage: bool, digest: str, started: float) -> Response:
-    """Admit ``bus_request``, publish it and relay its stream: as SSE, or as one chat.completion."""
-    admitted = await edge.admission.admit(key, bus_request.model, bus_request.estimated_prompt_tokens,
-                                          bus_request.offers_tools)
-    bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
-    reply_stream = await publish(edge, bus_request, include_usage, digest)
+    """Admit ``bus_request``, publish it and relay its stream: as SSE, or as one chat.completion.
+    The turn's trace (the client's, when it sends a ``traceparent``) goes on in the request record."""
+    span = tracing.start("chat", tracing.from_http(request.headers), tracing.SpanKind.SERVER,
+                         {"tokenbus.request_id": bus_request.request_id, "tokenbus.tenant": key.tenant})
+    try:
+        admitted = await edge.admission.admit(key, bus_request.model, bus_request.estimated_prompt_tokens,
+                                              bus_request.offers_tools)
+        bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
+        with tracing.current(span):
+            reply_stream = await publish(edge, bus_request, include_usage, digest)
+    except BaseException as exc:
+        tracing.end(span, exc)
+        raise
     hooks = relay_hooks(edge, bus_request.request_id, admitted)
-    events = live_events(edge, reply_stream)
+    events = live_events(edge, reply_stream, span)
     if stream:
         writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000)
         stream_format = StreamFormat.for_request(request)
@@ -97,13 +105,18 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
     return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, admitted.headers)
 
 
-async def live_events(edge: EdgeState, stream: ReplyStream) -> AsyncGenerator[ReplyEvent, None]:
-    """The request's events from this edge's reply router; its entry there goes when this ends."""
+async def live_events(edge: EdgeState, stream: ReplyStream,
+                      span: tracing.Span | None = None) -> AsyncGenerator[ReplyEvent, None]:
+    """The request's events from this edge's reply router; its entry there (and the turn's span
+    at this edge) goes when this ends."""
     try:
         async for reply in stream.events(edge.settings.stream_idle_timeout_s):
+            if span is not None and reply.event.seq == 0:
+                span.add_event("first event")
             yield reply
     finally:
         edge.bus.router.close(stream.request_id)
+        tracing.end(span)
 
 
 async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequest,

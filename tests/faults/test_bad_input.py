@@ -88,7 +88,7 @@ def test_random_bytes_on_every_input_topic_are_dead_lettered_never_raised(record
     @given(value=garbage)
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     def check(value):
-        message = SimpleNamespace(topic="t", partition=0, offset=next(offsets), key=b"k", value=value)
+        message = SimpleNamespace(topic="t", partition=0, offset=next(offsets), key=b"k", value=value, headers=[])
         before = dead_letters(ctx)
         loop.run_until_complete(ctx.process("fuzz", message, record_type, handle))
         after = dead_letters(ctx)

@@ -111,7 +111,7 @@ class FlakyWriter:
 
 def messages_of(records: list, topic: str = "tokenbus.completions") -> list:
     codec = AvroCodec()
-    return [SimpleNamespace(topic=topic, partition=0, offset=i, key=r.request_id.encode(),
+    return [SimpleNamespace(topic=topic, partition=0, offset=i, key=r.request_id.encode(), headers=[],
                             value=codec.encode(r) if not isinstance(r, bytes) else r) for i, r in enumerate(records)]
 
 
@@ -138,7 +138,7 @@ async def test_undecodable_and_rejected_records_go_to_dlq_and_the_rest_is_billed
         return w.write(records)
 
     good = [completion(i) for i in range(4)]
-    messages = messages_of(good) + [SimpleNamespace(topic="tokenbus.completions", partition=0, offset=99,
+    messages = messages_of(good) + [SimpleNamespace(topic="tokenbus.completions", partition=0, offset=99, headers=[],
                                                     key=b"junk", value=b"junk")]
     sink = ClickHouseSink(ctx, lambda: writer)
     try:

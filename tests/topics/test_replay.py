@@ -1,0 +1,48 @@
+"""Replay of one request's token stream from the log (resuming on another edge), on both brokers:
+from where the stream starts, and after what a client already has (its Last-Event-ID)."""
+
+from __future__ import annotations
+
+from tokenbus.schemas import AvroCodec, TokenEvent
+from tokenbus.topics import TopicCatalog, make_producer, replay
+
+PARTITION = 5
+
+
+async def publish_interleaved(bus, request_id: str, other_id: str, count: int) -> list[int]:
+    """``count`` events of ``request_id`` (the last final), each after one of ``other_id``, and
+    one of them twice (at-least-once delivery); returns the offsets of ``request_id``'s events."""
+    codec, topic = AvroCodec(), TopicCatalog(bus).tokens
+    producer = make_producer(bus)
+    await producer.start()
+    offsets = []
+    try:
+        for seq in range(count):
+            final = "stop" if seq == count - 1 else None
+            other = TokenEvent(other_id, seq, f"x{seq}")
+            await producer.send_and_wait(topic, codec.encode(other), key=other_id.encode(), partition=PARTITION)
+            mine = TokenEvent(request_id, seq, f"t{seq} ", finish_reason=final, completion_tokens=count if final else None)
+            sent = await producer.send_and_wait(topic, codec.encode(mine), key=request_id.encode(), partition=PARTITION)
+            offsets.append(sent.offset)
+            if seq == 2:  # a retried send: the same event again
+                await producer.send_and_wait(topic, codec.encode(mine), key=request_id.encode(), partition=PARTITION)
+    finally:
+        await producer.stop()
+    return offsets
+
+
+async def test_replay_from_the_start_and_after_the_last_delivered_event(each_bus):
+    offsets = await publish_interleaved(each_bus, "replayed", "bystander", 6)
+
+    whole = [r async for r in replay(each_bus, "replayed", PARTITION, offsets[0], idle_timeout=20)]
+    assert [r.event.seq for r in whole] == list(range(6))
+    assert "".join(r.event.text for r in whole) == "t0 t1 t2 t3 t4 t5 "
+    assert [r.offset for r in whole] == offsets
+
+    rest = [r async for r in replay(each_bus, "replayed", PARTITION, offsets[0], delivered_through=offsets[3],
+                                    idle_timeout=20)]
+    assert [r.event.seq for r in rest] == [4, 5]
+
+    done = [r async for r in replay(each_bus, "replayed", PARTITION, offsets[0], delivered_through=offsets[5],
+                                    idle_timeout=20)]
+    assert done == []  # the final event was delivered already: nothing more
