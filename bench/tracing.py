@@ -1,7 +1,7 @@
 """Scenario: what tracing costs a chat turn, in CPU, with tracing on and off.
 
 In process, the calls each service makes for one turn (topics/tracing.py): the edge reads the
-client's ``traceparent``, opens ``chat``, puts the context on the request record and closes the
+client's ``traceparent``, opens ``chat`` and ``moderate-input``, puts the context on the request record and closes the
 span at the end of the stream; the GPU consumer reads it, opens ``generate``, marks the first
 token and puts the context on the completion; the transcripts job reads it and opens its span.
 With tracing on, spans go to a real batch exporter posting OTLP/HTTP to a local sink (its
@@ -41,6 +41,8 @@ def one_turn() -> None:
     chat = tracing.start("chat", tracing.from_http(CLIENT_HEADERS), tracing.SpanKind.SERVER,
                          {"tokenbus.request_id": "r", "tokenbus.tenant": "t"})
     with tracing.current(chat):
+        with tracing.span("moderate-input"):
+            pass
         request_headers = tracing.record_headers()
     # The GPU consumer.
     with tracing.span("generate", tracing.from_record(request_headers), tracing.SpanKind.CONSUMER,
@@ -95,7 +97,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join([
         "| tracing | CPU per turn | vs the turn's Avro work |", "|---|---:|---:|",
         f"| off | {result['tracing_off_us_per_turn']} µs | |",
-        f"| on (4 spans, 2 record contexts, OTLP export) | {result['tracing_on_us_per_turn']} µs "
+        f"| on (5 spans, 2 record contexts, OTLP export) | {result['tracing_on_us_per_turn']} µs "
         f"| {result['on_vs_avro']}x |",
         f"| the turn's Avro work (request and completion, each encoded and decoded) | {result['avro_us_per_turn']} µs | 1x |",
     ]) + f"\n\n{result['turns']} turns in process, process CPU time"

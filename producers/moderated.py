@@ -17,6 +17,7 @@ from aiokafka.structs import RecordMetadata
 from tokenbus.moderation import FINISH_CONTENT_FILTER, InputReview, Policy, closing_records, review_input
 from tokenbus.producers.publisher import RequestPublisher
 from tokenbus.schemas import ChatRequest
+from tokenbus.topics import tracing
 
 
 class InputModerator:
@@ -30,7 +31,10 @@ class InputModerator:
     async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata | None:
         """Review, then publish the request (redacted where its tier says so) or answer it with the
         refusal; None when refused. Returns once the decision and the rest are acknowledged."""
-        review = review_input(self.policy, request)
+        with tracing.span("moderate-input") as span:
+            review = review_input(self.policy, request)
+            if span is not None:
+                span.set_attribute("tokenbus.moderation.action", review.verdict.action)
         decision = self._sender.send_and_wait(self._sender.catalog.moderation, review.decision, request.request_id)
         if review.blocked:
             _, landed = await asyncio.gather(decision, self.answer(request, self.policy.refusal, FINISH_CONTENT_FILTER))

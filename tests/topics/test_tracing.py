@@ -156,8 +156,9 @@ async def test_one_turn_is_one_trace_across_edge_consumer_and_processors(traced_
             break
         await asyncio.sleep(0.1)
     spans = turn()
-    assert set(spans) >= {"chat", "generate", "write-transcripts"}, collector.spans
+    assert set(spans) >= {"chat", "moderate-input", "generate", "write-transcripts"}, collector.spans
     chat, generate, transcript = spans["chat"], spans["generate"], spans["write-transcripts"]
+    assert spans["moderate-input"].parent_span_id == chat.span_id  # the edge's own input moderation
     assert (chat.service, generate.service, transcript.service) == (
         "tokenbus-edge", "tokenbus-gpu-consumer", "tokenbus-processors")
     assert chat.parent_span_id == client_span  # the client's trace goes on at the edge
