@@ -33,6 +33,9 @@ class DrainingServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             await cancel_task(drain)
+            # uvicorn re-raises SIGTERM once it has shut down, so exit handlers never run: the
+            # spans of the last streams go out now.
+            await asyncio.to_thread(tracing.flush)
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["Context", "Span", "SpanKind", "configure", "current", "end", "enabled", "event", "from_http",
+__all__ = ["Context", "Span", "SpanKind", "configure", "current", "end", "enabled", "event", "flush", "from_http",
            "from_record", "record_headers", "span", "start"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -58,6 +58,12 @@ def configure(service: str, endpoint: str | None) -> None:
     provider = TracerProvider(resource=Resource.create({"service.name": service}))  # flushed at exit
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")))
     _tracer, _provider = provider.get_tracer("tokenbus"), provider
+
+
+def flush() -> None:
+    """Export the spans not yet exported (a process about to exit without running exit handlers)."""
+    if _provider is not None:
+        _provider.force_flush()
 
 
 def enabled() -> bool:

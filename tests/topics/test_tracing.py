@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import http.server
 import secrets
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -191,3 +192,24 @@ async def test_an_internal_producer_s_trace_goes_on_through_input_moderation(tra
     assert {"internal service", "moderate-ingress", "generate"} <= spans.keys(), collector.spans
     assert spans["moderate-ingress"].parent_span_id == caller_span
     assert spans["generate"].parent_span_id == spans["moderate-ingress"].span_id
+
+
+@pytest.mark.stack
+async def test_an_edge_stopped_with_sigterm_exports_its_last_spans(traced_stack, collector):
+    """The batch exporter would send these minutes later; the edge exits (uvicorn re-raises
+    SIGTERM, so no exit handler runs) only after sending them."""
+    port = free_port()
+    edge = await asyncio.to_thread(traced_stack.start_edge, "edge-stopping", port, "3",
+                                   {"OTEL_BSP_SCHEDULE_DELAY": "600000", "TOKENBUS_EDGE_SHUTDOWN_GRACE_S": "1"})
+    trace_id = secrets.token_hex(16)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        response = await http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "last words"}],
+        }, headers={"Authorization": f"Bearer {traced_stack.dev_key}",
+                    "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+    assert response.status_code == 200
+    edge.signal(signal.SIGTERM)
+    assert edge.popen is not None
+    await asyncio.to_thread(edge.popen.wait, 30)
+    await asyncio.sleep(0.5)  # the receiver's thread files what it was sent
+    assert [s.service for s in collector.spans if s.trace_id == trace_id and s.name == "chat"] == ["tokenbus-edge"]
