@@ -6,9 +6,10 @@ partition leaders spread over them, consumer groups with a coordinator, the idem
 and `acks=all`. Behaviour that holds only on tansu shows up when a test runs on both.
 
 It is test-grade, not Kafka: it answers no CreateTopics (topics are created through its C API,
-here over a pipe to the process that holds it), ignores topic configs, and stamps every record
-with the same timestamp (1234) whatever the producer sent — see docs/architecture.md for what
-tokenbus does about each.
+here over a pipe to the process that holds it), ignores topic configs, holds every fetch for its
+whole wait, has no time index, and its group coordinator refuses a follower that syncs after
+the leader — docs/architecture.md ("A second Kafka in the tests") says what tokenbus does about
+each.
 
 `python -m tests.kafka_cluster BROKERS` runs one: it prints its bootstrap servers, then reads
 commands on stdin (`topic NAME PARTITIONS REPLICAS`, `down BROKER`, `up BROKER`), answering

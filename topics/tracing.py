@@ -9,13 +9,12 @@ elsewhere nothing is recorded, nothing is added to records, and every call here 
 check. Token events carry no context (hundreds per turn): the GPU consumer's span covers them.
 
 Spans: the edge's ``chat`` (SERVER, child of the client's ``traceparent`` when it sends one,
-from the request to the end of its stream, with its input moderation's ``moderate-input``
-inside), the GPU consumer's ``generate`` (CONSUMER, from
-admission to the completion record, with a ``first token`` event), and one per processor job
-that handles a record carrying a context (``moderate-ingress``, ``write-transcripts``). Billing
-writes batches of many turns: its ``bill-usage`` span is a root linked to each turn's trace.
-`tokenbus trace ID` reconstructs the same turn from the bus and the stores where no collector
-runs.
+from the request to the end of its stream, with the edge's ``moderate-input`` inside), the GPU
+consumer's ``generate`` (CONSUMER, from admission to the completion record, with a ``first
+token`` event), and one per processor job that handles a record carrying a context
+(``moderate-ingress``, ``write-transcripts``). Billing writes batches of many turns: its
+``bill-usage`` span is a root linked to each turn's span. Where no collector runs,
+`tokenbus trace ID` reconstructs a turn from the bus and the stores.
 """
 
 from __future__ import annotations
