@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenbus.sse_edge.api.chat import chat_completions
 from tokenbus.sse_edge.api.continuation import continue_turn
 from tokenbus.sse_edge.api.conversations import list_conversations, list_messages
+from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_key
 from tokenbus.sse_edge.api.models import list_models
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
 from tokenbus.sse_edge.api.resume import resume_stream
@@ -63,6 +64,10 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),
             Route("/v1/usage", tenant_usage, methods=["GET"]),
+            Route("/v1/keys", list_keys, methods=["GET"]),
+            Route("/v1/keys", create_key, methods=["POST"]),
+            Route("/v1/keys/self", own_key, methods=["GET"]),
+            Route("/v1/keys/{key_id}", revoke_key, methods=["DELETE"]),
             Route("/v1/conversations/{conversation_id}/messages", list_messages, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),

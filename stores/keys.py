@@ -49,6 +49,8 @@ class ApiKey:
     revoked: bool = False
     # May another model answer when this one's queue is full (the edge's TOKENBUS_EDGE_FALLBACK)?
     fallback: bool = True
+    # A tenant admin key also manages its tenant's keys through the API (/v1/keys).
+    admin: bool = False
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -86,15 +88,17 @@ class KeyStore:
         return f"{self._prefix}route:{model}:{tier}"
 
     async def create(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits(),
-                     fallback: bool = True) -> tuple[str, ApiKey]:
+                     fallback: bool = True, admin: bool = False) -> tuple[str, ApiKey]:
         """Returns the key (shown once) and its stored record."""
         check_tenant_name(tenant)
         key_id = secrets.token_hex(6)
         key = f"{KEY_PREFIX}-{key_id}-{secrets.token_urlsafe(32)}"
-        record = ApiKey(key_id, tenant, tier, tuple(models), limits, hash_key(key), int(time.time()), fallback=fallback)
+        record = ApiKey(key_id, tenant, tier, tuple(models), limits, hash_key(key), int(time.time()), fallback=fallback,
+                        admin=admin)
         await self._redis.hset(self._key(key_id), mapping={
             "tenant": tenant, "tier": tier, "models": ",".join(models), "rpm": limits.rpm, "tpm": limits.tpm,
             "key_hash": record.key_hash, "created_at": record.created_at, "revoked": 0, "fallback": int(fallback),
+            "admin": int(admin),
         })
         await self._redis.sadd(f"{self._prefix}keys", key_id)
         return key, record
@@ -110,6 +114,7 @@ class KeyStore:
             limits=Limits(int(d.get("rpm", 0)), int(d.get("tpm", 0))),
             key_hash=d["key_hash"], created_at=int(d.get("created_at", 0)), revoked=d.get("revoked") == "1",
             fallback=d.get("fallback", "1") == "1",  # keys made before the setting may fall back
+            admin=d.get("admin") == "1",
         )
 
     async def verify(self, key: str) -> ApiKey | None:

@@ -29,7 +29,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 models = tuple(m for m in (args.models or "").split(",") if m)
                 try:
                     key, record = await store.create(args.tenant, args.tier, models, Limits(args.rpm, args.tpm),
-                                                     fallback=not args.no_fallback)
+                                                     fallback=not args.no_fallback, admin=args.admin)
                 except ValueError as exc:
                     print(exc, file=sys.stderr)
                     return 2
@@ -62,6 +62,8 @@ def add_key_commands(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--tier", default="standard")
     create.add_argument("--models", help="comma-separated models the key may use (default: all)")
+    create.add_argument("--admin", action="store_true",
+                        help="a tenant admin key: it may also list, create and revoke its tenant's keys (/v1/keys)")
     create.add_argument("--no-fallback", action="store_true",
                         help="never answer with a fallback model when the requested one is overloaded: 503 instead")
     keys_list = keys.add_parser("list", help="list keys (never their secrets)")

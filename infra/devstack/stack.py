@@ -123,11 +123,12 @@ class EmbeddedStack:
         self._write_pids()
 
     async def create_key(self, tenant: str, tier: str, models: tuple[str, ...] = (), limits: Limits = Limits(),
-                         fallback: bool = True) -> str:
+                         fallback: bool = True, admin: bool = False) -> str:
         """A key in the stack's Redis; only its hash is stored, so this is the one time it is seen."""
         client = redis.Redis.from_url(self.settings.redis_url)
         try:
-            key, _ = await KeyStore(client, self.settings.redis_prefix).create(tenant, tier, models, limits, fallback)
+            key, _ = await KeyStore(client, self.settings.redis_prefix).create(tenant, tier, models, limits, fallback,
+                                                                               admin)
         finally:
             await client.aclose()
         return key

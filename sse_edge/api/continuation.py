@@ -11,11 +11,9 @@ completed reply; billing charges the continuation only for what it generated.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import redis.asyncio as redis
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -23,10 +21,10 @@ from tokenbus.producers import new_request_id
 from tokenbus.schemas import INCOMPLETE_FINISH_REASONS, ChatRequest, TokenEvent, now_ms
 from tokenbus.sse_edge.api.chat import serve
 from tokenbus.sse_edge.api.resume import not_found
-from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, Unavailable, from_validation_error
+from tokenbus.sse_edge.errors import ApiError, Conflict, Unavailable
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ContinueRequest
-from tokenbus.sse_edge.protocol.validation import read_body
+from tokenbus.sse_edge.protocol.validation import json_object, parse_body, read_body
 from tokenbus.sse_edge.state import EdgeState
 
 READ_IDLE_S = 2.0  # the turn's stream is read from the log; a live one would keep it waiting
@@ -62,12 +60,7 @@ async def continue_turn(request: Request) -> Response:
 
 
 def parse_options(raw: bytes) -> ContinueRequest:
-    try:
-        return ContinueRequest.model_validate(json.loads(raw) if raw.strip() else {})
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest("We could not parse the JSON body of your request.", code="invalid_json") from None
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    return parse_body(json_object(raw, empty_ok=True), ContinueRequest)
 
 
 async def turn_events(edge: EdgeState, record: StreamRecord) -> list[TokenEvent]:

@@ -7,6 +7,7 @@ per model and tier; requests and tokens per minute) can pay for it. Each refusal
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tokenbus.sse_edge.errors import RateLimited, Unavailable
@@ -91,6 +92,23 @@ class Admission:
             self._metrics.overloaded.labels(tier).inc()
             raise Unavailable(f"`{model}` is under load: the {tier} tier takes no requests with 'tools' now; retry "
                               "shortly, or send the request without them.", "tools_shed_under_load", retry_after_s=2)
+
+    async def quota(self, key: ApiKey) -> dict[str, dict[str, int | None]]:
+        """The key's own and its tenant's per-minute limits and what is left of them now (None:
+        no limit at that level)."""
+        tenant = await self._auth.tenant_limits(key.tenant)
+        levels = {"key": (f"key:{key.key_id}", key.limits), "tenant": (f"tenant:{key.tenant}", tenant)}
+        quota: dict[str, dict[str, int | None]] = {}
+        for level, (name, limits) in levels.items():
+            buckets = [Bucket(f"{name}:rpm", "requests", limits.rpm, 0), Bucket(f"{name}:tpm", "tokens", limits.tpm, 0)]
+            limited = [b for b in buckets if b.limit > 0]
+            left = dict(zip([b.name for b in limited], await self._limiter.remaining(limited), strict=True))
+            quota[level] = {
+                "requests_per_minute": limits.rpm or None, "tokens_per_minute": limits.tpm or None,
+                "remaining_requests": math.floor(left[buckets[0].name]) if limits.rpm else None,
+                "remaining_tokens": math.floor(left[buckets[1].name]) if limits.tpm else None,
+            }
+        return quota
 
     async def _buckets(self, key: ApiKey, model: str, prompt_tokens: int) -> list[Bucket]:
         tenant = await self._auth.tenant_limits(key.tenant)

@@ -43,6 +43,9 @@ class _TtlCache:
         self._items[key] = (now + self._ttl, value)
         return value
 
+    def drop(self, key: object) -> None:
+        self._items.pop(key, None)
+
 
 class Authenticator:
     def __init__(self, store: KeyStore, cache_ttl_s: float = 5.0) -> None:
@@ -62,6 +65,10 @@ class Authenticator:
         if record is None:
             raise Unauthorized(f"Incorrect API key provided: {redacted(key)}.", code="invalid_api_key")
         return record
+
+    def forget(self, revoked: ApiKey) -> None:
+        """A key revoked here is refused here at once (other edges refuse it within the cache's TTL)."""
+        self._keys.drop(revoked.key_hash)
 
     async def tenant_limits(self, tenant: str) -> Limits:
         return await self._cached_limits(("tenant", tenant), lambda: self._store.tenant_limits(tenant))

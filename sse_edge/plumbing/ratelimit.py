@@ -138,6 +138,13 @@ class RateLimiter:
         limited_by = next(b for b, tokens in zip(buckets, left) if tokens < b.cost)
         return Decision(False, retry_ms / 1000, headers, limited_by)
 
+    async def remaining(self, buckets: list[Bucket]) -> list[float]:
+        """What each bucket holds now (negative: a debt being waited out), charging nothing."""
+        if not buckets:
+            return []
+        _, _, left = await self._charge([Bucket(b.name, b.dimension, b.limit, 0) for b in buckets], must_fit=False)
+        return left
+
     async def charge_completion(self, buckets: list[Bucket]) -> None:
         """Charge tokens known only at the end (completion tokens); they may leave a debt."""
         buckets = [b for b in buckets if b.limit > 0 and b.cost > 0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueRequest
+from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
 
 ERROR = {
     "type": "object",
@@ -24,6 +25,11 @@ CHAT_COMPLETION = {
         "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"]}},
     },
 }
+API_KEY = {"type": "object", "required": ["id", "object", "tenant", "tier", "models", "admin", "revoked"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "api_key"}, "tenant": {"type": "string"}, "tier": {"type": "string"},
+    "models": {"type": "array", "items": {"type": "string"}}, "rpm": {"type": "integer"}, "tpm": {"type": "integer"},
+    "fallback": {"type": "boolean"}, "admin": {"type": "boolean"}, "created_at": {"type": "integer"},
+    "revoked": {"type": "boolean"}}}
 MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"},
     "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "owned_by"]}}}}
@@ -38,8 +44,10 @@ def _errors(*codes: int) -> dict[str, Any]:
 def openapi_spec() -> dict[str, Any]:
     request_schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     continue_schema = ContinueRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    create_key_schema = CreateKeyRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
-                  "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {})}
+                  "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {}),
+                  "CreateKeyRequest": create_key_schema, "ApiKey": API_KEY}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
@@ -89,6 +97,30 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/models": {"get": {"operationId": "listModels", "security": secured, "responses": {
                 "200": {"description": "Models this key may use",
                         "content": {"application/json": {"schema": MODEL_LIST}}}, **_errors(401)}}},
+            "/v1/keys": {
+                "get": {"operationId": "listKeys", "security": secured, "description": "A tenant admin key only",
+                        "responses": {"200": {"description": "The tenant's keys, newest first (never their secrets)",
+                                              "content": {"application/json": {"schema": {
+                                                  "type": "object", "required": ["object", "data"], "properties": {
+                                                      "data": {"type": "array", "items": {
+                                                          "$ref": "#/components/schemas/ApiKey"}}}}}}},
+                                      **_errors(401, 403)}},
+                "post": {"operationId": "createKey", "security": secured, "description": "A tenant admin key only",
+                         "requestBody": {"required": False, "content": {"application/json": {
+                             "schema": {"$ref": "#/components/schemas/CreateKeyRequest"}}}},
+                         "responses": {"201": {"description": "The new key, with its secret (shown this once)",
+                                               "content": {"application/json": {"schema": {
+                                                   "$ref": "#/components/schemas/ApiKey"}}}},
+                                       **_errors(400, 401, 403, 404)}},
+            },
+            "/v1/keys/self": {"get": {"operationId": "ownKey", "security": secured, "responses": {
+                "200": {"description": "The calling key, its limits and what is left of them this minute",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ApiKey"}}}},
+                **_errors(401, 503)}}},
+            "/v1/keys/{key_id}": {"delete": {
+                "operationId": "revokeKey", "security": secured, "description": "A tenant admin key only",
+                "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "Revoked"}, **_errors(401, 403, 404)}}},
             "/healthz": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
             "/readyz": {"get": {"operationId": "ready", "responses": {"200": {"description": "ready"},
                                                                      "503": {"description": "not ready"}}}},

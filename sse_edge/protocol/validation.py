@@ -1,15 +1,16 @@
-"""Turn a request body into a ChatCompletionRequest, or an OpenAI-format error naming the problem."""
+"""Turn a request body into its protocol model (a ChatCompletionRequest above all), or an
+OpenAI-format error naming the problem."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from tokenbus.sse_edge.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, from_validation_error
@@ -43,18 +44,33 @@ def body_hash(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequest:
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def json_object(raw: bytes, empty_ok: bool = False) -> dict[str, Any]:
+    """The body as a JSON object (an empty body as ``{}`` where it may be left out)."""
+    if empty_ok and not raw.strip():
+        return {}
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise InvalidRequest("We could not parse the JSON body of your request.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
-    reject_unsupported(body)
+    return body
+
+
+def parse_body(body: dict[str, Any], model: type[Body]) -> Body:
     try:
-        chat = ChatCompletionRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequest:
+    body = json_object(raw)
+    reject_unsupported(body)
+    chat = parse_body(body, ChatCompletionRequest)
     check_serving_limits(chat, settings)
     check_tools(chat)
     check_tool_messages(chat)
