@@ -4,13 +4,20 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench faults setup clean
+.PHONY: run test lint bench faults setup browser clean
 
 run: setup
 	$(BIN)/tokenbus up $(if $(ENGINE),--engine $(ENGINE))
 
-test: setup lint
+test: setup lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The console's tests drive a real browser: Debian's Chromium (Playwright, from pip, drives it;
+# it never downloads a browser of its own). Without apt-get, those tests say what they lack and skip.
+browser:
+	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+		echo "chromium is not installed: the console's browser tests will skip"
 
 # ruff (lint, import order) over the tree; mypy over the installed `tokenbus` namespace, strict on
 # the libraries (pyproject.toml). mypy cannot follow setuptools' editable-install hook, so it
@@ -50,4 +57,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache .typecheck bench/results
+	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache .typecheck bench/results .artifacts

@@ -9,7 +9,9 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenbus.sse_edge.api.cancel import cancel_completion
 from tokenbus.sse_edge.api.chat import chat_completions
+from tokenbus.sse_edge.api.console import console, console_root
 from tokenbus.sse_edge.api.continuation import continue_turn
 from tokenbus.sse_edge.api.conversations import list_conversations, list_messages
 from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_key
@@ -61,6 +63,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
             Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
+            Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),
             Route("/v1/usage", tenant_usage, methods=["GET"]),
@@ -69,6 +72,9 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/keys/self", own_key, methods=["GET"]),
             Route("/v1/keys/{key_id}", revoke_key, methods=["DELETE"]),
             Route("/v1/conversations/{conversation_id}/messages", list_messages, methods=["GET"]),
+            Route("/console", console_root, methods=["GET"]),
+            Route("/console/", console, methods=["GET"]),
+            Route("/console/{name}", console, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),

@@ -17,6 +17,7 @@ tokenbus is up.
 
   API       {base}    models: {", ".join(stack.settings.models)}
   API key   {stack.dev_key}   (tenant "dev"; more with `tokenbus keys create`)
+  console   {stack.edge_url}/console/   (paste the key: playground, usage, conversations, keys)
   broker    {stack.bootstrap_servers}
   logs      {stack.run_dir}/
   processes {processes}

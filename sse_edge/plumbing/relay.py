@@ -106,6 +106,11 @@ def chunk_id(event_id: str, index: int, chunks: int) -> str:
 def generation_error(event: TokenEvent) -> ApiError | None:
     if event.finish_reason in CLIENT_FINISH_REASONS:
         return None
+    if event.finish_reason == "cancelled" and not event.error:
+        # OpenAI's chat completions know no cancelled finish: the stream ends with an error event
+        # that says so, not with a server error (the client, or its disconnect, asked for it).
+        return ApiError(409, "The generation was cancelled before it finished.", "invalid_request_error",
+                        code="generation_cancelled")
     message = event.error or f"generation ended: {event.finish_reason}"
     return ServerError(f"The model could not complete the request: {message}", code="generation_failed")
 

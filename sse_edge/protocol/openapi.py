@@ -94,6 +94,15 @@ def openapi_spec() -> dict[str, Any]:
                                                   "text/event-stream": {"schema": {"type": "string"}}}},
                               **_errors(400, 401, 404, 409, 429, 503)},
             }},
+            "/v1/chat/completions/{completion_id}/cancel": {"post": {
+                "operationId": "cancelChatCompletion", "security": secured,
+                "description": "Stop the generation now; a finished turn is left as it is.",
+                "parameters": [
+                    {"name": "completion_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "Cancelled (the stream ends with finish_reason 'cancelled')",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}},
+                              **_errors(401, 404, 503)},
+            }},
             "/v1/models": {"get": {"operationId": "listModels", "security": secured, "responses": {
                 "200": {"description": "Models this key may use",
                         "content": {"application/json": {"schema": MODEL_LIST}}}, **_errors(401)}}},

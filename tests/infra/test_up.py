@@ -77,6 +77,8 @@ def test_up_streams_and_ctrl_c_leaves_nothing_running(up_process):
                       headers={"Authorization": f"Bearer {key}"}) as response:
         text = response.read().decode()
     assert response.status_code == 200 and text.rstrip().endswith("data: [DONE]")
+    console = re.search(r"console\s+(\S+)", banner).group(1)
+    assert console == f"http://127.0.0.1:{edge_port}/console/" and httpx.get(console, timeout=10).status_code == 200
 
     pids = [int(pid) for pid in json.loads((run_root / "current" / "pids.json").read_text()).values()]
     assert len(pids) >= 3 and all(process_exists(pid) for pid in pids)

@@ -1,0 +1,28 @@
+"""``POST /v1/chat/completions/{completion_id}/cancel``: stop a generation now (the console's Stop
+button). A client that only disconnects is cancelled once ``TOKENBUS_EDGE_DISCONNECT_GRACE_S`` has
+passed without a resume; this spares the GPU that wait. Only the tenant that made the request may
+cancel it (anyone else is told it does not exist); cancelling a finished turn changes nothing."""
+
+from __future__ import annotations
+
+import redis.asyncio as redis
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tokenbus.sse_edge.api.resume import not_found
+from tokenbus.sse_edge.errors import Unavailable
+from tokenbus.sse_edge.state import EdgeState
+
+
+async def cancel_completion(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    request_id = request.path_params["completion_id"]
+    try:
+        record = await edge.streams.get(request_id)
+    except (redis.RedisError, OSError):
+        raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
+    if record is None or record.tenant != key.tenant:
+        raise not_found(request_id)
+    await edge.bus.cancel(request_id, "cancelled by the client")
+    return JSONResponse({"id": request_id, "object": "chat.completion.cancellation", "cancelled": True})

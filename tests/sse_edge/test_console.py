@@ -1,0 +1,215 @@
+"""The web console in a real browser (headless Chromium, driven by Playwright) against the
+session's stack: paste a key, stream an answer, stop one, read usage, conversations and keys,
+a prompt of HTML shown as text, and one tenant seeing nothing of another's. Each view's
+screenshot is saved under .artifacts/console/ (not committed; README shows copies)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.conftest import MODEL, SLOW_MODEL
+
+pytestmark = pytest.mark.stack
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / ".artifacts" / "console"
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def test_the_console_is_served_with_a_strict_content_security_policy(stack):
+    page = httpx.get(f"{stack.edge_url}/console/", timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe-inline" not in csp and "<script>" not in page.text  # no inline code to allow
+    assert httpx.get(f"{stack.edge_url}/console", timeout=10, follow_redirects=True).url.path == "/console/"
+    for missing in ("/console/secrets.txt", "/console/..%2Fapp.py", "/console/index.html.bak"):
+        assert httpx.get(f"{stack.edge_url}{missing}", timeout=10).status_code == 404
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (`make setup` installs Debian's chromium with apt-get)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    opened.dialogs = []  # any alert() would be a script the page ran from data it showed
+    opened.on("dialog", lambda dialog: (opened.dialogs.append(dialog.message), dialog.dismiss()))
+    yield opened
+    context.close()
+
+
+def new_key(stack, admin: bool = False, tenant: str | None = None) -> str:
+    # In a thread of its own: Playwright's sync API keeps an event loop running in this one.
+    made = stack.create_key(tenant or f"console-{uuid.uuid4().hex[:8]}", "standard", admin=admin)
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, made).result()
+
+
+def open_console(page, stack, key: str) -> None:
+    page.goto(f"{stack.edge_url}/console/")
+    page.fill("#key-input", key)
+    page.click("#key-use")
+    page.wait_for_selector("#pg-model option", state="attached")
+
+
+def screenshot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def ask(page, prompt: str, model: str = MODEL) -> None:
+    page.select_option("#pg-model", model)
+    page.fill("#pg-user", prompt)
+    page.click("#pg-send")
+
+
+def until(condition, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def test_the_playground_streams_an_answer_and_the_key_stays_in_the_tab(page, stack):
+    key = new_key(stack)
+    open_console(page, stack, key)
+    ask(page, "Say something.")
+    expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
+    assert page.text_content("#pg-state") == "done: stop"
+    assert page.text_content("#pg-output").strip()
+    assert "time to first token" in page.text_content("#pg-stats") and "tokens/s" in page.text_content("#pg-stats")
+    screenshot(page, "playground")
+    assert page.evaluate("document.cookie") == ""  # the key is in session storage, not a cookie
+    assert key not in page.url and page.evaluate("sessionStorage.getItem('tokenbus.key')") == key
+
+
+def test_stop_cancels_a_long_generation(page, stack):
+    open_console(page, stack, new_key(stack))
+    ask(page, "Tell me a long story.", model=SLOW_MODEL)
+    expect(page.locator("#pg-state")).to_have_text("streaming", timeout=30_000)
+    page.click("#pg-stop")
+    expect(page.locator("#pg-state")).to_have_text("stopped", timeout=10_000)
+    stopped_at = page.text_content("#pg-output")
+    time.sleep(1.0)
+    assert page.text_content("#pg-output") == stopped_at  # nothing more arrives
+    assert page.is_enabled("#pg-send") and not page.is_enabled("#pg-stop") and page.is_hidden("#error")
+    # The generation itself was cancelled (not merely left to the disconnect grace): its turn is
+    # stored as incomplete, with about what was shown, far short of the model's 300 tokens.
+    page.click("nav button[data-tab=conversations]")
+
+    def stored() -> bool:
+        page.click("#conv-refresh")
+        page.wait_for_timeout(500)
+        return page.locator("#conv-list button").count() > 0
+
+    until(stored, what="the cancelled turn to be stored")
+    page.click("#conv-list button")
+    page.wait_for_selector("#conv-turns .turn")
+    assistant = page.locator("#conv-turns .turn").nth(1)
+    assert assistant.locator(".meta").text_content().startswith("assistant · incomplete")
+    assert len(assistant.locator(".content").text_content().split()) < 150
+
+
+def test_html_in_a_prompt_is_shown_as_text_in_conversations_and_runs_nothing(page, stack):
+    open_console(page, stack, new_key(stack))
+    ask(page, XSS)
+    expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
+    page.click("nav button[data-tab=conversations]")
+
+    def listed() -> bool:
+        page.click("#conv-refresh")
+        page.wait_for_timeout(500)
+        return page.locator("#conv-list button").count() > 0
+
+    until(listed, what="the conversation to be stored")
+    page.click("#conv-list button")
+    page.wait_for_selector("#conv-turns .turn")
+    assert page.locator("#conv-list button").count() == 1  # however often the list was loaded
+    turns = page.locator("#conv-turns .turn .content").all_text_contents()
+    assert turns[0] == XSS and len(turns) == 2  # the prompt, as typed, and the answer
+    assert page.locator("#conv-turns img").count() == 0 and page.dialogs == []
+    screenshot(page, "conversations")
+
+
+def test_usage_shows_the_request_just_made_with_its_cost(page, stack):
+    open_console(page, stack, new_key(stack))
+    ask(page, "Bill me.")
+    expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
+    page.click("nav button[data-tab=usage]")
+
+    def billed() -> bool:
+        page.click("#usage-show")
+        page.wait_for_timeout(500)
+        return page.locator("#usage-table tbody tr").count() > 0
+
+    until(billed, what="the billing rollup")
+    cells = page.locator("#usage-table tbody tr").first.locator("td").all_text_contents()
+    assert cells[1] == MODEL and cells[2] == "standard" and cells[3] == "1" and float(cells[6]) > 0
+    assert page.locator("#usage-chart rect").count() == 1
+    with page.expect_download() as download:
+        page.click("#usage-csv")
+    csv = Path(download.value.path()).read_text().splitlines()
+    assert csv[0].startswith("bucket,model,tier,requests") and len(csv) == 2 and f",{MODEL},standard,1," in csv[1]
+    screenshot(page, "usage")
+
+
+def test_an_admin_creates_and_revokes_a_key_and_the_revoked_key_is_refused(page, stack):
+    open_console(page, stack, new_key(stack, admin=True))
+    page.click("nav button[data-tab=keys]")
+    page.wait_for_selector("#keys-table tbody tr")
+    screenshot(page, "keys")
+    page.fill("#keys-rpm", "60")
+    page.click("#keys-make")
+    page.wait_for_selector("#keys-secret:not([hidden])")
+    secret = page.text_content("#keys-secret-value")
+    assert secret.startswith("tb-")
+    assert httpx.get(f"{stack.edge_url}/v1/models", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    page.wait_for_selector("#keys-table button[data-key]")
+    page.click("#keys-table button[data-key]")
+    page.wait_for_selector("#keys-table button[data-key]", state="detached")
+    assert "revoked" in page.text_content("#keys-table")
+    refused = httpx.get(f"{stack.edge_url}/v1/models", headers={"Authorization": f"Bearer {secret}"})
+    assert refused.status_code == 401
+
+
+def test_one_tenant_sees_nothing_of_another(page, stack):
+    first = new_key(stack)
+    open_console(page, stack, first)
+    ask(page, "Mine only.")
+    expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
+    other_tenant = f"console-{uuid.uuid4().hex[:8]}"
+    open_console(page, stack, new_key(stack, tenant=other_tenant))
+    page.click("nav button[data-tab=conversations]")
+    page.wait_for_timeout(1000)
+    assert page.locator("#conv-list button").count() == 0
+    page.click("nav button[data-tab=usage]")
+    page.click("#usage-show")
+    page.wait_for_timeout(1000)
+    assert page.locator("#usage-table tbody tr").count() == 0
+    page.click("nav button[data-tab=keys]")
+    page.wait_for_selector("#keys-self dd")
+    assert other_tenant in page.text_content("#keys-self") and page.is_hidden("#keys-admin")
+    assert page.is_hidden("#error")  # nothing shown because nothing is there, not because a call failed
