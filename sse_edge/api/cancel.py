@@ -5,12 +5,10 @@ cancel it (anyone else is told it does not exist); cancelling a finished turn ch
 
 from __future__ import annotations
 
-import redis.asyncio as redis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenbus.sse_edge.api.resume import not_found
-from tokenbus.sse_edge.errors import Unavailable
+from tokenbus.sse_edge.api.resume import find_stream, not_found
 from tokenbus.sse_edge.state import EdgeState
 
 
@@ -18,11 +16,7 @@ async def cancel_completion(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     request_id = request.path_params["completion_id"]
-    try:
-        record = await edge.streams.get(request_id)
-    except (redis.RedisError, OSError):
-        raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
-    if record is None or record.tenant != key.tenant:
+    if (await find_stream(edge, request_id)).tenant != key.tenant:
         raise not_found(request_id)
     await edge.bus.cancel(request_id, "cancelled by the client")
     return JSONResponse({"id": request_id, "object": "chat.completion.cancellation", "cancelled": True})

@@ -65,16 +65,21 @@ def not_found(request_id: str) -> NotFound:
                     code="stream_not_found")
 
 
-async def resume_stream(request: Request) -> Response:
-    edge: EdgeState = request.app.state.edge
-    key = await edge.auth.authenticate(request.headers.get("authorization"))
-    request_id = request.path_params["completion_id"]
+async def find_stream(edge: EdgeState, request_id: str) -> StreamRecord:
+    """The stream record of ``request_id`` (its tenant is the caller's to check), or 404."""
     try:
         record = await edge.streams.get(request_id)
     except (redis.RedisError, OSError):
         raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
     if record is None:
         raise not_found(request_id)
+    return record
+
+
+async def resume_stream(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    record = await find_stream(edge, request.path_params["completion_id"])
     return await relay_existing(request, edge, key, record, parse_last_event_id(request), stream=True)
 
 

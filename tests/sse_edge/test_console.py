@@ -85,6 +85,24 @@ def ask(page, prompt: str, model: str = MODEL) -> None:
     page.click("#pg-send")
 
 
+def reload_until_shown(page, reload: str, rows: str, what: str) -> None:
+    """Click ``reload`` until ``rows`` show (the processors store and bill a turn a moment later)."""
+    def shown() -> bool:
+        page.click(reload)
+        page.wait_for_timeout(500)
+        return page.locator(rows).count() > 0
+
+    until(shown, what=what)
+
+
+def open_the_conversation(page) -> None:
+    """The tenant's one conversation, once the transcripts job has stored it."""
+    page.click("nav button[data-tab=conversations]")
+    reload_until_shown(page, "#conv-refresh", "#conv-list button", "the conversation to be stored")
+    page.click("#conv-list button")
+    page.wait_for_selector("#conv-turns .turn")
+
+
 def until(condition, timeout: float = 30.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -118,16 +136,7 @@ def test_stop_cancels_a_long_generation(page, stack):
     assert page.is_enabled("#pg-send") and not page.is_enabled("#pg-stop") and page.is_hidden("#error")
     # The generation itself was cancelled (not merely left to the disconnect grace): its turn is
     # stored as incomplete, with about what was shown, far short of the model's 300 tokens.
-    page.click("nav button[data-tab=conversations]")
-
-    def stored() -> bool:
-        page.click("#conv-refresh")
-        page.wait_for_timeout(500)
-        return page.locator("#conv-list button").count() > 0
-
-    until(stored, what="the cancelled turn to be stored")
-    page.click("#conv-list button")
-    page.wait_for_selector("#conv-turns .turn")
+    open_the_conversation(page)
     assistant = page.locator("#conv-turns .turn").nth(1)
     assert assistant.locator(".meta").text_content().startswith("assistant · incomplete")
     assert len(assistant.locator(".content").text_content().split()) < 150
@@ -137,16 +146,7 @@ def test_html_in_a_prompt_is_shown_as_text_in_conversations_and_runs_nothing(pag
     open_console(page, stack, new_key(stack))
     ask(page, XSS)
     expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
-    page.click("nav button[data-tab=conversations]")
-
-    def listed() -> bool:
-        page.click("#conv-refresh")
-        page.wait_for_timeout(500)
-        return page.locator("#conv-list button").count() > 0
-
-    until(listed, what="the conversation to be stored")
-    page.click("#conv-list button")
-    page.wait_for_selector("#conv-turns .turn")
+    open_the_conversation(page)
     assert page.locator("#conv-list button").count() == 1  # however often the list was loaded
     turns = page.locator("#conv-turns .turn .content").all_text_contents()
     assert turns[0] == XSS and len(turns) == 2  # the prompt, as typed, and the answer
@@ -159,13 +159,7 @@ def test_usage_shows_the_request_just_made_with_its_cost(page, stack):
     ask(page, "Bill me.")
     expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
     page.click("nav button[data-tab=usage]")
-
-    def billed() -> bool:
-        page.click("#usage-show")
-        page.wait_for_timeout(500)
-        return page.locator("#usage-table tbody tr").count() > 0
-
-    until(billed, what="the billing rollup")
+    reload_until_shown(page, "#usage-show", "#usage-table tbody tr", "the billing rollup")
     cells = page.locator("#usage-table tbody tr").first.locator("td").all_text_contents()
     assert cells[1] == MODEL and cells[2] == "standard" and cells[3] == "1" and float(cells[6]) > 0
     assert page.locator("#usage-chart rect").count() == 1
