@@ -89,11 +89,19 @@ function playgroundRequest() {
   const messages = [];
   if ($("pg-system").value.trim()) messages.push({ role: "system", content: $("pg-system").value });
   messages.push({ role: "user", content: $("pg-user").value });
-  return {
+  const request = {
     model: $("pg-model").value, messages, stream: true, stream_options: { include_usage: true },
     max_tokens: Number($("pg-max-tokens").value) || undefined,
     temperature: Number($("pg-temperature").value),
   };
+  if ($("pg-tools").value.trim()) {
+    try {
+      request.tools = JSON.parse($("pg-tools").value);
+    } catch {
+      throw new ApiError("Tools must be a JSON array of tools.");
+    }
+  }
+  return request;
 }
 
 async function send() {

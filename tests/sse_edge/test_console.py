@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import re
 import shutil
 import time
@@ -122,6 +123,20 @@ def test_the_playground_streams_an_answer_and_the_key_stays_in_the_tab(page, sta
     screenshot(page, "playground")
     assert page.evaluate("document.cookie") == ""  # the key is in session storage, not a cookie
     assert key not in page.url and page.evaluate("sessionStorage.getItem('tokenbus.key')") == key
+
+
+def test_the_playground_shows_function_calls(page, stack):
+    open_console(page, stack, new_key(stack))
+    page.fill("#pg-tools", json.dumps([{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]))
+    ask(page, "What is the weather in Oslo?")
+    expect(page.locator("#pg-state")).to_have_text("done: tool_calls", timeout=30_000)
+    (call,) = page.locator("#pg-tool-calls li").all_text_contents()
+    name, _, arguments = call.partition("(")
+    assert name == "get_weather" and set(json.loads(arguments.removesuffix(")"))) == {"city"}
+    page.fill("#pg-tools", "[not json")
+    page.click("#pg-send")
+    expect(page.locator("#error")).to_have_text("Tools must be a JSON array of tools.")
 
 
 def test_stop_cancels_a_long_generation(page, stack):
