@@ -16,8 +16,6 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -26,21 +24,16 @@ from tokenbus.gpu_consumers.control import ControlListener
 from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_CONTENT_FILTER,
-    FINISH_ERROR,
-    FINISH_STOP,
-    FINISH_TOOL_CALLS,
     Engine,
-    GenerationInput,
-    GenerationStream,
-    StepOutput,
 )
-from tokenbus.gpu_consumers.engines.tool_calls import TOOL_PARSERS, HermesToolParser
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
 from tokenbus.gpu_consumers.offsets import OffsetTracker
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
+from tokenbus.gpu_consumers.sequence import RunningSequence
 from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.token_log import Published, TokenLog
-from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent, now_ms
+from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
@@ -56,28 +49,6 @@ log = logging.getLogger(__name__)
 
 CANCELLED_MEMORY = 100_000  # cancels remembered for requests not fetched yet
 CANCELLED_REASONS = (FINISH_CANCELLED, FINISH_CONTENT_FILTER)
-
-
-@dataclass(eq=False)
-class _Running:
-    pending: Pending
-    cost: int
-    task: asyncio.Task[None] | None = None
-    stream: GenerationStream | None = None
-    cancelled: bool = False
-    stop_reason: str = FINISH_CANCELLED
-    admitted_at_ms: int = field(default_factory=now_ms)
-
-    def cancel(self, reason: str = "") -> None:
-        self.cancelled = True
-        self.stop_reason = stop_reason(reason)
-        if self.stream is not None:
-            self.stream.abort()
-
-
-def stop_reason(cancel_reason: str) -> str:
-    """A cancel from output moderation ends the stream as OpenAI's ``content_filter``."""
-    return FINISH_CONTENT_FILTER if cancel_reason == FINISH_CONTENT_FILTER else FINISH_CANCELLED
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -106,7 +77,7 @@ class GpuWorker:
         self.ready = asyncio.Event()
         self.group_id = self.catalog.gpu_group(settings.model)
         self._topics_by_tier = {t: self.catalog.requests(settings.model, t) for t in settings.bus.tiers}
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, RunningSequence] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
         self._fresh_from: dict[TopicPartition, int | None] = {}
         self._tokens_in_flight = 0
@@ -280,7 +251,7 @@ class GpuWorker:
             self._launch(pending, cost)
 
     def _launch(self, pending: Pending, cost: int) -> None:
-        running = _Running(pending, cost)
+        running = RunningSequence(pending, cost)
         request_id = pending.request.request_id
         if request_id in self._cancelled:
             running.cancel(self._cancelled[request_id])
@@ -308,14 +279,14 @@ class GpuWorker:
 
     # -- serving one request ---------------------------------------------------------
 
-    async def _serve(self, running: _Running) -> None:
+    async def _serve(self, running: RunningSequence) -> None:
         pending = running.pending
         attributes = {"tokenbus.request_id": pending.request.request_id, "tokenbus.worker_id": self.settings.worker_id}
         # The completion, sent inside the span, carries its context on to the processors.
         with tracing.span("generate", pending.trace, tracing.SpanKind.CONSUMER, attributes):
             await self._serve_in_span(running)
 
-    async def _serve_in_span(self, running: _Running) -> None:
+    async def _serve_in_span(self, running: RunningSequence) -> None:
         pending = running.pending
         request = pending.request
         log.debug("admitted %s (%d running)", request.request_id, len(self._running))
@@ -341,7 +312,7 @@ class GpuWorker:
         finally:
             self._release_slot(running)
 
-    def _release_slot(self, running: _Running) -> None:
+    def _release_slot(self, running: RunningSequence) -> None:
         request_id = running.pending.request.request_id
         if self._running.get(request_id) is not running:
             return
@@ -352,7 +323,7 @@ class GpuWorker:
             self._admit_waiting()
         self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
 
-    async def _generate(self, running: _Running, published: Published) -> list[asyncio.Future]:
+    async def _generate(self, running: RunningSequence, published: Published) -> list[asyncio.Future]:
         """Run the engine and publish each step; returns the deliveries still to be acknowledged."""
         request = running.pending.request
         events = list(published.events)
@@ -360,11 +331,12 @@ class GpuWorker:
         last_sent: float | None = None
         assert self._batches is not None
         key = request.request_id
-        tool_calls = self._tool_parser(request, published)
-        async for out in self._outputs(running, published):
+        steps = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
+                           running.admitted_at_ms)
+        async for out in running.outputs(self.engine, published):
             if out.finish_reason == FINISH_CANCELLED:
                 out = dataclasses.replace(out, finish_reason=running.stop_reason)
-            event = self._token_event(request, len(events), out, tool_calls, running.admitted_at_ms)
+            event = steps.event(len(events), out)
             deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key, event))
             events.append(event)
             sent = time.time()
@@ -383,71 +355,9 @@ class GpuWorker:
         deliveries.append(await self._publish_completion(request, events))
         return deliveries
 
-    def _outputs(self, running: _Running, published: Published) -> AsyncIterator[StepOutput]:
-        request = running.pending.request
-        if running.cancelled:
-            return _one(StepOutput("", (), 0, len(request.prefix_token_ids) + len(published.token_ids), FINISH_CANCELLED))
-        if not published.events and request.deadline_ms is not None and now_ms() > request.deadline_ms:
-            return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
-        # A continuation generates after its turn's delivered output (and a takeover after both).
-        inp = GenerationInput.from_request(request, (*request.prefix_token_ids, *published.token_ids),
-                                           request.prefix_text + published.text)
-        running.stream = self.engine.generate(inp)
-        return _engine_outputs(running.stream)
-
-    def _tool_parser(self, request: ChatRequest, published: Published) -> HermesToolParser | None:
-        """Reads function calls out of the engine's text, for a request that offers functions."""
-        if not request.offers_tools:
-            return None
-        offered = {t.name for t in request.tools}
-        if request.tool_choice_name is not None:
-            offered &= {request.tool_choice_name}
-        parser = TOOL_PARSERS[self.settings.tool_parser]
-        return parser(request.request_id, offered, published.tool_calls, request.parallel_tool_calls)
-
-    def _token_event(self, request: ChatRequest, seq: int, out: StepOutput,
-                     tool_calls: HermesToolParser | None = None, admitted_at_ms: int | None = None) -> TokenEvent:
-        text, calls, raw_text, finish_reason = out.text_diff, [], None, out.finish_reason
-        if tool_calls is not None:  # only a request that offers functions pays for the parser
-            parsed = tool_calls.feed(out.text_diff)
-            if out.finished:
-                rest = tool_calls.flush()
-                parsed.content, parsed.raw = parsed.content + rest.content, parsed.raw + rest.raw
-                if finish_reason == FINISH_STOP and tool_calls.calls:
-                    finish_reason = FINISH_TOOL_CALLS
-            text, calls, raw_text = parsed.content, parsed.calls, parsed.raw_text
-        return TokenEvent(
-            request_id=request.request_id,
-            seq=seq,
-            text=text,
-            tool_calls=calls,
-            raw_text=raw_text,
-            token_ids=list(out.token_ids_diff),
-            finish_reason=finish_reason,
-            error=out.error,
-            # On the first event too: an edge that closes a stream nothing finishes bills its prompt.
-            prompt_tokens=out.prompt_tokens if out.finished or seq == 0 else None,
-            completion_tokens=out.completion_tokens if out.finished else None,
-            worker_id=self.settings.worker_id,
-            tenant=request.tenant if seq == 0 else None,
-            tier=request.tier if seq == 0 else None,
-            admitted_at_ms=admitted_at_ms if seq == 0 else None,
-        )
-
     async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent]) -> asyncio.Future:
         completion = Completion.from_events(request, events, self.settings.worker_id)
         self.metrics.finished(completion.finish_reason)
         assert self._sender is not None
         return await self._sender.send(self.catalog.completions, completion, request.request_id)
 
-
-async def _one(out: StepOutput) -> AsyncIterator[StepOutput]:
-    yield out
-
-
-async def _engine_outputs(stream: GenerationStream) -> AsyncIterator[StepOutput]:
-    try:
-        async for out in stream:
-            yield out
-    finally:
-        stream.abort()  # a no-op once finished; stops the sequence if this task is cancelled

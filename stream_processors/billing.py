@@ -53,8 +53,7 @@ class ClickHouseSink:
                 decoded.append((message, self.ctx.decode(message, record_type)))
             except DecodeError as exc:
                 await self.ctx.dead_letter(processor, message, exc.reason, exc.detail)
-        records = [record for _, record in decoded]
-        if not records:
+        if not decoded:
             return 0, 0
         turns = [parent for message, _ in decoded if (parent := tracing.from_record(message.headers))]
         with tracing.span(processor, kind=tracing.SpanKind.CONSUMER, links=turns) if turns else contextlib.nullcontext():

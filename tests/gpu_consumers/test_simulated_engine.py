@@ -13,8 +13,8 @@ from tokenbus.gpu_consumers.engines import (
     SimulatedEngineSettings,
 )
 from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.token_log import Published
-from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.schemas import ChatMessage, ChatRequest, TokenEvent, ToolCall, ToolSpec, whole_tool_calls
 
 FAST = dict(ttft_ms=1, tokens_per_s=2000)
@@ -111,11 +111,10 @@ def tool_request(request_id: str = "tools-1", **overrides) -> ChatRequest:
 async def worker_events(request: ChatRequest, published: Published | None = None) -> list[TokenEvent]:
     """The token events a GPU consumer publishes for ``request`` (continuing after ``published``)."""
     published = published or Published()
-    worker = GpuWorker(WorkerSettings(worker_id="w"), SimulatedEngine(SimulatedEngineSettings(**FAST)))
-    parser = worker._tool_parser(request, published)
+    steps = StepEvents(request, "w", WorkerSettings().tool_parser, published)
     inp = GenerationInput.from_request(request, published.token_ids, published.text)
-    [outs] = await run(worker.engine, inp)
-    return [worker._token_event(request, published.next_seq + i, out, parser) for i, out in enumerate(outs)]
+    [outs] = await run(SimulatedEngine(SimulatedEngineSettings(**FAST)), inp)
+    return [steps.event(published.next_seq + i, out) for i, out in enumerate(outs)]
 
 
 async def test_offered_tools_are_called_a_few_characters_a_token():

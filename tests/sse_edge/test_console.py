@@ -42,7 +42,7 @@ def test_the_console_is_served_with_a_strict_content_security_policy(stack):
 @pytest.fixture(scope="module")
 def browser() -> Iterator:
     if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (`make setup` installs Debian's chromium with apt-get)")
+        pytest.skip("Chromium is not installed (`make test` installs Debian's chromium with apt-get)")
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

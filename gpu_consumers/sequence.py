@@ -1,0 +1,68 @@
+"""One request in the engine: the slot it holds, how a cancel stops it within a step, and the
+steps it yields (none from the engine for a request cancelled or out of time before it ran)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tokenbus.gpu_consumers.engines import (
+    FINISH_CANCELLED,
+    FINISH_CONTENT_FILTER,
+    FINISH_ERROR,
+    Engine,
+    GenerationInput,
+    GenerationStream,
+    StepOutput,
+)
+from tokenbus.gpu_consumers.scheduler import Pending
+from tokenbus.gpu_consumers.token_log import Published
+from tokenbus.schemas import now_ms
+
+
+def stop_reason(cancel_reason: str) -> str:
+    """A cancel from output moderation ends the stream as OpenAI's ``content_filter``."""
+    return FINISH_CONTENT_FILTER if cancel_reason == FINISH_CONTENT_FILTER else FINISH_CANCELLED
+
+
+@dataclass(eq=False)
+class RunningSequence:
+    pending: Pending
+    cost: int  # tokens it may hold in flight (prompt and completion)
+    task: asyncio.Task[None] | None = None
+    stream: GenerationStream | None = None
+    cancelled: bool = False
+    stop_reason: str = FINISH_CANCELLED
+    admitted_at_ms: int = field(default_factory=now_ms)
+
+    def cancel(self, reason: str = "") -> None:
+        self.cancelled = True
+        self.stop_reason = stop_reason(reason)
+        if self.stream is not None:
+            self.stream.abort()
+
+    def outputs(self, engine: Engine, published: Published) -> AsyncIterator[StepOutput]:
+        """The steps to publish after ``published`` (what another worker published already)."""
+        request = self.pending.request
+        if self.cancelled:
+            return _one(StepOutput("", (), 0, len(request.prefix_token_ids) + len(published.token_ids), FINISH_CANCELLED))
+        if not published.events and request.deadline_ms is not None and now_ms() > request.deadline_ms:
+            return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
+        # A continuation generates after its turn's delivered output (and a takeover after both).
+        inp = GenerationInput.from_request(request, (*request.prefix_token_ids, *published.token_ids),
+                                           request.prefix_text + published.text)
+        self.stream = engine.generate(inp)
+        return _engine_outputs(self.stream)
+
+
+async def _one(out: StepOutput) -> AsyncIterator[StepOutput]:
+    yield out
+
+
+async def _engine_outputs(stream: GenerationStream) -> AsyncIterator[StepOutput]:
+    try:
+        async for out in stream:
+            yield out
+    finally:
+        stream.abort()  # a no-op once finished; stops the sequence if this task is cancelled
