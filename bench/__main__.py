@@ -20,6 +20,7 @@ from bench import (
     load_sweep,
     peers,
     pipeline_overhead,
+    prefix_routing,
     processors,
     scale_out,
     soak,
@@ -43,6 +44,7 @@ SCENARIOS = {
     "turn_profile": turn_profile,
     "chat_turn": chat_turn,
     "tracing": tracing,
+    "prefix_routing": prefix_routing,
     "capacity": capacity,  # the inputs and the check of docs/capacity.md: on request only
     "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run
     "soak": soak,  # 10 minutes: run by `make faults`, not by default

@@ -36,6 +36,7 @@ class WorkerMetrics:
         self._prompt_tokens = Histogram("tokenbus:request_prompt_tokens", "Prompt tokens of each request generated.",
                                         LABELS, buckets=TOKEN_COUNT_BUCKETS, registry=r).labels(model)
         self._tokens = counter("tokenbus:generation_tokens", "Tokens generated and published.")
+        self._cached = counter("tokenbus:prompt_tokens_cached", "Prompt tokens the engine served from its prefix cache.")
         self._aborted = counter("tokenbus:requests_aborted", "Requests cancelled while waiting or running.")
         self._taken_over = counter("tokenbus:requests_taken_over", "Requests continued from another worker's tokens.")
         self._finished = Counter("tokenbus:request_success", "Requests finished, by finish reason.",
@@ -64,8 +65,9 @@ class WorkerMetrics:
     def taken_over(self) -> None:
         self._taken_over.inc()
 
-    def prompt(self, tokens: int) -> None:
+    def prompt(self, tokens: int, cached: int = 0) -> None:
         self._prompt_tokens.observe(tokens)
+        self._cached.inc(cached)
 
     def kv_cache(self, usage: float | None) -> None:
         if usage is not None:

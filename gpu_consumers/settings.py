@@ -39,6 +39,10 @@ class WorkerSettings(BaseSettings):
     # How the model writes function calls (engines/tool_calls.py); "hermes" is <tool_call>{json}</tool_call>.
     tool_parser: Literal[tuple(TOOL_PARSERS)] = "hermes"  # type: ignore[valid-type]
     commit_interval_ms: int = 100
+    # KV-cache-aware routing (TOKENBUS_PREFIX_ROUTING): what the engine caches is reported at most
+    # this often, and in full (a snapshot, also the worker's heartbeat to routers) this often.
+    cache_report_interval_ms: int = 100
+    cache_snapshot_interval_s: float = 10.0
     host: str = "127.0.0.1"
     port: int = 8701  # /healthz and /metrics
 

@@ -51,6 +51,7 @@ class StepEvents:
             # On the first event too: an edge that closes a stream nothing finishes bills its prompt.
             prompt_tokens=out.prompt_tokens if out.finished or seq == 0 else None,
             completion_tokens=out.completion_tokens if out.finished else None,
+            cached_tokens=out.cached_tokens if out.finished or seq == 0 else None,
             worker_id=self._worker_id,
             tenant=request.tenant if seq == 0 else None,
             tier=request.tier if seq == 0 else None,

@@ -28,6 +28,7 @@ from tokenbus.gpu_consumers.engines import (
 )
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
 from tokenbus.gpu_consumers.offsets import OffsetTracker
+from tokenbus.gpu_consumers.prefix_reports import PrefixReports
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
 from tokenbus.gpu_consumers.sequence import RunningSequence
 from tokenbus.gpu_consumers.settings import WorkerSettings
@@ -89,6 +90,7 @@ class GpuWorker:
         self._pacer = FetchPacer(settings.bus, pauses=False)
         self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
+        self._prefix_reports: PrefixReports | None = None
         self._stopping = asyncio.Event()
         self.completed = 0
 
@@ -119,6 +121,13 @@ class GpuWorker:
         self._dead_letters = DeadLetterPublisher(self._producer, self.catalog)
         self._batches = BatchingPublisher(self._producer, self.codec)
         await self.engine.start()
+        prefix_cache = getattr(self.engine, "prefix_cache", None)
+        if self.settings.bus.prefix_routing and prefix_cache is not None:
+            self._prefix_reports = PrefixReports(
+                prefix_cache, self._sender, self.settings.worker_id, self.settings.model,
+                lambda: (len(self._running), self.scheduler.waiting()),
+                self.settings.cache_report_interval_ms, self.settings.cache_snapshot_interval_s)
+            self._prefix_reports.start()
         await self.token_log.start()
         await self.control.start()
         self._consumer = make_consumer(self.settings.bus, group_id=self.group_id)
@@ -132,6 +141,8 @@ class GpuWorker:
         if self._consumer:
             await self.release(self._consumer.assignment())
             await self._consumer.stop()
+        if self._prefix_reports is not None:
+            await self._prefix_reports.stop()
         await self.control.stop()
         await self.token_log.stop()
         await self.engine.close()
@@ -144,6 +155,8 @@ class GpuWorker:
         for tp in partitions:
             self._fresh_from[tp] = None  # learnt from the first fetch's high-water mark
         self._pacer.wake()  # what they hold (another worker's requests, maybe) was announced to no one
+        if self._prefix_reports is not None and self._consumer is not None:
+            self._prefix_reports.owned(self._consumer.assignment() | partitions)
         self.ready.set()
 
     async def release(self, partitions: set[TopicPartition]) -> None:
@@ -164,6 +177,8 @@ class GpuWorker:
         self.offsets.forget(partitions)
         for tp in partitions:
             self._fresh_from.pop(tp, None)
+        if self._prefix_reports is not None and self._consumer is not None:
+            self._prefix_reports.owned(self._consumer.assignment() - partitions)
 
     async def commit(self) -> None:
         if self._consumer is None:
@@ -194,6 +209,8 @@ class GpuWorker:
                 for record in records:
                     await self._enqueue(tp, record)
             self._pacer.observed(sum(map(len, batches.values())))
+            if batches and self._prefix_reports is not None:
+                self._prefix_reports.load_changed()
             self._admit_waiting()
             self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
             self.metrics.kv_cache(self.engine.kv_cache_usage())
@@ -322,6 +339,8 @@ class GpuWorker:
         if not self._stopping.is_set():
             self._admit_waiting()
         self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
+        if self._prefix_reports is not None:
+            self._prefix_reports.load_changed()
 
     async def _generate(self, running: RunningSequence, published: Published) -> list[asyncio.Future]:
         """Run the engine and publish each step; returns the deliveries still to be acknowledged."""
@@ -333,7 +352,10 @@ class GpuWorker:
         key = request.request_id
         steps = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
                            running.admitted_at_ms)
-        async for out in running.outputs(self.engine, published):
+        outputs = running.outputs(self.engine, published)
+        if self._prefix_reports is not None and running.stream is not None:  # the engine has the prompt
+            self._prefix_reports.admitted(request)
+        async for out in outputs:
             if out.finish_reason == FINISH_CANCELLED:
                 out = dataclasses.replace(out, finish_reason=running.stop_reason)
             event = steps.event(len(events), out)
@@ -351,7 +373,7 @@ class GpuWorker:
         if events[-1].finish_reason in CANCELLED_REASONS:
             self.metrics.aborted()
         if events[-1].prompt_tokens:
-            self.metrics.prompt(events[-1].prompt_tokens)
+            self.metrics.prompt(events[-1].prompt_tokens, events[-1].cached_tokens or 0)
         deliveries.append(await self._publish_completion(request, events))
         return deliveries
 

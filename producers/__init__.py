@@ -6,6 +6,8 @@ streams back, with no HTTP hop::
 
 from tokenbus.producers.client import TokenbusClient, new_request_id
 from tokenbus.producers.moderated import InputModerator
+from tokenbus.producers.placement import Placement, PrefixIndex, PrefixRouter
 from tokenbus.producers.publisher import RequestPublisher, UnknownRoute
 
-__all__ = ["InputModerator", "RequestPublisher", "TokenbusClient", "UnknownRoute", "new_request_id"]
+__all__ = ["InputModerator", "Placement", "PrefixIndex", "PrefixRouter", "RequestPublisher", "TokenbusClient",
+           "UnknownRoute", "new_request_id"]

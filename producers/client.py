@@ -24,6 +24,7 @@ from aiokafka.structs import RecordMetadata
 
 from tokenbus.moderation import InputReview, Policy
 from tokenbus.producers.moderated import InputModerator
+from tokenbus.producers.placement import Placement, PrefixRouter
 from tokenbus.producers.publisher import RequestPublisher
 from tokenbus.schemas import FINISH_INCOMPLETE, AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
 from tokenbus.topics import BusSettings, RecordSender, ReplyEvent, ReplyRouter, ReplyStream, TopicCatalog, make_producer
@@ -44,6 +45,7 @@ class TokenbusClient:
         rotate_every_s: float = 0.0,
         policy: Policy | None = None,
         on_review: Callable[[InputReview], None] | None = None,
+        on_placed: Callable[[Placement], None] | None = None,
     ) -> None:
         self.settings = settings or BusSettings()
         self.catalog = TopicCatalog(self.settings)
@@ -52,14 +54,19 @@ class TokenbusClient:
         self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec, rotate_every_s=rotate_every_s)
         self.producer: AIOKafkaProducer = make_producer(self.settings)
         self.sender = RecordSender(self.producer, self.codec, self.catalog)
-        publisher = RequestPublisher(self.sender)
+        self.placement = PrefixRouter(self.settings, self.codec, on_placed=on_placed) if self.settings.prefix_routing else None
+        publisher = RequestPublisher(self.sender, self.placement)
         self.publisher = InputModerator(publisher, policy, on_review) if policy is not None else publisher
 
     async def start(self) -> None:
         await self.producer.start()
         await self.router.start()
+        if self.placement is not None:
+            await self.placement.start()
 
     async def stop(self) -> None:
+        if self.placement is not None:
+            await self.placement.stop()
         await self.router.stop()
         await self.producer.stop()
 

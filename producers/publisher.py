@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiokafka.structs import RecordMetadata
 
+from tokenbus.producers.placement import PrefixRouter
 from tokenbus.schemas import ChatRequest
 from tokenbus.topics import RecordSender
 
@@ -13,8 +14,9 @@ class UnknownRoute(ValueError):
 
 
 class RequestPublisher:
-    def __init__(self, sender: RecordSender) -> None:
+    def __init__(self, sender: RecordSender, placement: PrefixRouter | None = None) -> None:
         self.sender = sender
+        self.placement = placement
         self._catalog = sender.catalog
 
     def topic_for(self, request: ChatRequest) -> str:
@@ -27,5 +29,14 @@ class RequestPublisher:
 
     async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata:
         """Publish and wait for the broker's ack; returns where the request landed. Requests are
-        keyed by conversation (or request id), so a conversation's turns share a partition."""
-        return await self.sender.send_and_wait(topic or self.topic_for(request), request, request.partition_key)
+        keyed by conversation (or request id), so a conversation's turns share a partition; with
+        ``placement``, a request on a model's topic goes where its prompt's prefix is cached
+        (producers/placement.py), and the decision is noted on it."""
+        topic = topic or self.topic_for(request)
+        if self.placement is None or topic == self._catalog.ingress:
+            return await self.sender.send_and_wait(topic, request, request.partition_key)
+        placed = self.placement.place(request, topic)
+        request.annotations = {**request.annotations, **placed.annotations()}
+        landed = await self.sender.send_and_wait(topic, request, request.partition_key, partition=placed.partition)
+        self.placement.landed(placed, topic, landed.partition)
+        return landed

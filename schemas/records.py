@@ -205,6 +205,7 @@ class TokenEvent:
     tenant: str | None = None
     tier: str | None = None
     admitted_at_ms: int | None = None  # on the first event: when the GPU consumer admitted the request
+    cached_tokens: int | None = None  # of prompt_tokens, served from the engine's prefix cache (set with them)
 
     @property
     def is_final(self) -> bool:
@@ -252,6 +253,7 @@ class Completion:
     continues_turn_at_ms: int | None = None
     carried_tokens: int = 0
     annotations: dict[str, str] = field(default_factory=dict)
+    cached_prompt_tokens: int = 0  # of prompt_tokens, served from the engine's prefix cache
 
     @property
     def incomplete(self) -> bool:
@@ -286,6 +288,7 @@ class Completion:
             finish_reason=finish_reason,
             prompt_tokens=final.prompt_tokens or 0,
             completion_tokens=final.completion_tokens or 0,
+            cached_prompt_tokens=final.cached_tokens or 0,
             cancelled=finish_reason in ("cancelled", "content_filter"),
             error=final.error,
             worker_id=worker_id,
@@ -353,5 +356,45 @@ class ModerationDecision:
         return cls(**data)
 
 
-Record = ChatRequest | TokenEvent | Completion | Control | ModerationDecision
-RECORD_TYPES: tuple[type[Record], ...] = (ChatRequest, TokenEvent, Completion, Control, ModerationDecision)
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """A prompt prefix an engine holds: its chain hash (schemas/prefixes.py) and how many of its
+    prompt tokens are cached."""
+
+    hash: int
+    tokens: int
+
+
+@dataclass(slots=True)
+class CacheReport:
+    """What one GPU consumer's engine holds in its prefix cache, the request partitions it owns and
+    its load; routers index these to send a request where its prefix is cached."""
+
+    schema_name: ClassVar[str] = "tokenbus.CacheReport"
+
+    worker_id: str
+    model: str
+    started_at_ms: int
+    seq: int
+    snapshot: bool = False  # ``stored`` is everything the worker holds
+    stored: list[CachedPrefix] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+    partitions: list[tuple[str, int]] = field(default_factory=list)  # (topic, partition), all it owns
+    running: int = 0
+    waiting: int = 0
+    leaving: bool = False
+    created_at_ms: int = field(default_factory=now_ms)
+
+    def to_avro(self) -> dict[str, Any]:
+        return {**_fields(self), "stored": [{"hash": p.hash, "tokens": p.tokens} for p in self.stored],
+                "partitions": [{"topic": t, "partition": n} for t, n in self.partitions]}
+
+    @classmethod
+    def from_avro(cls, data: dict[str, Any]) -> CacheReport:
+        return cls(**{**data, "stored": [CachedPrefix(p["hash"], p["tokens"]) for p in data["stored"]],
+                      "partitions": [(p["topic"], p["partition"]) for p in data["partitions"]]})
+
+
+Record = ChatRequest | TokenEvent | Completion | Control | ModerationDecision | CacheReport
+RECORD_TYPES: tuple[type[Record], ...] = (ChatRequest, TokenEvent, Completion, Control, ModerationDecision,
+                                          CacheReport)

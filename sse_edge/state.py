@@ -13,7 +13,7 @@ import redis.asyncio as redis
 from aiokafka.errors import KafkaError
 
 from tokenbus.moderation import INPUT, InputReview
-from tokenbus.producers import TokenbusClient
+from tokenbus.producers import Placement, TokenbusClient
 from tokenbus.schemas import ChatRequest, TokenEvent
 from tokenbus.sse_edge.plumbing.admission import Admission
 from tokenbus.sse_edge.plumbing.auth import Authenticator
@@ -43,7 +43,7 @@ class EdgeState:
         self.bus = TokenbusClient(settings.bus, settings.reply_partitions, settings.stream_idle_timeout_s,
                                   rotate_every_s=settings.reply_rotate_s,
                                   policy=settings.moderation.load_policy() if settings.route == "inline" else None,
-                                  on_review=self._count_decision)
+                                  on_review=self._count_decision, on_placed=self._count_placement)
         self.watch = BrokerWatch(self.bus.producer, self.bus.router, settings.broker_check_s, settings.broker_grace_s)
         self.redis = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
         self.keys = KeyStore(self.redis, settings.redis_prefix)
@@ -60,6 +60,10 @@ class EdgeState:
 
     def _count_decision(self, review: InputReview) -> None:
         self.metrics.decisions.labels(INPUT, review.verdict.action).inc()
+
+    def _count_placement(self, placement: Placement) -> None:
+        self.metrics.placements.labels(placement.reason).inc()
+        self.metrics.placed_hit_tokens.inc(placement.hit_tokens)
 
     def transcripts(self) -> TranscriptStore:
         """Opened on first read: an edge that serves no transcript reads needs no store."""

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from tokenbus.producers import RequestPublisher
+from tokenbus.producers import PrefixRouter, RequestPublisher
 from tokenbus.schemas import AvroCodec, DecodeError, Record
 from tokenbus.stream_processors.metrics import ProcessorMetrics
 from tokenbus.stream_processors.settings import ProcessorSettings
@@ -62,6 +62,8 @@ class ProcessorContext:
         self._producer_lock = asyncio.Lock()
         self._sender: RecordSender | None = None
         self._publisher: RequestPublisher | None = None
+        self._placement: PrefixRouter | None = None
+        self._publisher_lock = asyncio.Lock()
         self.positions: dict[tuple[str, str, int], int] = {}  # (processor, topic, partition) -> next offset
 
     async def producer(self) -> AIOKafkaProducer:
@@ -74,6 +76,8 @@ class ProcessorContext:
         return self._producer
 
     async def stop(self) -> None:
+        if self._placement is not None:
+            await self._placement.stop()
         if self._producer is not None:
             await self._producer.stop()
 
@@ -87,8 +91,13 @@ class ProcessorContext:
         await (await self.sender()).send_and_wait(topic, record, key, partition)
 
     async def request_publisher(self) -> RequestPublisher:
-        if self._publisher is None:
-            self._publisher = RequestPublisher(await self.sender())
+        """For what the ingress processor forwards: placed by cache contents like the edge's requests."""
+        async with self._publisher_lock:
+            if self._publisher is None:
+                if self.settings.bus.prefix_routing:
+                    self._placement = PrefixRouter(self.settings.bus, self.codec)
+                    await self._placement.start()
+                self._publisher = RequestPublisher(await self.sender(), self._placement)
         return self._publisher
 
     async def dead_letter(self, processor: str, message: Any, reason: str, detail: str = "") -> None:

@@ -67,6 +67,11 @@ class TopicCatalog:
         return self._name("moderation")
 
     @property
+    def cache_reports(self) -> str:
+        """GPU consumers' reports of what their engines' prefix caches hold (CacheReport)."""
+        return self._name("kvcache")
+
+    @property
     def dlq(self) -> str:
         return self._name("dlq")
 
@@ -100,6 +105,8 @@ class TopicCatalog:
             spec(self.completions, s.service_partitions, s.completion_retention_ms),
             spec(self.moderation, s.service_partitions, 30 * DAY_MS),
             spec(self.dlq, s.service_partitions, 30 * DAY_MS),
+            # Read live only: a router learns a worker's cache from its next snapshot.
+            spec(self.cache_reports, s.service_partitions, HOUR_MS),
         ]
         for model in s.models:
             specs += [spec(t, s.request_partitions, DAY_MS) for t in self.model_request_topics(model)]

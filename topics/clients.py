@@ -19,6 +19,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tokenbus.topics import doorbell
+from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.doorbell import Doorbell
 from tokenbus.topics.settings import BusSettings
 
@@ -72,20 +73,24 @@ def doorbell_on(settings: BusSettings) -> bool:
 
 
 class RingingProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ships no types
-    """A producer that rings the doorbell as it writes (rate-limited, topics/doorbell.py)."""
+    """A producer that rings the doorbell as it writes (rate-limited, topics/doorbell.py), but not
+    for ``quiet_topics``: what nobody waits for must not wake every reader of an idle stack."""
 
-    def __init__(self, doorbell: Doorbell, **options: Any) -> None:
+    def __init__(self, doorbell: Doorbell, quiet_topics: frozenset[str] = frozenset(), **options: Any) -> None:
         super().__init__(**options)
         self._doorbell = doorbell
+        self._quiet_topics = quiet_topics
 
     async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
         delivery = await super().send(topic, *args, **kwargs)
-        self._doorbell.ring(topic)
+        if topic not in self._quiet_topics:
+            self._doorbell.ring(topic)
         return delivery
 
     async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
         delivery = await super().send_batch(batch, topic, partition=partition)
-        self._doorbell.ring(topic)
+        if topic not in self._quiet_topics:
+            self._doorbell.ring(topic)
         return delivery
 
     async def stop(self) -> None:
@@ -110,7 +115,10 @@ def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
     if doorbell_on(settings):
         assert settings.doorbell_url
         doorbell = Doorbell(settings.doorbell_url, settings.topic_prefix, profile(settings).ring_every_s)
-        return RingingProducer(doorbell, **options)
+        # GPU consumers' cache reports (a snapshot every 10 s each, idle or not): a paused router
+        # reads them within its idle poll, and a stale index costs only a cache miss.
+        quiet = frozenset({TopicCatalog(settings).cache_reports})
+        return RingingProducer(doorbell, quiet, **options)
     return AIOKafkaProducer(**options)
 
 

@@ -46,6 +46,11 @@ class BusSettings(BaseSettings):
     # Where every service sends its OpenTelemetry spans (an OTLP/HTTP collector's base address,
     # e.g. http://otel-collector:4318); unset, nothing is traced (topics/tracing.py).
     otlp_endpoint: str | None = None
+    # KV-cache-aware routing: GPU consumers report what their engines cache on `kvcache`, and
+    # whatever places requests (the edge, the ingress processor, the SDK with a policy) sends each
+    # to the consumer holding the longest prefix of its prompt (producers/placement.py). Off: GPU
+    # consumers report nothing and requests are placed by conversation, as before.
+    prefix_routing: bool = True
     request_partitions: int = 4
     # Reply partitions: edges own disjoint sets and rotate through them (producers/replies.py).
     token_partitions: int = 24

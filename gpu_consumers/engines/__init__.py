@@ -12,6 +12,8 @@ from tokenbus.gpu_consumers.engines.base import (
     Engine,
     GenerationInput,
     GenerationStream,
+    PrefixCache,
+    PromptLayout,
     SamplingParams,
     StepOutput,
 )
@@ -47,6 +49,8 @@ __all__ = [
     "Engine",
     "GenerationInput",
     "GenerationStream",
+    "PrefixCache",
+    "PromptLayout",
     "SamplingParams",
     "SimulatedEngine",
     "SimulatedEngineSettings",

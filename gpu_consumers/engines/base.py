@@ -12,7 +12,7 @@ as if it had generated them, and counts them in ``completion_tokens`` and ``max_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -82,10 +82,32 @@ class StepOutput:
     completion_tokens: int  # cumulative
     finish_reason: str | None = None
     error: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, served from the engine's prefix cache
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLayout:
+    """A prompt as an engine's prefix cache sees it: the names the engine gives its full blocks of
+    prompt tokens, in order, and the token position where each of the prompt's segments ends
+    (schemas/prefixes.py: the offered functions, then each message)."""
+
+    block_tokens: int
+    block_hashes: tuple[int, ...]
+    segment_ends: tuple[int, ...]
+
+
+class PrefixCache(Protocol):
+    """What an engine's prefix cache holds, for KV-cache-aware routing (gpu_consumers/prefix_reports.py)."""
+
+    def layout(self, inp: GenerationInput) -> PromptLayout: ...
+
+    def resident(self, block_hashes: Iterable[int]) -> set[int]:
+        """Which of these blocks the cache holds now."""
+        ...
 
 
 class GenerationStream(Protocol):
@@ -96,6 +118,11 @@ class GenerationStream(Protocol):
 
 class Engine(Protocol):
     name: str
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """None: the engine keeps no prefix cache it can report."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -10,12 +10,15 @@ earlier calls are written back the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections import OrderedDict
 from typing import Any
 
 from tokenbus.gpu_consumers.engines.base import GenerationInput
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ChatMessage
+from tokenbus.schemas.prefixes import segment_hashes
 
 TOOLS_INSTRUCTION = (
     "You may call one or more functions to assist with the user query. The functions are listed "
@@ -61,7 +64,9 @@ def instruction(inp: GenerationInput) -> str:
     return text
 
 
-def prompt_ids(tokenizer: Any, inp: GenerationInput) -> list[int]:
+def prompt_ids(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool = True) -> list[int]:
+    """The prompt's token ids; without ``add_generation_prompt``, just its messages (a prefix of a
+    longer prompt, for the prefix cache's layout)."""
     template = str(getattr(tokenizer, "chat_template", "") or "")
     knows_tools = "tools" in template
     messages = [template_message(m, knows_tools) for m in inp.messages]
@@ -73,5 +78,30 @@ def prompt_ids(tokenizer: Any, inp: GenerationInput) -> list[int]:
             messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{instruction(inp)}"}
         else:
             messages.insert(0, {"role": "system", "content": instruction(inp)})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **options)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **options)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+
+
+class SegmentEnds:
+    """Where each segment of a prompt (schemas/prefixes.py) ends in its token ids, found by rendering
+    the prompt's first messages. The functions are written into the first message, so they end no
+    prefix of their own (0). An end depends only on its prefix, so the last few thousand are kept."""
+
+    def __init__(self, tokenizer: Any, remembered: int = 4096) -> None:
+        self._tokenizer = tokenizer
+        self._remembered = remembered
+        self._ends: OrderedDict[int, int] = OrderedDict()
+
+    def __call__(self, inp: GenerationInput, ids: list[int]) -> tuple[int, ...]:
+        ends = [0] if inp.offers_tools else []
+        for i, prefix in enumerate(segment_hashes(inp)[len(ends):]):
+            end = self._ends.get(prefix)
+            if end is None:
+                part = prompt_ids(self._tokenizer, dataclasses.replace(inp, messages=inp.messages[:i + 1]),
+                                  add_generation_prompt=False)
+                end = next((n for n, (a, b) in enumerate(zip(part, ids)) if a != b), min(len(part), len(ids)))
+                self._ends[prefix] = end
+                while len(self._ends) > self._remembered:
+                    self._ends.popitem(last=False)
+            ends.append(end)
+        return tuple(ends)

@@ -6,8 +6,9 @@ to the event loop. Decoding is greedy unless ``TOKENBUS_HF_DO_SAMPLE`` is set, w
 also makes a taken-over sequence continue exactly as the uninterrupted one would.
 
 Prefix caching: the manager shares KV blocks between requests with a common prompt
-prefix (``allow_block_sharing``), so a conversation's next turn landing on the same
-consumer (requests are keyed by conversation id) reuses its cached prefix.
+prefix (``allow_block_sharing``): a prompt's leading blocks already computed are reused. Its
+ledger of hashed blocks is what ``HfPrefixCache`` reports for KV-cache-aware routing, under the
+manager's own block names, and what ``cached_tokens`` counts.
 
 On CUDA the defaults are the fastest measured (BENCHMARKS.md, "The GPU path"): PyTorch's cuDNN
 attention backend is switched off (with a key length that changes every step, as in continuous
@@ -23,7 +24,7 @@ import asyncio
 import importlib.util
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,10 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
+    PromptLayout,
     StepOutput,
 )
+from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
 
 log = logging.getLogger(__name__)
@@ -157,6 +160,41 @@ def load_model(settings: HfEngineSettings) -> tuple[Any, Any, str]:
     return tokenizer, model.to(device), device  # type: ignore[arg-type]  # transformers types .to oddly
 
 
+class HfPrefixCache:
+    """The manager's shared blocks. A block is named as the manager names it (transformers'
+    ``compute_block_hash``, chained over the block's tokens), so a prompt's blocks can be looked up
+    in its ledger without touching the cache."""
+
+    def __init__(self, engine: HfEngine, block_tokens: int) -> None:
+        from transformers.generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
+
+        self._engine = engine
+        self._hash = compute_block_hash
+        self.block_tokens = block_tokens
+        self._segment_ends = chat_template.SegmentEnds(engine.tokenizer)
+
+    def _ledger(self) -> dict[int, int]:
+        """The first allocator's hashed blocks ({} until the manager's thread has built its cache)."""
+        cache = getattr(getattr(self._engine._manager, "batch_processor", None), "cache", None)
+        if cache is None or not cache.use_prefix_sharing:
+            return {}
+        return next(iter(cache.cache_allocators.values())).ledger.hash_to_block
+
+    def cached_tokens(self, prompt: list[int]) -> int:
+        """What the manager will reuse of ``prompt``: its leading shared blocks, never its last token."""
+        blocks = block_hashes(prompt, self.block_tokens, (len(prompt) - 1) // self.block_tokens, self._hash)
+        return leading_held(blocks, self._ledger()) * self.block_tokens
+
+    def layout(self, inp: GenerationInput) -> PromptLayout:
+        ids = self._engine.prompt_ids(inp)
+        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens, chain=self._hash),
+                            self._segment_ends(inp, ids))
+
+    def resident(self, hashes: Iterable[int]) -> set[int]:
+        ledger = self._ledger()
+        return {h for h in hashes if h in ledger}
+
+
 class _HfSequence:
     def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int]) -> None:
         self._engine = engine
@@ -167,6 +205,7 @@ class _HfSequence:
         self._stops = StopFilter(inp.sampling.stop)
         self._seen = 0  # tokens of this run handled so far
         self.prompt_tokens = len(prompt_ids)
+        self.cached_tokens = engine.prefix_cache.cached_tokens(prompt_ids) if engine.prefix_cache else 0
         self.finished = False
         limit = inp.sampling.max_tokens or engine.settings.default_max_tokens
         self.max_new_tokens = max(limit - len(inp.prefix_token_ids), 0)
@@ -179,7 +218,8 @@ class _HfSequence:
         if self.finished:
             return
         self.finished = True
-        self._outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error))
+        self._outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error,
+                                            self.cached_tokens))
 
     def on_result(self, result: Any) -> None:
         """Called on the event loop with the manager's cumulative output for this request."""
@@ -198,7 +238,8 @@ class _HfSequence:
             reason = FINISH_STOP if new_ids and new_ids[-1] in eos else (
                 FINISH_LENGTH if self._seen >= self.max_new_tokens else FINISH_STOP)
             return self._finish(reason, text + self._stops.flush(), tuple(new_ids))
-        self._outputs.put_nowait(StepOutput(text, tuple(new_ids), self.prompt_tokens, self.completion_tokens))
+        self._outputs.put_nowait(StepOutput(text, tuple(new_ids), self.prompt_tokens, self.completion_tokens,
+                                            cached_tokens=self.cached_tokens))
 
     def abort(self) -> None:
         if not self.finished:
@@ -225,10 +266,12 @@ class HfEngine:
         self._model: Any = None
         self._manager: Any = None
         self._ids = itertools.count()
+        self.prefix_cache: HfPrefixCache | None = None
 
     async def start(self) -> None:
         self.tokenizer, self._model, self.device = await asyncio.to_thread(load_model, self.settings)
         self._manager = await asyncio.to_thread(self._start_manager)
+        self.prefix_cache = HfPrefixCache(self, self.settings.page_size)
         log.info("hf engine ready on %s", self.device)
 
     def _start_manager(self) -> Any:

@@ -13,6 +13,13 @@ worker parses (engines/tool_calls.py), a few characters a token: the named funct
 answers in words) or ``tool_choice`` is ``none``, every offered function (at most
 ``MAX_CALLS``), or only the first without ``parallel_tool_calls``. Arguments are drawn from each
 function's JSON Schema by a generator seeded like the text.
+
+Its prefix cache is modelled like a paged engine's: a prompt is tokenized (a token per word, a
+few per message and function), cut into blocks of ``kv_block_tokens`` named by chain hashes, and
+the leading blocks already held are not prefilled again. Time to first token is ``ttft_ms`` plus
+the uncached prompt tokens at ``prefill_tokens_per_s`` (0: prefill costs nothing, as before), so
+routing by cache contents shows in the timings without a GPU. The cache keeps the most recently
+used ``prefix_cache_tokens`` and reports what it holds for KV-cache-aware routing.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import asyncio
 import json
 import random
 import zlib
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +41,10 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
+    PromptLayout,
     StepOutput,
 )
+from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ToolSpec, message_text
@@ -64,6 +74,10 @@ class SimulatedEngineSettings(BaseSettings):
     # output tokens in blocks of kv_block_tokens.
     kv_cache_tokens: int = 262_144
     kv_block_tokens: int = 16
+    # The prefix cache: prompt tokens kept for reuse (0: none), and the prefill rate of uncached
+    # prompt tokens (0: prefill takes no time).
+    prefix_cache_tokens: int = 65_536
+    prefill_tokens_per_s: float = 0.0
 
 
 MAX_CALLS = 3
@@ -71,11 +85,62 @@ MARKUP_TOKEN_CHARS = 4  # a tool call's markup is generated this many characters
 MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in the call text
 
 
+TEMPLATE_TOKENS = 4  # a message's or a function's markup in the prompt
+
+
+def _token_id(piece: str) -> int:
+    return zlib.crc32(piece.encode())
+
+
+def tokenize_prompt(inp: GenerationInput) -> tuple[list[int], list[int]]:
+    """The simulated tokenizer: a token per word plus a few for each function's and message's
+    template, functions first; returns the ids and where each segment (schemas/prefixes.py) ends."""
+    ids: list[int] = []
+    ends: list[int] = []
+
+    def add(kind: str, text: str) -> None:
+        ids.extend(_token_id(f"<{kind}:{i}>") for i in range(TEMPLATE_TOKENS))
+        ids.extend(_token_id(word) for word in text.split())
+
+    if inp.offers_tools:
+        for t in inp.tools:
+            add("function", f"{t.name} {t.description} {t.parameters}")
+        ends.append(len(ids))
+    for m in inp.messages:
+        add(m.role, message_text(m))
+        ends.append(len(ids))
+    return ids, ends
+
+
 def count_prompt_tokens(inp: GenerationInput) -> int:
-    """The simulated tokenizer: a token per word plus a few for each message's template and tool."""
-    words = sum(len(message_text(m).split()) + 4 for m in inp.messages)
-    tools = inp.tools if inp.offers_tools else ()
-    return words + sum(len(f"{t.name} {t.description} {t.parameters}".split()) + 4 for t in tools)
+    return len(tokenize_prompt(inp)[0])
+
+
+class PrefixCacheModel:
+    """The most recently used prompt blocks, up to a capacity; a prompt reuses its leading held blocks."""
+
+    def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.capacity_blocks = capacity_tokens // block_tokens
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def layout(self, inp: GenerationInput) -> PromptLayout:
+        ids, ends = tokenize_prompt(inp)
+        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens), tuple(ends))
+
+    def resident(self, hashes: Iterable[int]) -> set[int]:
+        return {h for h in hashes if h in self._blocks}
+
+    def admit(self, hashes: tuple[int, ...], prompt_tokens: int) -> int:
+        """Prefill a prompt of these blocks: returns its tokens served from the cache (never the whole
+        prompt: its last token is always computed) and keeps its blocks, evicting the least used."""
+        hit = leading_held(hashes, self._blocks)
+        for h in hashes:
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+        return min(hit * self.block_tokens, max(0, prompt_tokens - 1))
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:
@@ -122,6 +187,7 @@ class _Sequence:
     natural_length: int
     fails_at: int | None
     prompt_tokens: int
+    cached_tokens: int = 0
     markup: str = ""  # a tool-calling turn's text, generated MARKUP_TOKEN_CHARS a token
     outputs: asyncio.Queue[StepOutput] = field(default_factory=asyncio.Queue)
     generated: int = 0
@@ -151,7 +217,8 @@ class _Sequence:
 
     def _emit(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> None:
         self.finished = reason is not None
-        self.outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error))
+        self.outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error,
+                                           self.cached_tokens))
 
     def step(self) -> None:
         """Advance by one token, or finish."""
@@ -199,6 +266,8 @@ class SimulatedEngine:
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.steps = 0
+        s = self.settings
+        self.prefix_cache = PrefixCacheModel(s.prefix_cache_tokens, s.kv_block_tokens) if s.prefix_cache_tokens else None
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._step_loop(), name="simulated-engine")
@@ -223,13 +292,19 @@ class SimulatedEngine:
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
         for _ in inp.prefix_token_ids:  # replay the draws that produced the prefix
             rng.randrange(len(VOCABULARY))
+        prompt_ids, _ = tokenize_prompt(inp)
+        cached = 0
+        if self.prefix_cache is not None:
+            cached = self.prefix_cache.admit(block_hashes(prompt_ids, s.kv_block_tokens), len(prompt_ids))
+        prefill_s = (len(prompt_ids) - cached) / s.prefill_tokens_per_s if s.prefill_tokens_per_s else 0.0
         sequence = _Sequence(
             inp=inp,
             rng=rng,
-            ready_at=asyncio.get_running_loop().time() + s.ttft_ms / 1000,
+            ready_at=asyncio.get_running_loop().time() + s.ttft_ms / 1000 + prefill_s,
             natural_length=natural_length,
             fails_at=fails_at,
-            prompt_tokens=count_prompt_tokens(inp),
+            prompt_tokens=len(prompt_ids),
+            cached_tokens=cached,
             markup=tool_markup(inp, seed_material),
         )
         self._running.append(sequence)

@@ -4,15 +4,18 @@
 ``tensorrt_llm`` is imported only when this engine starts: it exists only on GPU hosts
 with NVIDIA's wheels (see README, "Deploying on a GPU host"). TensorRT-LLM runs its own
 in-flight batching and paged KV cache; the worker's ``max_num_seqs`` should not exceed
-the engine's ``max_batch_size``. Its KV-cache block reuse gives prefix caching when a
-conversation's turns land on the same consumer.
+the engine's ``max_batch_size``. Its KV-cache block reuse gives prefix caching; the KV-cache
+events it publishes (``KvCacheConfig(event_buffer_max_size=...)``, read with
+``LLM.get_kv_cache_events``) tell ``TrtPrefixCache`` which blocks it holds, for KV-cache-aware
+routing and the ``cached_tokens`` of each request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,14 +27,19 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
+    PromptLayout,
     StepOutput,
 )
+from tokenbus.gpu_consumers.engines.blocks import block_hashes, chain_hash, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
 from tokenbus.topics import cancel_task
+
+log = logging.getLogger(__name__)
 
 KNOWN_FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "cancelled": FINISH_CANCELLED}
 STATS_EVERY_S = 1.0
 STATS_TIMEOUT_S = 0.5
+KV_EVENTS_EVERY_S = 0.2
 
 
 def kv_cache_usage_of(entry: Any) -> float | None:
@@ -55,7 +63,54 @@ class TrtLlmEngineSettings(BaseSettings):
     max_num_tokens: int = 8192
     kv_cache_free_gpu_memory_fraction: float = 0.85
     enable_block_reuse: bool = True
+    tokens_per_block: int = 32  # the engine's KV-cache block size (TensorRT-LLM's default)
+    kv_event_buffer: int = 4096  # KV-cache events the engine buffers between reads (0: none, no reports)
     default_max_tokens: int = 256
+
+
+def _token_id(token: Any) -> int:
+    return int(token["token_id"]) if isinstance(token, dict) else int(token)
+
+
+class TrtPrefixCache:
+    """The blocks TensorRT-LLM holds, from its KV-cache events: ``stored`` (blocks with their tokens,
+    chained to a parent) and ``removed``. Its own block hashes cannot be computed outside the engine,
+    so each stored block is renamed by our chain hash over its tokens (engines/blocks.py), which a
+    prompt's blocks can be named by too."""
+
+    def __init__(self, tokenizer: Any, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self._segment_ends = chat_template.SegmentEnds(tokenizer)
+        self._tokenizer = tokenizer
+        self._ours: dict[int, int] = {}  # the engine's block hash -> ours
+        self.held: set[int] = set()
+
+    def apply(self, events: Iterable[Any]) -> None:
+        for event in events:
+            data = (json.loads(event) if isinstance(event, str) else event).get("data") or {}
+            if data.get("type") == "stored":
+                parent = data.get("parent_hash")
+                ours = None if parent is None else self._ours.get(parent)
+                if parent is not None and ours is None:
+                    continue  # its parent's tokens were never seen (events dropped): cannot be named
+                for block in data.get("blocks") or []:
+                    ours = chain_hash(ours, [_token_id(t) for t in block.get("tokens") or []])
+                    self._ours[block["block_hash"]] = ours
+                    self.held.add(ours)
+            elif data.get("type") == "removed":
+                for engine_hash in data.get("block_hashes") or []:
+                    self.held.discard(self._ours.pop(engine_hash, 0))
+
+    def cached_tokens(self, prompt: list[int]) -> int:
+        blocks = block_hashes(prompt, self.block_tokens, (len(prompt) - 1) // self.block_tokens)
+        return leading_held(blocks, self.held) * self.block_tokens
+
+    def layout(self, inp: GenerationInput) -> PromptLayout:
+        ids = chat_template.prompt_ids(self._tokenizer, inp)
+        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens), self._segment_ends(inp, ids))
+
+    def resident(self, hashes: Iterable[int]) -> set[int]:
+        return {h for h in hashes if h in self.held}
 
 
 class _TrtStream:
@@ -63,9 +118,11 @@ class _TrtStream:
     new tokens, not TensorRT-LLM's ``text_diff``: after a takeover the engine sees the prefix as
     prompt and would decode the new tokens on their own, which can differ at the boundary."""
 
-    def __init__(self, output: Any, inp: GenerationInput, tokenizer: Any, prompt_tokens: int) -> None:
+    def __init__(self, output: Any, inp: GenerationInput, tokenizer: Any, prompt_tokens: int,
+                 cached_tokens: int = 0) -> None:
         self._output = output
         self._prompt_tokens = prompt_tokens
+        self._cached_tokens = cached_tokens
         self._detokenizer = IncrementalDetokenizer(tokenizer, inp.prefix_token_ids, inp.prefix_text)
         self._stops = StopFilter(inp.sampling.stop)
         self._aborted = False
@@ -76,7 +133,8 @@ class _TrtStream:
             self._output.abort()
 
     def _step(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> StepOutput:
-        return StepOutput(text, ids, self._prompt_tokens, len(self._detokenizer.token_ids), reason, error)
+        return StepOutput(text, ids, self._prompt_tokens, len(self._detokenizer.token_ids), reason, error,
+                          self._cached_tokens)
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
         try:
@@ -114,21 +172,30 @@ class TrtLlmEngine:
         self._sampling_params: Any = None
         self._kv_cache_usage: float | None = None
         self._stats: asyncio.Task[None] | None = None
+        self._kv_events: asyncio.Task[None] | None = None
+        self.prefix_cache: TrtPrefixCache | None = None
 
     async def start(self) -> None:
         try:
             from tensorrt_llm import LLM, SamplingParams
+            from tensorrt_llm.llmapi import KvCacheConfig
         except ImportError as exc:
             raise RuntimeError("the trtllm engine needs NVIDIA's tensorrt_llm on a GPU host; see the README") from exc
         s = self.settings
         if not s.model:
             raise RuntimeError("set TOKENBUS_TRTLLM_MODEL to a model directory or name")
         self._sampling_params = SamplingParams
+        kv_cache = KvCacheConfig(enable_block_reuse=s.enable_block_reuse,
+                                 free_gpu_memory_fraction=s.kv_cache_free_gpu_memory_fraction,
+                                 event_buffer_max_size=s.kv_event_buffer if s.enable_block_reuse else 0)
         self._llm = await asyncio.to_thread(
             LLM, model=s.model, tokenizer=s.tokenizer or None, max_batch_size=s.max_batch_size,
-            max_num_tokens=s.max_num_tokens,
+            max_num_tokens=s.max_num_tokens, kv_cache_config=kv_cache,
         )
         self._stats = asyncio.create_task(self._watch_stats(), name="trtllm-stats")
+        if s.enable_block_reuse and s.kv_event_buffer and hasattr(self._llm, "get_kv_cache_events"):
+            self.prefix_cache = TrtPrefixCache(self._llm.tokenizer, s.tokens_per_block)
+            self._kv_events = asyncio.create_task(self._watch_kv_events(self.prefix_cache), name="trtllm-kv-events")
 
     def kv_cache_usage(self) -> float | None:
         return self._kv_cache_usage
@@ -148,7 +215,19 @@ class TrtLlmEngine:
                     break
             await asyncio.sleep(STATS_EVERY_S)
 
+    async def _watch_kv_events(self, cache: TrtPrefixCache) -> None:
+        while True:
+            try:
+                events = await asyncio.to_thread(self._llm.get_kv_cache_events, STATS_TIMEOUT_S)
+            except Exception as exc:  # a build without KV-cache events: nothing is reported
+                log.warning("no KV-cache events from TensorRT-LLM (%s): its cache is not reported", exc)
+                self.prefix_cache = None
+                return
+            cache.apply(events or [])
+            await asyncio.sleep(KV_EVENTS_EVERY_S)
+
     async def close(self) -> None:
+        await cancel_task(self._kv_events)
         await cancel_task(self._stats)
         if self._llm is not None and hasattr(self._llm, "shutdown"):
             await asyncio.to_thread(self._llm.shutdown)
@@ -169,4 +248,5 @@ class TrtLlmEngine:
         )
         # A taken-over sequence continues after the tokens already published.
         output = self._llm.generate_async(prompt + list(inp.prefix_token_ids), params, streaming=True)
-        return _TrtStream(output, inp, self._llm.tokenizer, len(prompt))
+        cached = self.prefix_cache.cached_tokens(prompt) if self.prefix_cache is not None else 0
+        return _TrtStream(output, inp, self._llm.tokenizer, len(prompt), cached)

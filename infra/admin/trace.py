@@ -81,7 +81,12 @@ async def bus_stages(bus: BusSettings, request_id: str) -> tuple[list[Stage], Ch
             request = found
             stages.append(Stage("edge accepted", found.created_at_ms, f"{found.model}, tier {found.tier}"))
         where = "ingress record" if record.topic == catalog.ingress else "routed record"
-        stages.append(Stage(where, record.timestamp, f"{record.topic}[{record.partition}]@{record.offset}"))
+        placed = ""
+        if "route" in found.annotations:  # KV-cache-aware placement's decision
+            notes = found.annotations
+            placed = f" (placed: {notes['route']}, {notes.get('route.hit_tokens', '0')} cached tokens" + (
+                f" on {notes['route.worker']})" if "route.worker" in notes else ")")
+        stages.append(Stage(where, record.timestamp, f"{record.topic}[{record.partition}]@{record.offset}{placed}"))
     key = request_id.encode()
     async for record in records(bus, [catalog.moderation], key):
         decision = codec.decode(record.value, ModerationDecision)
@@ -99,8 +104,9 @@ async def bus_stages(bus: BusSettings, request_id: str) -> tuple[list[Stage], Ch
     completion: Completion | None = None
     async for record in records(bus, [catalog.completions], key):
         completion = codec.decode(record.value, Completion)
+        cached = f" ({completion.cached_prompt_tokens} cached)" if completion.cached_prompt_tokens else ""
         stages.append(Stage("completion", record.timestamp,
-                            f"{completion.prompt_tokens} + {completion.completion_tokens} tokens"))
+                            f"{completion.prompt_tokens}{cached} + {completion.completion_tokens} tokens"))
     return stages, request, completion
 
 

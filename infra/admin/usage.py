@@ -19,7 +19,8 @@ import httpx
 from tokenbus.stores.billing.clickhouse import BUCKETS, ClickHouseSettings, connect
 from tokenbus.stores.billing.report import UsageQuery, parse_time, reconcile, usage_report
 
-COLUMNS = ["bucket", "tenant", "model", "tier", "requests", "prompt_tokens", "completion_tokens", "cost_usd"]
+COLUMNS = ["bucket", "tenant", "model", "tier", "requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens",
+           "cost_usd"]
 DEFAULT_PROCESSORS_URL = "http://127.0.0.1:8702"
 
 

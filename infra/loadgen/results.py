@@ -12,6 +12,8 @@ class RequestResult:
     success: bool = False
     error: str = ""
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, served from the server's prefix cache (where it says)
+    response_id: str = ""  # the completion's id, as the server named it
     output_tokens: int = 0
     ttft: float = 0.0
     latency: float = 0.0

@@ -15,8 +15,8 @@ class MalformedStream(ValueError):
     pass
 
 
-def _chunk_content(data: str) -> tuple[str, dict[str, Any] | None]:
-    """The text a chunk adds, and its usage if it carries one."""
+def _chunk_content(data: str) -> tuple[str, dict[str, Any] | None, str]:
+    """The text a chunk adds, its usage if it carries one, and its id."""
     try:
         body = json.loads(data)
     except json.JSONDecodeError:
@@ -39,7 +39,7 @@ def _chunk_content(data: str) -> tuple[str, dict[str, Any] | None]:
             text += choice["text"]
         else:
             raise MalformedStream("choice has neither a delta nor text")
-    return text, body.get("usage")
+    return text, body.get("usage"), str(body.get("id") or "")
 
 
 def http_failure(status: int, body: str) -> str:
@@ -76,7 +76,7 @@ async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any]
                 if data == "[DONE]":
                     done = True
                     break
-                piece, chunk_usage = _chunk_content(data)
+                piece, chunk_usage, result.response_id = _chunk_content(data)
                 usage = chunk_usage or usage
                 if not piece:
                     continue
@@ -91,6 +91,7 @@ async def stream_chat(http: httpx.AsyncClient, url: str, payload: dict[str, Any]
     result.text = "".join(text)
     result.output_tokens = int(usage["completion_tokens"]) if usage else result.chunks
     result.prompt_tokens = int(usage["prompt_tokens"]) if usage else 0
+    result.cached_tokens = int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     result.success = result.chunks > 0
     if not result.success:
         result.error = "MalformedStream: no content"

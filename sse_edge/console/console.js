@@ -229,8 +229,9 @@ async function loadUsage() {
   });
   usageRows = (await (await api(`/v1/usage?${params}`)).json()).data;
   $("usage-table").tBodies[0].replaceChildren(...usageRows.map((r) => row(
-    [r.bucket, r.model, r.tier, r.requests, r.prompt_tokens, r.completion_tokens, r.cost_usd.toFixed(6)],
-    [3, 4, 5, 6])));
+    [r.bucket, r.model, r.tier, r.requests, r.prompt_tokens, r.cached_prompt_tokens ?? 0, r.completion_tokens,
+      r.cost_usd.toFixed(6)],
+    [3, 4, 5, 6, 7])));
   $("usage-csv").disabled = usageRows.length === 0;
   drawChart(usageRows);
 }
@@ -270,8 +271,8 @@ function csvField(value) {
 }
 
 function downloadCsv() {
-  const columns = ["bucket", "model", "tier", "requests", "cancelled", "prompt_tokens", "completion_tokens",
-                   "input_cost_nanousd", "output_cost_nanousd", "cost_usd"];
+  const columns = ["bucket", "model", "tier", "requests", "cancelled", "prompt_tokens", "cached_prompt_tokens",
+                   "completion_tokens", "input_cost_nanousd", "output_cost_nanousd", "cost_usd"];
   const lines = [columns.join(",")].concat(usageRows.map((r) => columns.map((c) => csvField(r[c])).join(",")));
   const link = element("a", null, { download: `tokenbus-usage-${$("usage-since").value}-${$("usage-until").value}.csv` });
   link.href = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));

@@ -30,6 +30,10 @@ class EdgeMetrics:
                                registry=r)
         self.cancelled = Counter("tokenbus:disconnect_cancels", "Generations cancelled after a client went away.",
                                  registry=r)
+        self.placements = Counter("tokenbus:prefix_routing_decisions", "Requests placed by KV-cache-aware routing, "
+                                  "by decision (prefix, expected, balance, miss, unknown).", ["route"], registry=r)
+        self.placed_hit_tokens = Counter("tokenbus:prefix_routing_hit_tokens", "Cached prompt tokens the placed "
+                                         "requests' consumers held, as the router knew them.", registry=r)
         # The stream processors export the same counter for what they moderate.
         self.decisions = Counter("tokenbus:moderation_decisions", "Moderation decisions.", ["stage", "action"],
                                  registry=r)

@@ -169,7 +169,8 @@ async def sse_frames(
                 finished = True
                 await hooks.on_final(event)
                 if writer.include_usage and not skip:
-                    yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0))
+                    yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0,
+                                             event.cached_tokens or 0))
         yield frame("[DONE]")
         metrics.e2e.observe(time.perf_counter() - started)
     except ReplyStreamError as exc:
@@ -220,7 +221,8 @@ async def collect_completion(
     if error is not None:
         raise error
     body = completion_body(request_id, model, text, final.finish_reason or "stop", final.prompt_tokens or 0,
-                           final.completion_tokens or 0, [(c.id, c.name, c.arguments) for c in calls])
+                           final.completion_tokens or 0, [(c.id, c.name, c.arguments) for c in calls],
+                           final.cached_tokens or 0)
     return JSONResponse(body, headers=headers)
 
 

@@ -179,11 +179,14 @@ class ContinueRequest(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage: ``prompt_tokens_details.cached_tokens`` are the prompt tokens the engine
+    served from its prefix cache (counted in ``prompt_tokens`` too, billed cheaper)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -202,7 +205,7 @@ class ChunkWriter:
         self._content_head = head[: head.index('"choices":[')] + '"choices":[{"index":0,"delta":'
         self._content_tail = "]" + (',"usage":null}' if include_usage else "}")
 
-    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> dict[str, Any]:
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.request_id,
             "object": "chat.completion.chunk",
@@ -235,8 +238,8 @@ class ChunkWriter:
         delta = json.dumps({"tool_calls": [call]}, separators=(",", ":"), ensure_ascii=False)
         return f'{self._content_head}{delta},"logprobs":null,"finish_reason":null}}{self._content_tail}'
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return self._chunk([], usage_body(prompt_tokens, completion_tokens))
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        return self._chunk([], usage_body(prompt_tokens, completion_tokens, cached_tokens))
 
 
 def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
@@ -246,7 +249,7 @@ def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
 
 def completion_body(
     request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-    tool_calls: list[tuple[str, str, str]] | None = None,
+    tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0,
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if tool_calls:
@@ -265,7 +268,7 @@ def completion_body(
                 "finish_reason": finish_reason,
             }
         ],
-        "usage": usage_body(prompt_tokens, completion_tokens),
+        "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 

@@ -15,7 +15,9 @@ ERROR = {
         "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
 }
 USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
-    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+    "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {
+        "type": "integer", "description": "Prompt tokens served from the engine's prefix cache (billed at the cached rate)."}}}}}
 CHAT_COMPLETION = {
     "type": "object",
     "required": ["id", "object", "created", "model", "choices", "usage"],

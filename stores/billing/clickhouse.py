@@ -25,7 +25,7 @@ from tokenbus.stores.ddl import ddl_statements
 BUCKETS = ("minute", "hour", "day")
 USAGE_COLUMNS = [
     "request_id", "tenant", "key_id", "model", "tier", "conversation_id", "prompt_tokens", "completion_tokens",
-    "input_cost_nanousd", "output_cost_nanousd", "finish_reason", "cancelled", "error", "worker_id",
+    "cached_prompt_tokens", "input_cost_nanousd", "output_cost_nanousd", "finish_reason", "cancelled", "error", "worker_id",
     "created_at", "started_at", "first_token_at", "finished_at",
 ]
 MODERATION_COLUMNS = ["request_id", "tenant", "model", "tier", "stage", "action", "categories", "scores", "seq",
@@ -88,9 +88,10 @@ def _time(ms: int | None) -> dt.datetime | None:
 def usage_row(completion: Completion, prices: PriceTable) -> list[Any]:
     c = completion
     generated = c.billed_completion_tokens  # a continuation's carried tokens were billed with its turn
-    input_cost, output_cost = prices.cost_nanousd(c.model, c.tier, c.prompt_tokens, generated)
+    input_cost, output_cost = prices.cost_nanousd(c.model, c.tier, c.prompt_tokens, generated, c.cached_prompt_tokens)
     return [c.request_id, c.tenant, c.key_id, c.model, c.tier, c.conversation_id or "", c.prompt_tokens,
-            generated, input_cost, output_cost, c.finish_reason, c.cancelled, c.error or "", c.worker_id,
+            generated, min(c.cached_prompt_tokens, c.prompt_tokens), input_cost, output_cost, c.finish_reason,
+            c.cancelled, c.error or "", c.worker_id,
             _time(c.created_at_ms), _time(c.started_at_ms), _time(c.first_token_at_ms), _time(c.finished_at_ms)]
 
 
@@ -103,10 +104,11 @@ class UsageWriter:
         self.prices = prices
 
     def load_prices(self) -> None:
-        rows = [[p.model, p.tier, p.input_usd_per_mtok, p.output_usd_per_mtok] for p in self.prices.prices]
+        rows = [[p.model, p.tier, p.input_usd_per_mtok, p.output_usd_per_mtok, p.cached_input_usd]
+                for p in self.prices.prices]
         if rows:
-            self.client.insert(f"{self.database}.prices", rows,
-                               column_names=["model", "tier", "input_usd_per_mtok", "output_usd_per_mtok"])
+            self.client.insert(f"{self.database}.prices", rows, column_names=[
+                "model", "tier", "input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_per_mtok"])
 
     def already_billed(self, completions: list[Completion]) -> set[str]:
         ids = [c.request_id for c in completions]

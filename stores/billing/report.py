@@ -9,7 +9,8 @@ from typing import Any
 from tokenbus.stores.billing.clickhouse import BUCKETS
 from tokenbus.stores.billing.prices import NANO_USD_PER_USD
 
-SUMS = ["requests", "cancelled", "prompt_tokens", "completion_tokens", "input_cost_nanousd", "output_cost_nanousd"]
+SUMS = ["requests", "cancelled", "prompt_tokens", "completion_tokens", "cached_prompt_tokens", "input_cost_nanousd",
+        "output_cost_nanousd"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ def usage_report(client: Any, database: str, query: UsageQuery) -> dict[str, Any
 def reconcile(client: Any, database: str) -> dict[str, Any]:
     """Totals per tenant, model and tier from the raw rows and from each rollup; they must agree."""
     raw_sums = ("count() AS requests, countIf(cancelled) AS cancelled, sum(prompt_tokens), sum(completion_tokens), "
-                "sum(input_cost_nanousd), sum(output_cost_nanousd)")
+                "sum(cached_prompt_tokens), sum(input_cost_nanousd), sum(output_cost_nanousd)")
     sources = {"raw": f"SELECT tenant, model, tier, {raw_sums} FROM {database}.usage_events FINAL "
                       "GROUP BY tenant, model, tier"}
     sums = ", ".join(f"sum({c})" for c in SUMS)
@@ -108,7 +109,7 @@ def reconcile(client: Any, database: str) -> dict[str, Any]:
 def request_usage(client: Any, database: str, request_id: str) -> dict[str, Any]:
     """The raw usage rows of one request (there is one, or none yet)."""
     result = client.query(
-        f"SELECT request_id, tenant, model, tier, prompt_tokens, completion_tokens, input_cost_nanousd, "
+        f"SELECT request_id, tenant, model, tier, prompt_tokens, completion_tokens, cached_prompt_tokens, input_cost_nanousd, "
         f"output_cost_nanousd, finish_reason, cancelled, worker_id, inserted_at FROM {database}.usage_events "
         "WHERE request_id = {id:String}",
         parameters={"id": request_id},

@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS {db}.usage_events (
   conversation_id String,
   prompt_tokens UInt32,
   completion_tokens UInt32,
+  cached_prompt_tokens UInt32 DEFAULT 0,
   input_cost_nanousd UInt64,
   output_cost_nanousd UInt64,
   finish_reason LowCardinality(String),
@@ -29,6 +30,8 @@ CREATE TABLE IF NOT EXISTS {db}.usage_events (
   INDEX request_id_bloom request_id TYPE bloom_filter GRANULARITY 4
 ) ENGINE = ReplacingMergeTree
 ORDER BY (tenant, model, tier, finished_at, request_id);
+-- Tables made before cached prompt tokens were billed get their column (before the views use it).
+ALTER TABLE {db}.usage_events ADD COLUMN IF NOT EXISTS cached_prompt_tokens UInt32 DEFAULT 0;
 
 -- Rollups per minute, hour and day by tenant, model and tier. SummingMergeTree merges
 -- rows lazily: always read them with sum(...) GROUP BY.
@@ -41,10 +44,12 @@ CREATE TABLE IF NOT EXISTS {db}.usage_{bucket} (
   cancelled UInt64,
   prompt_tokens UInt64,
   completion_tokens UInt64,
+  cached_prompt_tokens UInt64 DEFAULT 0,
   input_cost_nanousd UInt64,
   output_cost_nanousd UInt64
 ) ENGINE = SummingMergeTree
 ORDER BY (tenant, model, tier, bucket);
+ALTER TABLE {db}.usage_{bucket} ADD COLUMN IF NOT EXISTS cached_prompt_tokens UInt64 DEFAULT 0;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.usage_{bucket}_mv TO {db}.usage_{bucket} AS
 SELECT
@@ -54,6 +59,22 @@ SELECT
   countIf(cancelled) AS cancelled,
   sum(prompt_tokens) AS prompt_tokens,
   sum(completion_tokens) AS completion_tokens,
+  sum(cached_prompt_tokens) AS cached_prompt_tokens,
+  sum(input_cost_nanousd) AS input_cost_nanousd,
+  sum(output_cost_nanousd) AS output_cost_nanousd
+FROM {db}.usage_events
+GROUP BY bucket, tenant, model, tier;
+
+-- Rollups made before cached prompt tokens were billed get the view that sums them (idempotent).
+ALTER TABLE {db}.usage_{bucket}_mv MODIFY QUERY
+SELECT
+  toStartOf{Bucket}(finished_at) AS bucket,
+  tenant, model, tier,
+  count() AS requests,
+  countIf(cancelled) AS cancelled,
+  sum(prompt_tokens) AS prompt_tokens,
+  sum(completion_tokens) AS completion_tokens,
+  sum(cached_prompt_tokens) AS cached_prompt_tokens,
   sum(input_cost_nanousd) AS input_cost_nanousd,
   sum(output_cost_nanousd) AS output_cost_nanousd
 FROM {db}.usage_events
@@ -65,9 +86,11 @@ CREATE TABLE IF NOT EXISTS {db}.prices (
   tier String,
   input_usd_per_mtok Float64,
   output_usd_per_mtok Float64,
+  cached_input_usd_per_mtok Float64,
   loaded_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree(loaded_at)
 ORDER BY (model, tier);
+ALTER TABLE {db}.prices ADD COLUMN IF NOT EXISTS cached_input_usd_per_mtok Float64 AFTER output_usd_per_mtok;
 
 -- Every moderation decision, for review.
 CREATE TABLE IF NOT EXISTS {db}.moderation_decisions (

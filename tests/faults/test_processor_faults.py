@@ -86,8 +86,9 @@ async def settle_exactly(side: EmbeddedStack, tenant: str, records: list[Complet
 @pytest.mark.parametrize("run", range(FAULT_RUNS))
 async def test_stopped_mid_batch_loses_and_doubles_nothing(side_stack, run, sig):
     """SIGKILL: the offsets of what it just did are not committed, and it is done again (the
-    stores deduplicate). SIGTERM: it stops its agents, flushes the billing batch and commits,
-    and leaves within its grace."""
+    stores deduplicate). SIGTERM: it stops its agents, commits what every job finished and leaves
+    within its grace. Both jobs read `completions` in one group, so the commit is where the slower
+    one is: a billing batch still being gathered is not committed and is billed by the next one."""
     tenant = f"{sig.name.lower()}-{uuid.uuid4().hex[:6]}"
     processors = Processors(side_stack.processors_url)
     side_stack.start_processors("processors", side_stack.settings.processors_port)
@@ -101,8 +102,8 @@ async def test_stopped_mid_batch_loses_and_doubles_nothing(side_stack, run, sig)
     exit_code = side_stack.processes["processors"].popen.wait(30)
     if sig == signal.SIGTERM:
         assert exit_code in (0, -signal.SIGTERM), side_stack.processes["processors"].log_tail()
-        # It committed exactly what it wrote: the next one starts where the transcripts end.
-        assert await committed_completions(side_stack) * 2 == transcript_rows(side_stack, tenant) > 0
+        # It committed on the way out, and nothing it had not written: the next one starts there.
+        assert 0 < await committed_completions(side_stack) * 2 <= transcript_rows(side_stack, tenant)
 
     await publish(side_stack, rest)  # arrives while no processor runs
     side_stack.start_processors("processors", side_stack.settings.processors_port)

@@ -188,3 +188,31 @@ async def test_stop_sequences_never_leak_into_the_text(engine):
     outs = await collect(engine, request(3, "stop me", max_tokens=30, stop=(stop,)))
     assert outs[-1].finish_reason == FINISH_STOP
     assert text_of(outs) == full_text[: full_text.index(stop)]
+
+
+async def test_a_shared_prefix_is_served_from_the_cache_and_reported(engine):
+    """The second prompt with the same long system message reuses its blocks (``cached_tokens``),
+    and the engine's prefix cache says it holds the block where that message ends (what the worker
+    reports for KV-cache-aware routing)."""
+    system = ChatMessage("system", "Answer as the shared assistant of the contract test would. " * 12)
+    first, second = (GenerationInput(f"cached-{i}", (system, ChatMessage("user", f"question number {i}")),
+                                     SamplingParams(max_tokens=4)) for i in (1, 2))
+    cache = engine.prefix_cache
+    assert cache is not None
+    layout = cache.layout(second)
+    system_blocks = layout.segment_ends[0] // layout.block_tokens
+    assert system_blocks >= 2, "the system message should span blocks"
+    anchor = layout.block_hashes[system_blocks - 1]
+
+    first_outs = await collect(engine, first)
+    for _ in range(100):  # engines that report through events (trtllm) catch up within a poll
+        if cache.resident([anchor]):
+            break
+        await asyncio.sleep(0.05)
+    assert cache.resident([anchor]) == {anchor}
+    second_outs = await collect(engine, second)
+
+    assert first_outs[-1].cached_tokens == 0
+    cached = second_outs[-1].cached_tokens
+    assert system_blocks * layout.block_tokens <= cached < second_outs[-1].prompt_tokens
+    assert cached % layout.block_tokens == 0

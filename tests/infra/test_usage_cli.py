@@ -52,6 +52,7 @@ def test_json_csv_and_table_agree(stack, billed_tenant):
     rows = json.loads(usage(stack, "--tenant", tenant, "--bucket", "day", "--format", "json").stdout)
     assert sum(r["requests"] for r in rows) == 3
     assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == tokens
+    assert 0 <= sum(r["cached_prompt_tokens"] for r in rows) < sum(r["prompt_tokens"] for r in rows)
     assert {(r["tenant"], r["model"], r["tier"]) for r in rows} == {(tenant, MODEL, "standard")}
 
     out = usage(stack, "--tenant", tenant, "--bucket", "day", "--format", "csv").stdout
@@ -60,7 +61,7 @@ def test_json_csv_and_table_agree(stack, billed_tenant):
 
     table = usage(stack, "--tenant", tenant, "--bucket", "day").stdout.splitlines()
     assert table[0].split() == ["bucket", "tenant", "model", "tier", "requests", "prompt_tokens",
-                                "completion_tokens", "cost_usd"]
+                                "cached_prompt_tokens", "completion_tokens", "cost_usd"]
     assert tenant in table[1]
 
 

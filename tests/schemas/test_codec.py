@@ -7,6 +7,8 @@ import pytest
 
 from tokenbus.schemas import (
     AvroCodec,
+    CachedPrefix,
+    CacheReport,
     ChatMessage,
     ChatRequest,
     Completion,
@@ -48,9 +50,10 @@ RECORDS = [
     sample_request(),
     sample_request(conversation_id=None, max_tokens=None, temperature=None, stop=[]),
     TokenEvent("chatcmpl-1", 0, "Hi", [5, 6]),
-    TokenEvent("chatcmpl-1", 7, "", [], finish_reason="length", prompt_tokens=3, completion_tokens=7),
+    TokenEvent("chatcmpl-1", 7, "", [], finish_reason="length", prompt_tokens=3, completion_tokens=7,
+               cached_tokens=2),
     Completion("chatcmpl-1", "m", "standard", "Hi there", "stop", 3, 2, 1, 2, 3,
-               messages=[ChatMessage("user", "x")], first_token_at_ms=2),
+               messages=[ChatMessage("user", "x")], first_token_at_ms=2, cached_prompt_tokens=2),
     sample_request(tools=[ToolSpec("get_weather", "Weather now", '{"type":"object"}'), ToolSpec("noop")],
                    tool_choice="function", tool_choice_name="get_weather", parallel_tool_calls=False,
                    messages=[ChatMessage("user", "weather?"),
@@ -62,6 +65,9 @@ RECORDS = [
     Completion("chatcmpl-1", "m", "standard", "", "tool_calls", 3, 9, 1, 2, 3,
                tool_calls=[ToolCall("call_1", "f", '{"a":1}')]),
     Control("chatcmpl-1", ControlAction.CANCEL, "client went away"),
+    CacheReport("w-1", "m", 1_700_000_000_000, 4, snapshot=True, stored=[CachedPrefix(-(2**63), 64), CachedPrefix(7, 16)],
+                removed=[2**63 - 1], partitions=[("tokenbus.requests.m.standard", 2)], running=3, waiting=1),
+    CacheReport("w-1", "m", 1_700_000_000_000, 5, leaving=True),
 ]
 
 
@@ -74,7 +80,7 @@ def test_round_trip(record):
 
 def test_every_record_has_a_schema_file():
     names = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
-    assert names == {"ChatRequest", "TokenEvent", "Completion", "Control", "ModerationDecision"}
+    assert names == {"ChatRequest", "TokenEvent", "Completion", "Control", "ModerationDecision", "CacheReport"}
 
 
 def test_token_events_written_before_moderation_fields_still_read():

@@ -176,7 +176,8 @@ def test_usage_shows_the_request_just_made_with_its_cost(page, stack):
     page.click("nav button[data-tab=usage]")
     reload_until_shown(page, "#usage-show", "#usage-table tbody tr", "the billing rollup")
     cells = page.locator("#usage-table tbody tr").first.locator("td").all_text_contents()
-    assert cells[1] == MODEL and cells[2] == "standard" and cells[3] == "1" and float(cells[6]) > 0
+    assert cells[1] == MODEL and cells[2] == "standard" and cells[3] == "1" and float(cells[7]) > 0
+    assert 0 <= int(cells[5]) < int(cells[4])  # prompt tokens served from the prefix cache, of the prompt
     assert page.locator("#usage-chart rect").count() == 1
     with page.expect_download() as download:
         page.click("#usage-csv")

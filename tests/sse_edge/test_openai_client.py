@@ -3,6 +3,7 @@
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 
@@ -81,3 +82,33 @@ async def test_wrong_type_is_a_bad_request_naming_the_param(client):
     with pytest.raises(openai.BadRequestError) as exc:
         await client.chat.completions.create(model=MODEL, messages=messages_for(0), temperature="warm")
     assert exc.value.param == "temperature"
+
+
+async def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client, stack):
+    """A second prompt sharing a long system message is partly served from the engine's prefix
+    cache: the client sees it as OpenAI shows it, in ``usage.prompt_tokens_details.cached_tokens``,
+    streaming and not; the first prompt had nothing cached. The GPU consumer counts the cached
+    tokens and the edge its placement decisions in their metrics."""
+    system = {"role": "system", "content": "Follow the long shared house rules of the usage test. " * 20}
+
+    def turn(question: str) -> list[dict[str, str]]:
+        return [system, {"role": "user", "content": question}]
+
+    first = await client.chat.completions.create(model=MODEL, messages=turn("first question"))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    plain = await client.chat.completions.create(model=MODEL, messages=turn("second question"))
+    stream = await client.chat.completions.create(model=MODEL, messages=turn("third question"), stream=True,
+                                                  stream_options={"include_usage": True})
+    usage = [chunk async for chunk in stream][-1].usage
+    for result in (plain.usage, usage):
+        assert 150 <= result.prompt_tokens_details.cached_tokens < result.prompt_tokens
+
+    async with httpx.AsyncClient(timeout=10) as http:
+        worker = (await http.get(f"http://127.0.0.1:{stack.settings.worker_port}/metrics")).text
+        edge = (await http.get(f"{stack.edge_url}/metrics")).text
+    cached = [line for line in worker.splitlines() if line.startswith("tokenbus:prompt_tokens_cached_total")]
+    assert cached and float(cached[0].split()[-1]) >= 300
+    followed = [line for line in edge.splitlines()
+                if line.startswith(('tokenbus:prefix_routing_decisions_total{route="prefix"}',
+                                    'tokenbus:prefix_routing_decisions_total{route="expected"}'))]
+    assert followed and sum(float(line.split()[-1]) for line in followed) >= 2  # the second and third

@@ -11,7 +11,13 @@ import pytest
 
 from tests.stream_processors.helpers import read_topic
 from tokenbus.schemas import AvroCodec, Completion, ModerationDecision
-from tokenbus.stores.billing.clickhouse import ClickHouseSettings, UsageWriter, apply_schema, connect
+from tokenbus.stores.billing.clickhouse import (
+    ClickHouseSettings,
+    UsageWriter,
+    apply_schema,
+    connect,
+    schema_statements,
+)
 from tokenbus.stores.billing.prices import Price, PriceTable
 from tokenbus.stores.billing.report import UsageQuery, reconcile, usage_report
 from tokenbus.stream_processors.billing import ClickHouseSink
@@ -47,9 +53,57 @@ def test_prices_pick_the_most_specific_entry():
     assert PriceTable([]).cost_nanousd("m", "t", 5, 5) == (0, 0)
 
 
+def test_cached_prompt_tokens_are_priced_at_their_own_rate():
+    prices = PriceTable([Price("*", "*", 1.0, 4.0, cached_input_usd_per_mtok=0.25), Price("m", "batch", 1.0, 4.0)])
+    # 1,000 prompt tokens, 600 of them cached: 400 at $1/Mtok + 600 at $0.25/Mtok.
+    assert prices.cost_nanousd("x", "standard", 1_000, 10, cached_prompt_tokens=600) == (400_000 + 150_000, 40_000)
+    # An entry with no cached price charges cached tokens as input; cached never exceeds the prompt.
+    assert prices.cost_nanousd("m", "batch", 1_000, 0, cached_prompt_tokens=600) == (1_000_000, 0)
+    assert prices.cost_nanousd("x", "standard", 100, 0, cached_prompt_tokens=500) == (25_000, 0)
+
+
+def test_cached_prompt_tokens_reach_the_rows_and_every_rollup(writer):
+    batch = [completion(i) for i in range(4)]
+    for c in batch:
+        c.cached_prompt_tokens = 8
+    writer.write(batch)
+    totals = reconcile(writer.client, writer.database)
+    assert totals["consistent"]
+    (row,) = totals["raw"]
+    assert row["cached_prompt_tokens"] == 32
+    assert row["input_cost_nanousd"] == sum(10 + i - 8 for i in range(4)) * 100 + 32 * 100  # no cached price: input's
+    (day,) = usage_report(writer.client, writer.database, UsageQuery(bucket="day"))["rows"]
+    assert day["cached_prompt_tokens"] == 32
+
+
+def test_tables_made_before_cached_tokens_are_upgraded_in_place(chdb):
+    """A store created by the previous schema (no cached column, rollup views without it) gets the
+    column and views that sum it when the schema is applied again; rows already there stay."""
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    statements = [st.replace("  cached_prompt_tokens UInt32 DEFAULT 0,\n", "").replace(
+        "  cached_prompt_tokens UInt64 DEFAULT 0,\n", "").replace("  sum(cached_prompt_tokens) AS cached_prompt_tokens,\n", "")
+        for st in schema_statements(database) if "cached" not in st or "CREATE" in st]
+    for statement in statements:
+        chdb.command(statement)
+    assert "cached_prompt_tokens" not in chdb.command(f"SHOW CREATE TABLE {database}.usage_events")
+    chdb.command(f"INSERT INTO {database}.usage_events (request_id, tenant, model, tier, prompt_tokens, finished_at, "
+                 f"created_at, started_at) VALUES ('old', 'acme', 'm', 'standard', 5, now64(3), now64(3), now64(3))")
+    apply_schema(chdb, database)
+    writer = UsageWriter(chdb, database, PRICES)
+    new = completion(1)
+    new.cached_prompt_tokens = 4
+    writer.write([new])
+    totals = reconcile(chdb, database)
+    assert totals["consistent"] and totals["raw_rows"] == 2
+    (row,) = totals["raw"]
+    assert (row["prompt_tokens"], row["cached_prompt_tokens"]) == (5 + 11, 4)
+
+
 def test_default_price_file_loads():
     table = PriceTable.load()
     assert table.price("any-model", "batch").output_usd_per_mtok < table.price("any-model", "interactive").output_usd_per_mtok
+    standard = table.price("any-model", "standard")
+    assert standard.cached_input_usd < standard.input_usd_per_mtok
 
 
 def test_each_request_is_billed_once_however_often_it_arrives(writer):

@@ -12,12 +12,19 @@ carries cumulative ``text`` / ``token_ids`` and per-step ``text_diff`` /
 ``tokensPerBlock`` (blocks held by the unfinished requests). Tokens are a deterministic function of every token
 before them, so a continuation after a prefix equals the uninterrupted output, as
 greedy decoding does on the real engine.
+
+Block reuse: with ``kv_cache_config=KvCacheConfig(enable_block_reuse=True, event_buffer_max_size=N)``
+a prompt's full blocks are kept (the least recently used evicted past ``MAX_BLOCKS``) and
+``get_kv_cache_events(timeout)`` returns, as the real engine's serializer writes them, ``stored``
+events (``parent_hash`` and ``blocks`` of ``block_hash`` and ``tokens`` of ``unique_token``) and
+``removed`` events (``block_hashes``). Block hashes are the fake's own, as the engine's are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +106,43 @@ class LLM:
         self.kwargs = kwargs
         self._vocab = len(self.tokenizer)
         self._requests: list[RequestOutput] = []
+        config = kwargs.get("kv_cache_config")
+        self._reuse = bool(config and config.enable_block_reuse and config.event_buffer_max_size)
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._events: list[dict[str, Any]] = []
+        self._event_ids = 0
+
+    def _event(self, data: dict[str, Any]) -> None:
+        self._events.append({"event_id": self._event_ids, "data": data, "window_size": 4096})
+        self._event_ids += 1
+
+    def _keep_prompt_blocks(self, prompt: list[int]) -> None:
+        parent, new_blocks, new_parent = None, [], None
+        for start in range(0, len(prompt) - TOKENS_PER_BLOCK + 1, TOKENS_PER_BLOCK):
+            tokens = prompt[start:start + TOKENS_PER_BLOCK]
+            block_hash = zlib.adler32(bytes(str((parent, tokens)), "ascii"))
+            if block_hash in self._blocks:
+                self._blocks.move_to_end(block_hash)
+            else:
+                if not new_blocks:
+                    new_parent = parent
+                new_blocks.append({"type": "stored_block", "block_hash": block_hash, "lora_id": None,
+                                   "cache_level": 0, "priority": 35,
+                                   "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0}
+                                              for t in tokens]})
+                self._blocks[block_hash] = None
+            parent = block_hash
+        if new_blocks:
+            self._event({"type": "stored", "parent_hash": new_parent, "blocks": new_blocks})
+        evicted = []
+        while len(self._blocks) > MAX_BLOCKS:
+            evicted.append(self._blocks.popitem(last=False)[0])
+        if evicted:
+            self._event({"type": "removed", "block_hashes": evicted})
+
+    def get_kv_cache_events(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        events, self._events = self._events, []
+        return events
 
     def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
         self._requests = [r for r in self._requests if not r.finished]
@@ -120,6 +164,8 @@ class LLM:
             inputs = self.tokenizer.encode(inputs)
         output = RequestOutput(self, list(inputs), sampling_params or SamplingParams())
         self._requests.append(output)
+        if self._reuse:
+            self._keep_prompt_blocks(list(inputs))
         return output
 
     def shutdown(self) -> None:

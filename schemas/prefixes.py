@@ -1,0 +1,85 @@
+"""A prompt's prefixes, named the same way by every part of tokenbus.
+
+An engine's prefix cache holds blocks of prompt tokens, but the router that places a request has
+no tokenizer: it sees messages. So prefixes are named at the boundaries every engine's chat
+template keeps whole: the offered functions first (one segment), then each message. The name of
+the first ``k`` segments is a chain hash, ``h_k = blake2b(h_{k-1} || segment_k)``, so it names the
+whole prefix and nothing else (each field is length-prefixed, so no two prompts feed it the
+same bytes). A GPU consumer reports the ``h_k`` whose tokens its engine holds
+(gpu_consumers/prefix_reports.py); the router looks up the longest ``h_k`` of a new request
+(producers/placement.py). Both compute them here.
+
+Hashes are signed 64-bit integers, so they travel as Avro ``long``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from tokenbus.schemas.records import ChatMessage, ToolSpec
+
+VERSION = b"tokenbus.prefixes.v1"
+
+
+class Prompt(Protocol):
+    """What a prompt is made of: a ChatRequest and an engine's GenerationInput both are one."""
+
+    @property
+    def messages(self) -> Sequence[ChatMessage]: ...
+
+    @property
+    def tools(self) -> Sequence[ToolSpec]: ...
+
+    @property
+    def tool_choice(self) -> str: ...
+
+    @property
+    def tool_choice_name(self) -> str | None: ...
+
+    @property
+    def offers_tools(self) -> bool: ...
+
+
+def _fields(h: Any, *fields: str | None) -> None:
+    """Length-prefixed, so no two different segments feed the hash the same bytes."""
+    for value in fields:
+        if value is None:
+            h.update(b"\xff\xff\xff\xff")
+            continue
+        data = value.encode()
+        h.update(len(data).to_bytes(4, "little"))
+        h.update(data)
+
+
+def _message(h: Any, message: ChatMessage) -> None:
+    _fields(h, "message", message.role, message.content, message.tool_call_id)
+    for call in message.tool_calls:
+        _fields(h, "call", call.id, call.name, call.arguments)
+
+
+def _tools(h: Any, prompt: Prompt) -> None:
+    _fields(h, "tools", prompt.tool_choice, prompt.tool_choice_name)
+    for tool in prompt.tools:
+        _fields(h, "tool", tool.name, tool.description, tool.parameters)
+
+
+def segment_hashes(prompt: Prompt) -> list[int]:
+    """The chain hash of each prefix of ``prompt``: ``[h_1, ..., h_n]``, one per segment (the offered
+    functions when there are any, then each message)."""
+    hashes: list[int] = []
+    previous = hashlib.blake2b(VERSION, digest_size=8).digest()
+
+    def chain(write: Callable[[Any, Any], None], segment: Any) -> None:
+        nonlocal previous
+        h = hashlib.blake2b(previous, digest_size=8)
+        write(h, segment)
+        previous = h.digest()
+        hashes.append(int.from_bytes(previous, "little", signed=True))
+
+    if prompt.offers_tools:
+        chain(_tools, prompt)
+    for message in prompt.messages:
+        chain(_message, message)
+    return hashes
