@@ -121,7 +121,7 @@ class GpuWorker:
         self._dead_letters = DeadLetterPublisher(self._producer, self.catalog)
         self._batches = BatchingPublisher(self._producer, self.codec)
         await self.engine.start()
-        prefix_cache = getattr(self.engine, "prefix_cache", None)
+        prefix_cache = self.engine.prefix_cache  # set once the engine has started
         if self.settings.bus.prefix_routing and prefix_cache is not None:
             self._prefix_reports = PrefixReports(
                 prefix_cache, self._sender, self.settings.worker_id, self.settings.model,

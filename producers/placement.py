@@ -30,19 +30,14 @@ partition whose owner moved is simply served by the new owner. The decision is n
 from __future__ import annotations
 
 import asyncio
-import logging
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer
-
-from tokenbus.schemas import AvroCodec, CacheReport, ChatRequest, DecodeError
+from tokenbus.schemas import AvroCodec, CacheReport, ChatRequest
 from tokenbus.schemas.prefixes import segment_hashes
-from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, stop_reader, topic_partitions
-
-log = logging.getLogger(__name__)
+from tokenbus.topics import BusSettings, TopicCatalog, TopicTail
 
 OVERLOAD = 1.5  # a worker above this many times the mean load (and SLACK requests more)
 SLACK = 2  # gets no more requests for its cache
@@ -194,32 +189,24 @@ class PrefixIndex:
 
 
 class PrefixRouter:
-    """Reads ``kvcache`` from now on (a worker's next snapshot fills in what came before) and places
-    requests with the index; ``on_placed`` sees every decision (the edge counts them)."""
+    """Follows ``kvcache`` from now on (a worker's next snapshot fills in what came before) and
+    places requests with the index; ``on_placed`` sees every decision (the edge counts them)."""
 
     def __init__(self, settings: BusSettings, codec: AvroCodec, stale_after_s: float = 30.0,
                  on_placed: Callable[[Placement], None] | None = None) -> None:
-        self._settings = settings
-        self._codec = codec
         self.index = PrefixIndex(stale_after_s)
         self._on_placed = on_placed
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._pacer = FetchPacer(settings, background=True)
+        self._tail = TopicTail(settings, codec, TopicCatalog(settings).cache_reports, CacheReport, self._on_report,
+                               "prefix-router")
 
     async def start(self) -> None:
-        topic = TopicCatalog(self._settings).cache_reports
-        self._consumer = make_consumer(self._settings, background=True)
-        await self._consumer.start()
-        self._pacer.attach(self._consumer)
-        tps = await topic_partitions(self._consumer, topic)
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_end(*tps)
-        self._task = asyncio.create_task(self._read(), name="prefix-router")
+        await self._tail.start()
 
     async def stop(self) -> None:
-        await self._pacer.close()
-        await stop_reader(self._task, self._consumer)
+        await self._tail.stop()
+
+    def _on_report(self, report: CacheReport) -> None:
+        self.index.apply(report, asyncio.get_running_loop().time())
 
     def place(self, request: ChatRequest, topic: str) -> Placement:
         placement = self.index.place(request, topic, asyncio.get_running_loop().time())
@@ -229,18 +216,3 @@ class PrefixRouter:
 
     def landed(self, placement: Placement, topic: str, partition: int) -> None:
         self.index.landed(placement, topic, partition, asyncio.get_running_loop().time())
-
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=500)
-            self._pacer.observed(sum(map(len, batches.values())))
-            for records in batches.values():
-                for record in records:
-                    try:
-                        report = self._codec.decode(record.value, CacheReport)
-                    except DecodeError as exc:
-                        log.warning("undecodable cache report %s-%s: %s", record.partition, record.offset, exc.reason)
-                        continue
-                    self.index.apply(report, loop.time())

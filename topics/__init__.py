@@ -1,7 +1,8 @@
 """The bus library: topic names and provisioning, aiokafka client settings,
 and the two ways every service talks to the bus: sending a record
 (``RecordSender``, ``BatchingPublisher`` for many at once, ``DeadLetterPublisher``) and
-reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log); and
+reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log);
+``TopicTail`` to follow a topic from now on; and
 ``tracing``, a turn's trace carried across the bus in record headers."""
 
 from tokenbus.topics.batching import BatchingPublisher
@@ -21,6 +22,7 @@ from tokenbus.topics.replay import replay
 from tokenbus.topics.replies import STREAM_IDLE, ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
 from tokenbus.topics.sending import RecordSender
 from tokenbus.topics.settings import BusSettings
+from tokenbus.topics.tail import TopicTail
 
 __all__ = [
     "BatchingPublisher",
@@ -35,6 +37,7 @@ __all__ = [
     "STREAM_IDLE",
     "TopicCatalog",
     "TopicSpec",
+    "TopicTail",
     "cancel_task",
     "delete_topics",
     "ensure_topics",

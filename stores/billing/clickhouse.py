@@ -12,6 +12,7 @@ each request once too.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -66,13 +67,22 @@ def connect(settings: ClickHouseSettings) -> Any:
         raise ClickHouseUnavailable(f"cannot open ClickHouse at {settings.url}: {exc}") from exc
 
 
+MATERIALIZED_VIEW = re.compile(r"CREATE MATERIALIZED VIEW IF NOT EXISTS (\S+) TO \S+ AS\s+(.*)", re.DOTALL)
+
+
 def schema_statements(database: str) -> list[str]:
+    """schema.sql for ``database``, a statement per rollup bucket where it says ``{bucket}``; each
+    view is created if missing and given its query if not (a view made by an older schema)."""
     out = []
     for statement in ddl_statements("tokenbus.stores.billing", "schema.sql"):
         variants = [statement]
         if "{bucket}" in statement:
             variants = [statement.replace("{bucket}", b).replace("{Bucket}", b.capitalize()) for b in BUCKETS]
-        out += [v.replace("{db}", database) for v in variants]
+        for variant in variants:
+            out.append(variant.replace("{db}", database))
+            view = MATERIALIZED_VIEW.match(out[-1])
+            if view is not None:
+                out.append(f"ALTER TABLE {view[1]} MODIFY QUERY {view[2]}")
     return out
 
 

@@ -34,7 +34,9 @@ ORDER BY (tenant, model, tier, finished_at, request_id);
 ALTER TABLE {db}.usage_events ADD COLUMN IF NOT EXISTS cached_prompt_tokens UInt32 DEFAULT 0;
 
 -- Rollups per minute, hour and day by tenant, model and tier. SummingMergeTree merges
--- rows lazily: always read them with sum(...) GROUP BY.
+-- rows lazily: always read them with sum(...) GROUP BY. Each view's query is also applied to a
+-- view that exists already (ALTER ... MODIFY QUERY, added by stores/billing/clickhouse.py), so a
+-- rollup made by an older schema sums what this one does.
 CREATE TABLE IF NOT EXISTS {db}.usage_{bucket} (
   bucket DateTime('UTC'),
   tenant LowCardinality(String),
@@ -52,21 +54,6 @@ ORDER BY (tenant, model, tier, bucket);
 ALTER TABLE {db}.usage_{bucket} ADD COLUMN IF NOT EXISTS cached_prompt_tokens UInt64 DEFAULT 0;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.usage_{bucket}_mv TO {db}.usage_{bucket} AS
-SELECT
-  toStartOf{Bucket}(finished_at) AS bucket,
-  tenant, model, tier,
-  count() AS requests,
-  countIf(cancelled) AS cancelled,
-  sum(prompt_tokens) AS prompt_tokens,
-  sum(completion_tokens) AS completion_tokens,
-  sum(cached_prompt_tokens) AS cached_prompt_tokens,
-  sum(input_cost_nanousd) AS input_cost_nanousd,
-  sum(output_cost_nanousd) AS output_cost_nanousd
-FROM {db}.usage_events
-GROUP BY bucket, tenant, model, tier;
-
--- Rollups made before cached prompt tokens were billed get the view that sums them (idempotent).
-ALTER TABLE {db}.usage_{bucket}_mv MODIFY QUERY
 SELECT
   toStartOf{Bucket}(finished_at) AS bucket,
   tenant, model, tier,
