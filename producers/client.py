@@ -43,6 +43,7 @@ class TokenbusClient:
         reply_partitions: list[int] | None = None,
         idle_timeout: float | None = 60.0,
         rotate_every_s: float = 0.0,
+        rotate_after_streams: int = 0,
         policy: Policy | None = None,
         on_review: Callable[[InputReview], None] | None = None,
         on_placed: Callable[[Placement], None] | None = None,
@@ -51,7 +52,8 @@ class TokenbusClient:
         self.catalog = TopicCatalog(self.settings)
         self.codec = AvroCodec()
         self.idle_timeout = idle_timeout
-        self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec, rotate_every_s=rotate_every_s)
+        self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec, rotate_every_s=rotate_every_s,
+                                  rotate_after_streams=rotate_after_streams)
         self.producer: AIOKafkaProducer = make_producer(self.settings)
         self.sender = RecordSender(self.producer, self.codec, self.catalog)
         self.placement = PrefixRouter(self.settings, self.codec, on_placed=on_placed) if self.settings.prefix_routing else None

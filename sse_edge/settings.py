@@ -61,6 +61,9 @@ class EdgeSettings(BaseSettings):
     # New requests move to the next owned reply partition this often (0: never); see
     # producers/replies.py for why a broker without retention needs it.
     reply_rotate_s: float = 15.0
+    # ... and sooner, once this many streams were opened on the current one (0: by time only), so
+    # that a burst of streams does not pile into one partition's log.
+    reply_rotate_streams: int = 1000
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "tokenbus:"
     # When Redis is unreachable: `local` keeps rate limiting per process; `closed` refuses requests.

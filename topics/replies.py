@@ -6,7 +6,8 @@ Why one shared consumer and not a topic per request: creating and deleting a top
 per request costs broker round trips and metadata that grows with traffic, while a
 partition that the requester owns needs nothing per request.
 
-Why new requests move to the next owned partition every ``rotate_every_s``: a broker
+Why new requests move to the next owned partition every ``rotate_every_s`` (and after
+``rotate_after_streams`` new streams, whichever comes first): a broker
 without retention (the embedded one) scans a partition's whole list of record batches on
 every fetch, and a fetch whose scan outlasts ``fetch_max_wait_ms`` returns nothing, so one
 ever-growing hot partition eventually stops delivering. Rotating keeps the partition being
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -64,17 +66,18 @@ class ReplyEvent:
 
 @dataclass(eq=False)
 class ReplyStream:
-    """One request's token events, delivered in ``seq`` order exactly once."""
+    """One request's token events, delivered in ``seq`` order exactly once.
+
+    Its queue is a deque and at most one waiting future, not an ``asyncio.Queue`` (three deques
+    and an event): an edge holds one of these per open stream, and a stream has one reader."""
 
     request_id: str
     queue_size: int = DEFAULT_QUEUE_SIZE
     next_seq: int = 0
-    _queue: asyncio.Queue[ReplyEvent | ReplyStreamError | None] = field(init=False)
+    _items: deque[ReplyEvent | ReplyStreamError | None] = field(init=False, default_factory=deque)
+    _waiter: asyncio.Future[None] | None = field(init=False, default=None)
     _early: dict[int, ReplyEvent] = field(init=False, default_factory=dict)
     _done: bool = field(init=False, default=False)
-
-    def __post_init__(self) -> None:
-        self._queue = asyncio.Queue(maxsize=self.queue_size)
 
     @property
     def done(self) -> bool:
@@ -83,7 +86,7 @@ class ReplyStream:
     @property
     def backlog(self) -> int:
         """Events delivered to this stream and not read yet."""
-        return self._queue.qsize()
+        return len(self._items)
 
     def offer(self, reply: ReplyEvent) -> None:
         """Accept an event from the router; drop repeats, hold events that arrive early."""
@@ -109,10 +112,10 @@ class ReplyStream:
         self.next_seq += 1
         if reply.event.is_final:
             self._done = True
-        try:
-            self._queue.put_nowait(reply)
-        except asyncio.QueueFull:
+        if len(self._items) >= self.queue_size:
             self.fail(ReplyStreamError(f"reply queue of {self.request_id} overflowed: reader too slow", STREAM_OVERFLOW))
+        else:
+            self._put(reply)
 
     def fail(self, error: ReplyStreamError) -> None:
         self._end(error)
@@ -125,23 +128,30 @@ class ReplyStream:
 
     def _end(self, item: ReplyStreamError | None) -> None:
         self._done = True
-        while self._queue.full():
-            self._queue.get_nowait()
-        self._queue.put_nowait(item)
+        while len(self._items) >= self.queue_size:
+            self._items.popleft()
+        self._put(item)
+
+    def _put(self, item: ReplyEvent | ReplyStreamError | None) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
         """Yield events up to and including the final one."""
         while True:
             # No task per event (asyncio.wait_for makes one): an event already queued is taken at
             # once, and a wait is bounded by a timeout scope.
-            if not self._queue.empty():
-                item = self._queue.get_nowait()
-            else:
+            if not self._items:
+                self._waiter = asyncio.get_running_loop().create_future()
                 try:
                     async with asyncio.timeout(idle_timeout):
-                        item = await self._queue.get()
+                        await self._waiter
                 except TimeoutError:
                     raise ReplyStreamError(f"no token event for {idle_timeout}s", STREAM_IDLE) from None
+                finally:
+                    self._waiter = None
+            item = self._items.popleft()
             if item is None:
                 return
             if isinstance(item, ReplyStreamError):
@@ -164,6 +174,7 @@ class ReplyRouter:
         codec: AvroCodec | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         rotate_every_s: float = 0.0,
+        rotate_after_streams: int = 0,
     ) -> None:
         if not partitions:
             raise ValueError("a reply router needs at least one partition")
@@ -171,6 +182,8 @@ class ReplyRouter:
         self.topic = TopicCatalog(settings).tokens
         self.partitions = partitions
         self.rotate_every_s = rotate_every_s
+        self.rotate_after_streams = rotate_after_streams
+        self._opened_here = 0  # streams opened on the current partition
         self._codec = codec or AvroCodec()
         self._queue_size = queue_size
         self._streams: dict[str, ReplyStream] = {}
@@ -235,6 +248,8 @@ class ReplyRouter:
         self._pacer.wake()  # its events are on the way
         self._streams[request_id] = stream
         self._stream_partitions[request_id] = self._current if partition is None else partition
+        if partition is None:
+            self._opened_here += 1
         if self._stream_partitions[request_id] not in self._reading and self._consumer is not None:
             self._read(self._wanted())
         return stream
@@ -264,14 +279,16 @@ class ReplyRouter:
         self._reading = set(partitions)
 
     async def _rotate(self) -> None:
-        """Every ``rotate_every_s``: move new requests to the next owned partition, starting
-        from its end; stop reading partitions whose streams have all ended."""
+        """Every ``rotate_every_s``, or once ``rotate_after_streams`` were opened (checked each
+        tick): move new requests to the next owned partition, starting from its end; stop reading
+        partitions whose streams have all ended."""
         tick = min(1.0, self.rotate_every_s)
         loop = asyncio.get_running_loop()
         rotate_at = loop.time() + self.rotate_every_s
         while True:
             await asyncio.sleep(tick)
-            if loop.time() >= rotate_at:
+            crowded = 0 < self.rotate_after_streams <= self._opened_here
+            if loop.time() >= rotate_at or crowded:
                 rotate_at = loop.time() + self.rotate_every_s
                 try:
                     await self._move_to_next_partition()
@@ -285,6 +302,7 @@ class ReplyRouter:
         if following not in self._reading:
             self._positions[following] = await self._end_offset(following)
         self._current = following
+        self._opened_here = 0
         self.rotations += 1
 
     async def _run(self) -> None:

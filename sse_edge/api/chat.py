@@ -238,8 +238,10 @@ async def register_stream(edge: EdgeState, bus_request: ChatRequest, include_usa
 
 
 def relay_hooks(edge: EdgeState, request_id: str, admitted: Admitted) -> RelayHooks:
+    token_buckets = admitted.token_buckets  # what the stream holds on to until it ends
+
     async def on_final(event: TokenEvent) -> None:
-        await edge.admission.charge_completion(admitted, event.completion_tokens or 0)
+        await edge.admission.charge_completion(token_buckets, event.completion_tokens or 0)
 
     def on_abandoned() -> None:
         edge.in_background(edge.cancel_unless_resumed(request_id))

@@ -25,12 +25,13 @@ FALLBACK_HEADER = "x-tokenbus-fallback-from"  # the model asked for, when anothe
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """A request let in: the model that serves it, the buckets it was charged to (its completion
-    tokens are charged to them when it ends) and the headers for its response (``x-ratelimit-*``,
-    and which model serves it)."""
+    """A request let in: the model that serves it, the token buckets it was charged to (its
+    completion tokens are charged to them when it ends; only these are kept, as an open stream
+    holds this for its whole life) and the headers for its response (``x-ratelimit-*``, and which
+    model serves it)."""
 
     model: str
-    buckets: list[Bucket]
+    token_buckets: list[Bucket]
     headers: dict[str, str]
 
 
@@ -55,12 +56,11 @@ class Admission:
         headers = {**await self._charge(buckets), MODEL_HEADER: served}
         if served != model:
             headers[FALLBACK_HEADER] = model
-        return Admitted(served, buckets, headers)
+        return Admitted(served, [b for b in buckets if b.dimension == "tokens"], headers)
 
-    async def charge_completion(self, admitted: Admitted, completion_tokens: int) -> None:
-        """Charge what the request generated to its token buckets (best effort: Redis may be away)."""
-        tokens = [Bucket(b.name, b.dimension, b.limit, completion_tokens)
-                  for b in admitted.buckets if b.dimension == "tokens"]
+    async def charge_completion(self, token_buckets: list[Bucket], completion_tokens: int) -> None:
+        """Charge what a request generated to its token buckets (best effort: Redis may be away)."""
+        tokens = [Bucket(b.name, b.dimension, b.limit, completion_tokens) for b in token_buckets]
         try:
             await self._limiter.charge_completion(tokens)
         except RedisUnavailable:

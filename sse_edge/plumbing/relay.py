@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import Message, Send
+from starlette.types import Receive, Scope, Send
 
 from tokenbus.schemas import TokenEvent, ToolCall, whole_tool_calls
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
@@ -66,25 +66,65 @@ def chunks_received(request: Request) -> int:
 
 
 class TokenStreamResponse(EventSourceResponse):
-    """sse-starlette's response, writing without a cancel scope around each frame when no send
-    timeout is set (as here): that scope cost about a tenth of the edge's CPU per token event.
-    And not cut off when the server begins to shut down: the edge drains its streams itself
+    """sse-starlette's response (its headers, its heartbeat settings) run leaner, because an edge
+    holds thousands of these at once. sse-starlette runs each stream as a task group of three or four
+    tasks (the frames, the heartbeat, the disconnect listener, the shutdown listener): about half
+    the memory of an open stream. Here the frames are written by the request's own task, and one
+    watcher task per stream waits for the client to go away (and cancels the writing) and sends
+    the heartbeat. No send timeout and no shutdown listener: the edge drains its streams itself
     (sse_edge/server.py), letting them finish and telling the rest to resume elsewhere."""
 
-    async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        if self.send_timeout is None:
-            await send(message)
-        else:
-            await super()._send_with_timeout(send, message)
+    _client_gone = False  # set by the watcher: a cancellation of the writing task is the client's
 
-    async def _listen_for_exit_signal_with_grace(self) -> None:
-        await asyncio.Event().wait()  # ends with the stream
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"].upper() == "HEAD" or self.send_timeout is not None:
+            return await super().__call__(scope, receive, send)
+        body = cast(AsyncGenerator[bytes, None], self.body_iterator)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self.raw_headers = []  # sent: not held for the stream's life
+        writing = asyncio.current_task()
+        assert writing is not None
+        watcher = asyncio.create_task(self._watch(receive, send, writing))
+        try:
+            async for chunk in body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self.active = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+            writing.uncancel()  # the client went away: the stream ends here, quietly
+        finally:
+            self.active = False
+            watcher.cancel()
+            await body.aclose()  # its cleanup runs now, also when a send was interrupted
+        if self.background is not None:
+            await self.background()
+
+    async def _watch(self, receive: Receive, send: Send, writing: asyncio.Task) -> None:
+        """Until the stream ends: a heartbeat every ``ping_interval`` (none at 0), and on the
+        client's disconnect, the writing task cancelled."""
+        interval = self.ping_interval or None
+        heartbeat = self.ping_message_factory() if self.ping_message_factory and interval else b""
+        while self.active:
+            try:
+                async with asyncio.timeout(interval):
+                    message = await receive()
+            except TimeoutError:
+                if self.active:
+                    await send({"type": "http.response.body", "body": heartbeat, "more_body": True})
+                continue
+            if message["type"] == "http.disconnect":
+                if self.active:
+                    self._client_gone = True
+                    writing.cancel()
+                return
 
 
-def sse_response(frames: AsyncIterator[bytes], heartbeat_s: float, stream_format: StreamFormat,
+def sse_response(frames: AsyncGenerator[bytes, None], heartbeat_s: float, stream_format: StreamFormat,
                  headers: dict[str, str] | None = None) -> EventSourceResponse:
     """The streaming response: ``frames`` as they come; for SSE clients a heartbeat every ``heartbeat_s``."""
-    ping = heartbeat_s if stream_format.event_ids else 0  # 0: no ping task (a data-only stream has none)
+    ping = heartbeat_s if stream_format.event_ids else 0  # 0: no heartbeat (a data-only stream has none)
     return TokenStreamResponse(frames, ping=ping, sep="\n", headers=headers,
                                ping_message_factory=lambda: HEARTBEAT)  # type: ignore[arg-type,return-value]  # bytes pass as-is
 
@@ -134,7 +174,7 @@ class RelayHooks:
 async def sse_frames(
     events: AsyncGenerator[ReplyEvent, None], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
     started: float, stream_format: StreamFormat, send_role: bool = True,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The frames of one stream. Chunk for chunk the same live and replayed (the role chunk, one per
     event with text or the final one, the usage chunk), which is what lets a client resume by count."""
     finished = False

@@ -2,7 +2,8 @@
 openai client's among them) must read the stream as if there were none. A heartbeat ending in a
 blank line would dispatch an empty event, and because such a client keeps the last ``id:`` it has
 seen, it would then fail to parse that event's (empty) data mid-stream. A data-only stream (the
-default) has no heartbeat at all: it is not a ``data:`` line."""
+default) has no heartbeat at all: it is not a ``data:`` line. And how the streaming response ends
+when the client goes away."""
 
 from __future__ import annotations
 
@@ -64,3 +65,60 @@ async def test_a_stream_with_a_long_gap_sends_heartbeats_the_client_reads_throug
 async def test_a_data_only_stream_has_no_heartbeat():
     body = await served(StreamFormat())
     assert body == b'data: {"n":1}\n\ndata: {"n":2}\n\ndata: [DONE]\n\n'
+
+
+async def test_a_client_that_goes_away_ends_the_stream_and_its_cleanup_runs():
+    """The disconnect cancels the frames' wait (no further frame is written) and the response
+    returns quietly; the generator's cleanup (where the edge cancels an abandoned generation) runs."""
+    cleaned_up = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def frames():
+        try:
+            yield frame({"n": 1})
+            waiting.set()
+            await asyncio.sleep(30)  # a token that never comes
+            yield frame({"n": 2})
+        finally:
+            cleaned_up.set()
+
+    sent: list[bytes] = []
+
+    async def receive() -> dict:
+        await waiting.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message.get("body", b""))
+
+    response = sse_response(frames(), 15, StreamFormat(event_ids=True))
+    scope = {"type": "http", "method": "POST", "asgi": {"spec_version": "2.4"}, "headers": []}
+    await asyncio.wait_for(response(scope, receive, send), 5)
+    assert cleaned_up.is_set()
+    assert sent == [b'data: {"n":1}\n\n']
+
+
+async def test_a_server_cancelling_the_stream_is_not_taken_for_a_disconnect():
+    """A cancellation that is not the client's (the server stopping) still propagates."""
+    async def frames():
+        yield frame({"n": 1})
+        await asyncio.sleep(30)
+
+    async def receive() -> dict:
+        await asyncio.sleep(60)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        pass
+
+    response = sse_response(frames(), 0, StreamFormat())
+    scope = {"type": "http", "method": "POST", "asgi": {"spec_version": "2.4"}, "headers": []}
+    task = asyncio.create_task(response(scope, receive, send))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    assert task.cancelled()

@@ -117,6 +117,26 @@ async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus
     assert [(r.partition, r.event.text) for r in got] == [(4, "found")]
 
 
+async def test_a_burst_of_streams_moves_on_before_the_time_is_up(bus):
+    """Rotation by count: once ``rotate_after_streams`` were opened on a partition, new streams go
+    to the next one at the next tick, long before ``rotate_every_s``; streams resumed on a given
+    partition do not count."""
+    router = ReplyRouter(bus, partitions=[8, 9, 10], rotate_every_s=600, rotate_after_streams=3)
+    await router.start()
+    try:
+        router.open("resumed-1", partition=8)
+        router.open("resumed-2", partition=8)
+        router.open("resumed-3", partition=8)
+        await asyncio.sleep(1.2)  # a tick passes: three resumed streams are no burst
+        assert router.reply_partition == 8
+        for i in range(3):
+            router.open(f"new-{i}")
+        await wait_for(lambda: router.reply_partition == 9, timeout=3)
+        assert router.rotations == 1
+    finally:
+        await router.stop()
+
+
 async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(bus, monkeypatch):
     """While the broker is away the end offset of the next partition cannot be read: new requests
     stay where they are, and the next rotation goes ahead once the broker answers."""
