@@ -30,6 +30,10 @@ def test_the_heartbeat_between_events_dispatches_nothing():
     assert decoded(raw) == ['{"n":1}', '{"n":2}', "[DONE]"]
 
 
+def http_scope() -> dict:
+    return {"type": "http", "method": "POST", "asgi": {"spec_version": "2.4"}, "headers": []}
+
+
 async def served(stream_format: StreamFormat) -> bytes:
     async def frames():
         yield frame({"n": 1}, "0-1" if stream_format.event_ids else None)
@@ -51,8 +55,7 @@ async def served(stream_format: StreamFormat) -> bytes:
                 finished.set()
 
     response = sse_response(frames(), 0.1, stream_format)
-    scope = {"type": "http", "method": "GET", "asgi": {"spec_version": "2.4"}, "headers": []}
-    await asyncio.wait_for(response(scope, receive, send), 5)
+    await asyncio.wait_for(response(http_scope(), receive, send), 5)
     return b"".join(sent)
 
 
@@ -93,8 +96,7 @@ async def test_a_client_that_goes_away_ends_the_stream_and_its_cleanup_runs():
             sent.append(message.get("body", b""))
 
     response = sse_response(frames(), 15, StreamFormat(event_ids=True))
-    scope = {"type": "http", "method": "POST", "asgi": {"spec_version": "2.4"}, "headers": []}
-    await asyncio.wait_for(response(scope, receive, send), 5)
+    await asyncio.wait_for(response(http_scope(), receive, send), 5)
     assert cleaned_up.is_set()
     assert sent == [b'data: {"n":1}\n\n']
 
@@ -113,8 +115,7 @@ async def test_a_server_cancelling_the_stream_is_not_taken_for_a_disconnect():
         pass
 
     response = sse_response(frames(), 0, StreamFormat())
-    scope = {"type": "http", "method": "POST", "asgi": {"spec_version": "2.4"}, "headers": []}
-    task = asyncio.create_task(response(scope, receive, send))
+    task = asyncio.create_task(response(http_scope(), receive, send))
     await asyncio.sleep(0.05)
     task.cancel()
     try:
