@@ -183,7 +183,7 @@ class ReplyRouter:
         self.partitions = partitions
         self.rotate_every_s = rotate_every_s
         self.rotate_after_streams = rotate_after_streams
-        self._opened_here = 0  # streams opened on the current partition
+        self._opened_here = 0  # streams opened on the current partition since it became current
         self._codec = codec or AvroCodec()
         self._queue_size = queue_size
         self._streams: dict[str, ReplyStream] = {}
@@ -248,7 +248,7 @@ class ReplyRouter:
         self._pacer.wake()  # its events are on the way
         self._streams[request_id] = stream
         self._stream_partitions[request_id] = self._current if partition is None else partition
-        if partition is None:
+        if self._stream_partitions[request_id] == self._current:
             self._opened_here += 1
         if self._stream_partitions[request_id] not in self._reading and self._consumer is not None:
             self._read(self._wanted())

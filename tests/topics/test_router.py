@@ -119,18 +119,18 @@ async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus
 
 async def test_a_burst_of_streams_moves_on_before_the_time_is_up(bus):
     """Rotation by count: once ``rotate_after_streams`` were opened on a partition, new streams go
-    to the next one at the next tick, long before ``rotate_every_s``; streams resumed on a given
+    to the next one at the next tick, long before ``rotate_every_s``; streams resumed on another
     partition do not count."""
     router = ReplyRouter(bus, partitions=[8, 9, 10], rotate_every_s=600, rotate_after_streams=3)
     await router.start()
     try:
-        router.open("resumed-1", partition=8)
-        router.open("resumed-2", partition=8)
-        router.open("resumed-3", partition=8)
-        await asyncio.sleep(1.2)  # a tick passes: three resumed streams are no burst
-        assert router.reply_partition == 8
         for i in range(3):
-            router.open(f"new-{i}")
+            router.open(f"resumed-{i}", partition=10)
+        await asyncio.sleep(1.2)  # a tick passes: streams elsewhere are no burst here
+        assert router.reply_partition == 8
+        router.open("new-0")
+        router.open("new-1", partition=router.reply_partition)  # as the SDK and the edge open theirs
+        router.open("new-2", partition=router.reply_partition)
         await wait_for(lambda: router.reply_partition == 9, timeout=3)
         assert router.rotations == 1
     finally:
