@@ -219,7 +219,7 @@ class ReplyRouter:
         self._positions[self._current] = await self._end_offset(self._current)
         self._read({self._current})
         self._reader = asyncio.create_task(self._run(), name="reply-router")
-        if self.rotate_every_s > 0 and len(self.partitions) > 1:
+        if (self.rotate_every_s > 0 or self.rotate_after_streams > 0) and len(self.partitions) > 1:
             self._rotation = asyncio.create_task(self._rotate(), name="reply-rotation")
 
     async def stop(self) -> None:
@@ -282,13 +282,14 @@ class ReplyRouter:
         """Every ``rotate_every_s``, or once ``rotate_after_streams`` were opened (checked each
         tick): move new requests to the next owned partition, starting from its end; stop reading
         partitions whose streams have all ended."""
-        tick = min(1.0, self.rotate_every_s)
+        timed = self.rotate_every_s > 0  # either rule may be off (0); the task runs for the other
+        tick = min(1.0, self.rotate_every_s) if timed else 1.0
         loop = asyncio.get_running_loop()
         rotate_at = loop.time() + self.rotate_every_s
         while True:
             await asyncio.sleep(tick)
             crowded = 0 < self.rotate_after_streams <= self._opened_here
-            if loop.time() >= rotate_at or crowded:
+            if (timed and loop.time() >= rotate_at) or crowded:
                 rotate_at = loop.time() + self.rotate_every_s
                 try:
                     await self._move_to_next_partition()

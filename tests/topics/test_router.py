@@ -117,11 +117,12 @@ async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus
     assert [(r.partition, r.event.text) for r in got] == [(4, "found")]
 
 
-async def test_a_burst_of_streams_moves_on_before_the_time_is_up(bus):
+@pytest.mark.parametrize("rotate_every_s", [600, 0], ids=["time-far-off", "time-rotation-off"])
+async def test_a_burst_of_streams_moves_on_before_the_time_is_up(bus, rotate_every_s):
     """Rotation by count: once ``rotate_after_streams`` were opened on a partition, new streams go
-    to the next one at the next tick, long before ``rotate_every_s``; streams resumed on another
-    partition do not count."""
-    router = ReplyRouter(bus, partitions=[8, 9, 10], rotate_every_s=600, rotate_after_streams=3)
+    to the next one at the next tick, long before ``rotate_every_s`` and also with rotation by time
+    off; streams resumed on another partition do not count."""
+    router = ReplyRouter(bus, partitions=[8, 9, 10], rotate_every_s=rotate_every_s, rotate_after_streams=3)
     await router.start()
     try:
         for i in range(3):
