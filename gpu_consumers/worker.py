@@ -85,9 +85,7 @@ class GpuWorker:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._sender: RecordSender | None = None
-        # Never paused, only slowed when idle: a worker paused across a broker restart and the
-        # rebalance after it read nothing until the next request rang (tests/faults/test_broker_loss.py).
-        self._pacer = FetchPacer(settings.bus, pauses=False)
+        self._pacer = FetchPacer(settings.bus)
         self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
         self._prefix_reports: PrefixReports | None = None
@@ -219,14 +217,11 @@ class GpuWorker:
                 next_commit = loop.time() + self.settings.commit_interval_ms / 1000
 
     def _pause_full_tiers(self) -> None:
+        """Through the pacer, which also pauses an idle worker's partitions (neither undoes the other)."""
         assert self._consumer is not None
-        assigned = self._consumer.assignment()
-        for tier, topic in self._topics_by_tier.items():
-            tps = [tp for tp in assigned if tp.topic == topic]
-            if self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier:
-                self._consumer.pause(*tps)
-            else:
-                self._consumer.resume(*tps)
+        full = {topic for tier, topic in self._topics_by_tier.items()
+                if self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier}
+        self._pacer.hold({tp for tp in self._consumer.assignment() if tp.topic in full})
 
     async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         assert self._consumer is not None

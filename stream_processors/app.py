@@ -7,6 +7,7 @@ Agents stay thin (decode, hand to a handler, move on); the handlers live with th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -33,17 +34,20 @@ log = logging.getLogger(__name__)
 RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 LAG_INTERVAL_S = 1.0
 PACING_INTERVAL_S = 0.25
+PAUSED_PACING_INTERVAL_S = 1.0  # while the pacer holds the fetching paused, a ring wakes it, not this
 
 
-def tuned_transport(fetch_max_wait_ms: int, pacer: FetchPacer) -> type[Transport]:
+def tuned_transport(fetch_max_wait_ms: int, pacer: FetchPacer, fetcher_timeout_ms: int) -> type[Transport]:
     """faust hard-codes a 1.5 s fetch wait, and the embedded broker holds fetches for about
     half of it (docs/architecture.md, the embedded broker): the ingress hop would add ~750 ms.
-    This transport asks for ``fetch_max_wait_ms`` instead, and hands the consumer to ``pacer``."""
+    This transport asks for ``fetch_max_wait_ms`` instead, hands the consumer to ``pacer``, and
+    gives it the profile's ``fetcher_timeout_ms`` (topics/clients.py)."""
 
     class LowLatencyConsumerThread(AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Transport) -> Any:
             consumer = super()._create_worker_consumer(transport)
-            consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by AIOKafkaConsumer.start()
+            consumer._fetch_max_wait_ms = fetch_max_wait_ms  # both read by AIOKafkaConsumer.start()
+            consumer._consumer_timeout = fetcher_timeout_ms / 1000
             pacer.attach(consumer)  # in the consumer thread's event loop, where the pacer acts
             return consumer
 
@@ -86,7 +90,8 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
     )
     fetch_max_wait_ms = settings.fetch_max_wait_ms or tuned.fetch_max_wait_ms
     pacer = FetchPacer(settings.bus, fetch_max_wait_ms)
-    app.transport = tuned_transport(fetch_max_wait_ms, pacer)(app.conf.broker_consumer, app, loop=app.loop)
+    transport = tuned_transport(fetch_max_wait_ms, pacer, tuned.fetcher_timeout_ms)
+    app.transport = transport(app.conf.broker_consumer, app, loop=app.loop)
     ctx = ProcessorContext(settings)
     app.tokenbus = ctx  # type: ignore[attr-defined]
     policy = settings.moderation.load_policy()
@@ -192,14 +197,16 @@ def add_pages(app: faust.App, ctx: ProcessorContext, sink: ClickHouseSink | None
 
 def add_fetch_pacing(app: faust.App, ctx: ProcessorContext, pacer: FetchPacer) -> None:
     """faust's fetch loop is its own: the pacer learns of traffic from the positions the
-    processors reached, a few times a second."""
-    handled = [0]
+    processors reached, a few times a second (once a second while the stack is at rest)."""
 
-    @app.timer(PACING_INTERVAL_S)
+    @app.task
     async def pace_fetches() -> None:
-        now = sum(ctx.positions.values())
-        pacer.observed(now - handled[0])
-        handled[0] = now
+        handled = sum(ctx.positions.values())
+        while True:
+            await asyncio.sleep(PAUSED_PACING_INTERVAL_S if pacer.paused else PACING_INTERVAL_S)
+            now = sum(ctx.positions.values())
+            pacer.observed(now - handled)
+            handled = now
 
 
 def add_lag_timer(app: faust.App, ctx: ProcessorContext) -> None:

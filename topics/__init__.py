@@ -10,6 +10,7 @@ from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe
 from tokenbus.topics.clients import (
     FetchPacer,
     cancel_task,
+    committed_offsets,
     make_consumer,
     make_producer,
     rewind_recreated,
@@ -39,6 +40,7 @@ __all__ = [
     "TopicSpec",
     "TopicTail",
     "cancel_task",
+    "committed_offsets",
     "delete_topics",
     "ensure_topics",
     "make_consumer",

@@ -43,6 +43,11 @@ class ClientProfile:
     # outlasts the fetch wait (that cost grows with the log): a reader left behind its log end
     # raises its wait (FetchPacer). A Kafka broker never starves a reader that way.
     raise_wait_when_starved: bool = False
+    # How long aiokafka's fetch routine sleeps when it has nothing to fetch (every partition
+    # paused) before it looks again; aiokafka's default is 200 ms. Resuming a partition wakes it
+    # at once, so the embedded profile, whose idle readers are paused, lets it sleep longer: five
+    # wake-ups a second per idle consumer were a good part of an idle process's CPU.
+    fetcher_timeout_ms: int = 200
 
 
 PROFILES = {
@@ -58,8 +63,8 @@ PROFILES = {
     # first record after a quiet spell.
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
-                              idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=5.0, ring_every_s=0.5,
-                              raise_wait_when_starved=True),
+                              idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=10.0, ring_every_s=0.5,
+                              raise_wait_when_starved=True, fetcher_timeout_ms=1000),
 }
 
 
@@ -134,6 +139,7 @@ def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = No
         fetch_max_wait_ms=tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms,
         session_timeout_ms=tuned.session_timeout_ms,
         heartbeat_interval_ms=tuned.heartbeat_interval_ms,
+        consumer_timeout_ms=tuned.fetcher_timeout_ms,
     )
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
@@ -187,6 +193,7 @@ class FetchPacer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: asyncio.Task[None] | None = None
         self._paused: set[TopicPartition] = set()  # paused by the pacer (not by anyone else)
+        self._held: set[TopicPartition] = set()  # paused by the reader itself (hold)
         self._backstop_until = 0.0
         self._last_active = time.monotonic()
         self._idle = False
@@ -233,6 +240,26 @@ class FetchPacer:
         if self._adapts_to_scans and now >= self._next_starved_check:
             self._next_starved_check = now + self.STARVED_CHECK_S
             self._in_consumer_loop(self._check_starved, now)
+
+    def hold(self, partitions: set[TopicPartition]) -> None:
+        """The reader's own pauses (a GPU consumer's full tiers), through the pacer, so that neither
+        undoes the other: ``partitions`` stay paused whatever the traffic, and a partition no longer
+        held is resumed, unless the pacer keeps it paused for idleness. Call it from the consumer's
+        event loop."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        released, self._held = self._held - partitions, set(partitions)
+        assigned, paused = consumer.assignment(), consumer.paused()
+        newly_held = [tp for tp in partitions if tp in assigned and tp not in paused]  # a rebalance unpauses
+        if newly_held:
+            consumer.pause(*newly_held)
+            self._paused.difference_update(newly_held)
+        released = {tp for tp in released if tp in assigned}
+        if self._paused and self._pauses:  # idle and paused: they wait for the doorbell like the rest
+            self._paused.update(released)
+        elif released:
+            consumer.resume(*released)
 
     def wake(self) -> None:
         self._last_active = time.monotonic()
@@ -307,7 +334,7 @@ class FetchPacer:
         if consumer is None or not self._paused:
             return
         assigned = consumer.assignment()
-        mine = [tp for tp in self._paused if tp in assigned]
+        mine = [tp for tp in self._paused if tp in assigned and tp not in self._held]
         self._paused.clear()
         if mine:
             consumer.resume(*mine)
@@ -354,6 +381,13 @@ async def topic_partitions(consumer: AIOKafkaConsumer, *topics: str) -> list[Top
             client.add_topic(topic)
         await client.force_metadata_update()
     return [TopicPartition(topic, p) for topic in topics for p in sorted(consumer.partitions_for_topic(topic) or ())]
+
+
+async def committed_offsets(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """The group's committed offsets of ``partitions`` (0 where none), in one request:
+    ``consumer.committed`` asks once per partition. ``consumer`` carries the group's id."""
+    found = await consumer._coordinator.fetch_committed_offsets(partitions)  # what committed() calls
+    return {tp: found[tp].offset if tp in found and found[tp].offset >= 0 else 0 for tp in partitions}
 
 
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:

@@ -17,7 +17,15 @@ import logging
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import Gauge
 
-from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, stop_reader, topic_partitions
+from tokenbus.topics import (
+    BusSettings,
+    FetchPacer,
+    TopicCatalog,
+    committed_offsets,
+    make_consumer,
+    stop_reader,
+    topic_partitions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +71,10 @@ class QueueDepthMonitor:
         assert self._tail is not None
         loop = asyncio.get_running_loop()
         refreshed_at = float("-inf")
+        interval = self._interval_s
         while True:
-            batches = await self._tail.getmany(timeout_ms=100)  # only the high-water marks matter
+            # Only the high-water marks matter; a record ends the wait at once.
+            batches = await self._tail.getmany(timeout_ms=int(interval * 1000))
             self._pacer.observed(sum(map(len, batches.values())))
             # Nothing is published or finished while the stack is quiet (any traffic rings the
             # doorbell and wakes this reader): its committed offsets are read less often then.
@@ -79,15 +89,15 @@ class QueueDepthMonitor:
     async def _refresh(self) -> None:
         assert self._tail is not None
         for model, committed in self._committed.items():
+            tps = [tp for tp in self._tail.assignment() if tp.topic in self._catalog.model_request_topics(model)]
+            done = await committed_offsets(committed, tps)
             for tier in self._settings.tiers:
                 topic = self._catalog.requests(model, tier)
                 depth = 0
-                for tp in (tp for tp in self._tail.assignment() if tp.topic == topic):
+                for tp in (tp for tp in tps if tp.topic == topic):
                     end = self._tail.highwater(tp)
-                    if end is None:
-                        continue
-                    done = await committed.committed(tp) or 0
-                    depth += max(0, end - done)
+                    if end is not None:
+                        depth += max(0, end - done[tp])
                 self._depth[(model, tier)] = depth
                 if self._gauge is not None:
                     self._gauge.labels(model, tier).set(depth)

@@ -7,7 +7,7 @@ import asyncio
 
 from aiokafka import TopicPartition
 
-from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, make_producer
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, committed_offsets, make_consumer, make_producer
 from tokenbus.topics.clients import PROFILES
 
 WINDOW_S = 3.0
@@ -152,3 +152,23 @@ async def test_a_reader_the_broker_starves_raises_its_wait_until_records_come(bu
     got, wait_ms = await tail_reader(pacer, 30.0)
     assert got == 3
     assert wait_ms == pacer.fetch_wait_ms > 1
+
+
+async def test_committed_offsets_reads_a_groups_offsets_in_one_request(each_bus):
+    """What the edge's queue-depth monitor reads every few seconds: one request for all of a
+    group's partitions (``consumer.committed`` sends one per partition); 0 where none is committed."""
+    tps = [TopicPartition(TopicCatalog(each_bus).control, p) for p in range(3)]
+    group = f"{each_bus.topic_prefix}committed"
+    committer, reader = make_consumer(each_bus, group_id=group), make_consumer(each_bus, group_id=group)
+    await committer.start()
+    await reader.start()
+    try:
+        committer.assign(tps)
+        await committer.commit({tps[0]: 5, tps[1]: 7})
+        sent = counted_fetches(reader)
+        assert await committed_offsets(reader, tps) == {tps[0]: 5, tps[1]: 7, tps[2]: 0}
+        assert [name for name in sent if name.startswith("OffsetFetch")] == ["OffsetFetchRequest"]
+        assert await reader.committed(tps[1]) == 7
+    finally:
+        await committer.stop()
+        await reader.stop()

@@ -28,8 +28,8 @@ def with_profile(monkeypatch, **changes) -> None:
 class Reader:
     """A paced reader of one partition, as the services run theirs: read, tell the pacer, repeat."""
 
-    def __init__(self, settings: BusSettings, tp: TopicPartition) -> None:
-        self.settings, self.tp = settings, tp
+    def __init__(self, settings: BusSettings, *tps: TopicPartition) -> None:
+        self.settings, self.tps = settings, list(tps)
         self.records: list = []
         self.consumer = make_consumer(settings)
         self.pacer = FetchPacer(settings)
@@ -38,8 +38,9 @@ class Reader:
     async def __aenter__(self) -> "Reader":
         await self.consumer.start()
         self.pacer.attach(self.consumer)
-        self.consumer.assign([self.tp])
-        self.consumer.seek(self.tp, 0)
+        self.consumer.assign(self.tps)
+        for tp in self.tps:
+            self.consumer.seek(tp, 0)
         self.task = asyncio.create_task(self.read())
         return self
 
@@ -94,6 +95,37 @@ async def test_an_idle_reader_stops_fetching_and_a_ring_wakes_it(embedded, monke
             assert not reader.pacer.paused
     finally:
         await silent.stop()
+        await ringing.stop()
+
+
+async def test_a_readers_own_pauses_and_the_pacers_do_not_undo_each_other(embedded, monkeypatch):
+    """A GPU consumer holds a full tier's partitions paused (``FetchPacer.hold``) while its pacer
+    pauses and resumes them all by traffic: a ring resumes every partition but the held one, and
+    one let go while the reader is paused for idleness waits for the next ring like the rest."""
+    with_profile(monkeypatch, idle_poll_s=3600.0)  # only rings wake the reader
+    topic = TopicCatalog(embedded).control
+    held, free = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    ringing = make_producer(embedded)
+    await ringing.start()
+    try:
+        async with Reader(embedded, held, free) as reader:
+            reader.pacer.hold({held})
+            await reader.until_paused()
+            await ringing.send_and_wait(topic, b"held back", partition=held.partition)
+            await ringing.send_and_wait(topic, b"free", partition=free.partition)
+            assert await reader.until_records(1, timeout=10)
+            await asyncio.sleep(1.0)
+            assert [r.value for r in reader.records] == [b"free"]
+            assert held in reader.consumer.paused() and free not in reader.consumer.paused()
+
+            await reader.until_paused()
+            reader.pacer.hold(set())
+            assert {held, free} <= reader.consumer.paused()  # asleep: let go, but not fetched yet
+            await asyncio.sleep(0.6)  # the ring of a moment ago is behind the rate limit
+            await ringing.send_and_wait(topic, b"wake", partition=free.partition)
+            assert await reader.until_records(3, timeout=10)
+            assert sorted(r.value for r in reader.records) == [b"free", b"held back", b"wake"]
+    finally:
         await ringing.stop()
 
 
