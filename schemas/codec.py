@@ -57,7 +57,12 @@ class AvroCodec:
             parsed = cast(dict[str, Any], parse_schema(raw))
             name = parsed["name"]
             self._readers[name] = parsed
-            self._writer_fingerprints[name] = self.register_writer_schema(raw)
+            # The reader's own parsed schema stands for the current writer: fastavro resolves a
+            # writer schema against the reader's on every read unless they are one object (7.9
+            # against 5.4 µs for a token event).
+            fp = schema_fingerprint(parsed)
+            self._writers_by_fingerprint[fp] = parsed
+            self._writer_fingerprints[name] = fp
         for raw in _load_schema_files(schema_dir / "history"):
             self.register_writer_schema(raw)
         missing = {t.schema_name for t in RECORD_TYPES} - self._readers.keys()
@@ -68,7 +73,7 @@ class AvroCodec:
         """Make records written with ``schema`` (e.g. an older version) readable; returns its fingerprint."""
         parsed = parse_schema(schema)
         fp = schema_fingerprint(parsed)
-        self._writers_by_fingerprint[fp] = parsed
+        self._writers_by_fingerprint.setdefault(fp, parsed)  # a current schema stays its reader's object
         return fp
 
     def encode(self, record: Record) -> bytes:
