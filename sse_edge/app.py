@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,6 +47,20 @@ class CountResponses:
         await self.app(scope, receive, counting_send)
 
 
+class StreamingEndpoint:
+    """A function endpoint as a plain ASGI app, for the routes whose responses stream: a stream
+    holds its request's coroutine frames for as long as it lasts (thousands at once on an edge),
+    and Starlette wraps a function endpoint in three more of them and a second layer of exception
+    handling, which the app's own layer (the same handlers) makes redundant."""
+
+    def __init__(self, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+
 def create_app(settings: EdgeSettings | None = None) -> Starlette:
     edge_settings = settings or EdgeSettings()
 
@@ -60,9 +76,9 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
 
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
-            Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
+            Route("/v1/chat/completions", StreamingEndpoint(chat_completions), methods=["POST"]),
+            Route("/v1/chat/completions/{completion_id}/stream", StreamingEndpoint(resume_stream), methods=["GET"]),
+            Route("/v1/chat/completions/{completion_id}/continue", StreamingEndpoint(continue_turn), methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),

@@ -80,6 +80,7 @@ class TokenStreamResponse(EventSourceResponse):
         if scope["type"] != "http" or scope["method"].upper() == "HEAD" or self.send_timeout is not None:
             return await super().__call__(scope, receive, send)
         body = cast(AsyncGenerator[bytes, None], self.body_iterator)
+        self.__dict__.pop("_send_lock", None)  # sse-starlette's, for its own writing, unused here (~0.7 KiB)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         self.raw_headers = []  # sent: not held for the stream's life
         writing = asyncio.current_task()
