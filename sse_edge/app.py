@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,6 +21,7 @@ from tokenbus.sse_edge.api.resume import resume_stream
 from tokenbus.sse_edge.api.usage import tenant_usage
 from tokenbus.sse_edge.errors import HANDLERS
 from tokenbus.sse_edge.plumbing.framing import RefuseAmbiguousFraming
+from tokenbus.sse_edge.plumbing.relay import DEFERRED_BODY
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.sse_edge.state import EdgeState
 
@@ -47,18 +46,22 @@ class CountResponses:
         await self.app(scope, receive, counting_send)
 
 
-class StreamingEndpoint:
-    """A function endpoint as a plain ASGI app, for the routes whose responses stream: a stream
-    holds its request's coroutine frames for as long as it lasts (thousands at once on an edge),
-    and Starlette wraps a function endpoint in three more of them and a second layer of exception
-    handling, which the app's own layer (the same handlers) makes redundant."""
-
-    def __init__(self, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
-        self.endpoint = endpoint
+class EdgeApp(Starlette):
+    """Starlette, except that a token stream's body is written here, once the middleware and
+    routing have returned (sse_edge/plumbing/relay.py, ``DEFERRED_BODY``): they act on a response's
+    start only, yet would hold a dozen coroutine frames and closures for as long as each stream
+    lasts, about 4 KiB a stream on an edge holding thousands. So a middleware added below must not
+    need to see a stream's body; an exception in the body reaches the server as it did through them
+    (once a response has started, they re-raise)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self.endpoint(Request(scope, receive, send))
-        await response(scope, receive, send)
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        scope[DEFERRED_BODY] = None
+        await super().__call__(scope, receive, send)
+        write_body = scope.pop(DEFERRED_BODY, None)
+        if write_body is not None:
+            await write_body(receive, send)
 
 
 def create_app(settings: EdgeSettings | None = None) -> Starlette:
@@ -74,11 +77,11 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
         finally:
             await edge.stop()
 
-    app = Starlette(
+    app = EdgeApp(
         routes=[
-            Route("/v1/chat/completions", StreamingEndpoint(chat_completions), methods=["POST"]),
-            Route("/v1/chat/completions/{completion_id}/stream", StreamingEndpoint(resume_stream), methods=["GET"]),
-            Route("/v1/chat/completions/{completion_id}/continue", StreamingEndpoint(continue_turn), methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
+            Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),
@@ -99,6 +102,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
         exception_handlers=HANDLERS,
         lifespan=lifespan,
     )
+    # Both act on a response's start only: a stream's body is written past them (EdgeApp).
     app.add_middleware(CountResponses)
     app.add_middleware(RefuseAmbiguousFraming)  # added last: runs first
     return app

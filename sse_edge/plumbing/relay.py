@@ -65,6 +65,10 @@ def chunks_received(request: Request) -> int:
     return int(raw)
 
 
+# Where the edge's app (sse_edge/app.py) offers, in the scope, to write a stream's body itself.
+DEFERRED_BODY = "tokenbus.deferred_body"
+
+
 class TokenStreamResponse(EventSourceResponse):
     """sse-starlette's response (its headers, its heartbeat settings) run leaner, because an edge
     holds thousands of these at once. sse-starlette runs each stream as a task group of three or four
@@ -72,17 +76,28 @@ class TokenStreamResponse(EventSourceResponse):
     the memory of an open stream. Here the frames are written by the request's own task, and one
     watcher task per stream waits for the client to go away (and cancels the writing) and sends
     the heartbeat. No send timeout and no shutdown listener: the edge drains its streams itself
-    (sse_edge/server.py), letting them finish and telling the rest to resume elsewhere."""
+    (sse_edge/server.py), letting them finish and telling the rest to resume elsewhere.
+
+    Where the app offers it (``DEFERRED_BODY`` in the scope), the response sends its start and
+    returns, leaving the body to be written once the middleware and routing have returned: they
+    act on a response's start only, and would otherwise hold their frames for the whole stream."""
 
     _client_gone = False  # set by the watcher: a cancellation of the writing task is the client's
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"].upper() == "HEAD" or self.send_timeout is not None:
             return await super().__call__(scope, receive, send)
-        body = cast(AsyncGenerator[bytes, None], self.body_iterator)
         self.__dict__.pop("_send_lock", None)  # sse-starlette's, for its own writing, unused here (~0.7 KiB)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         self.raw_headers = []  # sent: not held for the stream's life
+        if DEFERRED_BODY in scope:
+            scope[DEFERRED_BODY] = self.write_body
+        else:
+            await self.write_body(receive, send)
+
+    async def write_body(self, receive: Receive, send: Send) -> None:
+        """The frames until the stream ends or the client goes away, on the calling task."""
+        body = cast(AsyncGenerator[bytes, None], self.body_iterator)
         writing = asyncio.current_task()
         assert writing is not None
         watcher = asyncio.create_task(self._watch(receive, send, writing))

@@ -123,3 +123,60 @@ async def test_a_server_cancelling_the_stream_is_not_taken_for_a_disconnect():
     except asyncio.CancelledError:
         pass
     assert task.cancelled()
+
+
+async def test_a_streams_body_is_written_after_the_middleware_has_returned():
+    """The edge's app writes a token stream's body once the middleware and routing have returned,
+    so that their frames are not held for the stream's life: the middleware sees the response
+    start, the body goes to the server afterwards, every frame of it."""
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+
+    from tokenbus.sse_edge.app import EdgeApp
+
+    inside = [False]
+    seen_by_middleware: list[str] = []
+
+    class Watching:
+        def __init__(self, app) -> None:
+            self.app = app
+
+        async def __call__(self, scope, receive, send) -> None:
+            async def watched(message: dict) -> None:
+                seen_by_middleware.append(message["type"])
+                await send(message)
+
+            inside[0] = True
+            try:
+                await self.app(scope, receive, watched)
+            finally:
+                inside[0] = False
+
+    async def frames():
+        yield frame({"n": 1})
+        yield frame("[DONE]")
+
+    async def endpoint(request):
+        return sse_response(frames(), 0, StreamFormat())
+
+    app = EdgeApp(routes=[Route("/stream", endpoint, methods=["POST"])], middleware=[Middleware(Watching)])
+    at_server: list[tuple[dict, bool]] = []
+    finished = asyncio.Event()
+
+    async def receive() -> dict:
+        await finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        at_server.append((message, inside[0]))
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            finished.set()
+
+    scope = {**http_scope(), "path": "/stream", "raw_path": b"/stream", "query_string": b"", "root_path": "",
+             "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000)}
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    assert seen_by_middleware == ["http.response.start"]
+    (start, start_inside), *body = at_server
+    assert start["type"] == "http.response.start" and start["status"] == 200 and start_inside
+    assert not any(was_inside for _, was_inside in body)
+    assert b"".join(m.get("body", b"") for m, _ in body) == b'data: {"n":1}\n\ndata: [DONE]\n\n'
