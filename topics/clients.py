@@ -254,7 +254,6 @@ class FetchPacer:
         newly_held = [tp for tp in partitions if tp in assigned and tp not in paused]  # a rebalance unpauses
         if newly_held:
             consumer.pause(*newly_held)
-            self._paused.difference_update(newly_held)
         released = {tp for tp in released if tp in assigned}
         if self._paused and self._pauses:  # idle and paused: they wait for the doorbell like the rest
             self._paused.update(released)

@@ -96,7 +96,7 @@ class ReplyStream:
         seq = reply.event.seq
         if self._done or seq < self.next_seq or seq in self._early:
             return
-        if seq == self.next_seq and not self._early:  # in order, as nearly always
+        if seq == self.next_seq and not self._early:  # in order, as nearly always: the reorder dict stays empty
             self._push(reply)
             return
         self._early[seq] = reply

@@ -89,7 +89,8 @@ class QueueDepthMonitor:
     async def _refresh(self) -> None:
         assert self._tail is not None
         for model, committed in self._committed.items():
-            tps = [tp for tp in self._tail.assignment() if tp.topic in self._catalog.model_request_topics(model)]
+            topics = set(self._catalog.model_request_topics(model))
+            tps = [tp for tp in self._tail.assignment() if tp.topic in topics]
             done = await committed_offsets(committed, tps)
             for tier in self._settings.tiers:
                 topic = self._catalog.requests(model, tier)
