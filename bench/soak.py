@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from bench.plots import plot_soak
-from bench.stack import MODEL, bench_stack, process_rss_kib
+from bench.stack import MODEL, bench_stack, cpu_seconds, process_rss_kib
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.loadgen import RequestResult, stream_chat
 
@@ -86,15 +86,21 @@ async def soak(stack, seconds: float, rate: float) -> dict[str, Any]:
 
     async def sampler() -> None:
         completed = 0
+        cpu_before, clock_before = {n: cpu_seconds(pid) for n, pid in pids.items()}, time.monotonic()
         while not done.is_set():
             ttft, load.window_ttft_ms = load.window_ttft_ms, []
+            cpu_now, clock_now = {n: cpu_seconds(pid) for n, pid in pids.items()}, time.monotonic()
+            window_s = max(clock_now - clock_before, 1e-3)
             samples.append({
                 "t_s": round(time.monotonic() - started, 1), "requests": load.ok, "failed": load.failed,
                 "completed_in_window": load.ok - completed,
                 "ttft_p50_ms": round(statistics.median(ttft), 1) if ttft else None,
                 "ttft_p99_ms": round(statistics.quantiles(ttft, n=100)[98], 1) if len(ttft) > 1 else None,
-                "rss_mib": {n: round(process_rss_kib(pid) / 1024, 1) for n, pid in pids.items()}})
+                "rss_mib": {n: round(process_rss_kib(pid) / 1024, 1) for n, pid in pids.items()},
+                # share of one core each process used over the window: where a drift's time goes
+                "cpu_pct": {n: round(100 * (cpu_now[n] - cpu_before[n]) / window_s, 1) for n in pids}})
             completed = load.ok
+            cpu_before, clock_before = cpu_now, clock_now
             try:
                 await asyncio.wait_for(done.wait(), SAMPLE_EVERY_S)
             except TimeoutError:
@@ -119,13 +125,26 @@ def growth(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def latency_drift(samples: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Median of the windows' TTFT p50 in the first and the last quarter of the run."""
+    """Median of the windows' TTFT p50 in the first and the last quarter of the run, and in its
+    first and last minute."""
     windows = [s["ttft_p50_ms"] for s in samples if s["ttft_p50_ms"] is not None]
     if len(windows) < 4:
-        return {"first_quarter_ms": None, "last_quarter_ms": None}
+        return {"first_quarter_ms": None, "last_quarter_ms": None, "first_minute_ms": None, "last_minute_ms": None}
     quarter = len(windows) // 4
+    minute = max(1, int(60 / SAMPLE_EVERY_S))
     return {"first_quarter_ms": statistics.median(windows[:quarter]),
-            "last_quarter_ms": statistics.median(windows[-quarter:])}
+            "last_quarter_ms": statistics.median(windows[-quarter:]),
+            "first_minute_ms": statistics.median(windows[:minute]),
+            "last_minute_ms": statistics.median(windows[-minute:])}
+
+
+def cpu_drift(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per process: its mean share of a core in the first and the last quarter of the run."""
+    measured = [s for s in samples[1:] if "cpu_pct" in s]  # the first sample has no window before it
+    quarter = max(1, len(measured) // 4)
+    return {name: {"first_quarter_pct": round(statistics.fmean(s["cpu_pct"][name] for s in measured[:quarter]), 1),
+                   "last_quarter_pct": round(statistics.fmean(s["cpu_pct"][name] for s in measured[-quarter:]), 1)}
+            for name in (measured[0]["cpu_pct"] if measured else {})}
 
 
 def run() -> dict[str, Any]:
@@ -133,7 +152,8 @@ def run() -> dict[str, Any]:
     with bench_stack(SIM) as stack:
         result = asyncio.run(soak(stack, seconds, rate))
     result.update(scenario="soak", seconds=seconds, rate=rate, engine=SIM.model_dump(),
-                  memory=growth(result["samples"]), ttft_p50=latency_drift(result["samples"]))
+                  memory=growth(result["samples"]), ttft_p50=latency_drift(result["samples"]),
+                  cpu=cpu_drift(result["samples"]))
     return result
 
 
@@ -149,8 +169,12 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{result['seconds']:.0f} s at {load}: {c['ok']} requests completed, {c['failed']} failed "
              f"{result['errors'] or ''}",
              f"TTFT p50 (median of 10 s windows): {drift['first_quarter_ms']} ms in the first quarter, "
-             f"{drift['last_quarter_ms']} ms in the last", "",
-             "| process | RSS after warm-up MiB | at the end MiB | max MiB | change MiB |", "|---|---:|---:|---:|---:|"]
+             f"{drift['last_quarter_ms']} ms in the last; {drift.get('first_minute_ms')} ms in the first minute, "
+             f"{drift.get('last_minute_ms')} ms in the last", "",
+             "| process | RSS after warm-up MiB | at the end MiB | max MiB | change MiB | CPU first quarter % | last % |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, m in result["memory"].items():
-        lines.append(f"| {name} | {m['warm_mib']} | {m['end_mib']} | {m['max_mib']} | {m['change_mib']:+.1f} |")
+        cpu = result.get("cpu", {}).get(name, {})
+        lines.append(f"| {name} | {m['warm_mib']} | {m['end_mib']} | {m['max_mib']} | {m['change_mib']:+.1f} "
+                     f"| {cpu.get('first_quarter_pct', '')} | {cpu.get('last_quarter_pct', '')} |")
     return "\n".join(lines)

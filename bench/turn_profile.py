@@ -19,6 +19,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -55,14 +56,17 @@ async def timed_requests(edge_url: str, api_key: str) -> dict[str, tuple[float, 
     return times
 
 
-async def record_times(bus: BusSettings, topics: list[str], kind: type, first_text_only: bool = False) -> dict[str, int]:
-    """request id -> timestamp of its first record (with text, for token events) on ``topics``."""
+async def record_times(bus: BusSettings, topics: list[str] | Callable[[str], bool], kind: type,
+                       first_text_only: bool = False) -> dict[str, int]:
+    """request id -> timestamp of its first record (with text, for token events) on ``topics``
+    (names, or a test of a name: every reply log, rolled ones included)."""
     codec = AvroCodec()
     consumer = make_consumer(bus)
     await consumer.start()
     found: dict[str, int] = {}
     try:
-        consumer.assign(await topic_partitions(consumer, *topics))
+        names = topics if isinstance(topics, list) else [t for t in await consumer.topics() if topics(t)]
+        consumer.assign(await topic_partitions(consumer, *names))
         await consumer.seek_to_beginning()
         while batches := await consumer.getmany(timeout_ms=1000):
             for record in (r for batch in batches.values() for r in batch):
@@ -81,7 +85,7 @@ def run() -> dict[str, Any]:
         bus = stack.bus_settings()
         catalog = TopicCatalog(bus)
         routed = asyncio.run(record_times(bus, catalog.model_request_topics(MODEL), ChatRequest))
-        first_token = asyncio.run(record_times(bus, [catalog.tokens], TokenEvent, first_text_only=True))
+        first_token = asyncio.run(record_times(bus, catalog.is_reply_log, TokenEvent, first_text_only=True))
     rows = []
     for request_id, (sent, received) in list(times.items())[WARMUP:]:
         if request_id in routed and request_id in first_token:

@@ -27,7 +27,16 @@ from tokenbus.producers.moderated import InputModerator
 from tokenbus.producers.placement import Placement, PrefixRouter
 from tokenbus.producers.publisher import RequestPublisher
 from tokenbus.schemas import FINISH_INCOMPLETE, AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
-from tokenbus.topics import BusSettings, RecordSender, ReplyEvent, ReplyRouter, ReplyStream, TopicCatalog, make_producer
+from tokenbus.topics import (
+    BusSettings,
+    RecordSender,
+    ReplyEvent,
+    ReplyRouter,
+    ReplyStream,
+    TopicCatalog,
+    make_producer,
+    profile,
+)
 
 CLOSED_BY = "closer"  # the worker_id of records that close a stream nothing answers
 
@@ -52,8 +61,11 @@ class TokenbusClient:
         self.catalog = TopicCatalog(self.settings)
         self.codec = AvroCodec()
         self.idle_timeout = idle_timeout
+        # On the embedded broker a rotating router rolls its logs (topics/replies.py).
+        rolls = profile(self.settings).roll_reply_logs and (rotate_every_s > 0 or rotate_after_streams > 0)
         self.router = ReplyRouter(self.settings, reply_partitions or [0], self.codec, rotate_every_s=rotate_every_s,
-                                  rotate_after_streams=rotate_after_streams)
+                                  rotate_after_streams=rotate_after_streams, roll_logs=rolls,
+                                  keep_s=self.settings.rolled_reply_log_keep_s)
         self.producer: AIOKafkaProducer = make_producer(self.settings)
         self.sender = RecordSender(self.producer, self.codec, self.catalog)
         self.placement = PrefixRouter(self.settings, self.codec, on_placed=on_placed) if self.settings.prefix_routing else None
@@ -86,7 +98,7 @@ class TokenbusClient:
             model=model,
             tier=tier or self.settings.tiers[-1],
             messages=messages,
-            reply_topic=self.catalog.tokens,
+            reply_topic=self.router.reply_topic,
             reply_partition=self.router.reply_partition,
             **params,
         )
@@ -122,7 +134,7 @@ class TokenbusClient:
     async def submit(self, request: ChatRequest, topic: str | None = None) -> ReplyStream:
         """Open the reply stream first, then publish: no event can slip past. The caller reads
         ``stream.events()`` and closes the stream with ``router.close`` when done."""
-        stream = self.router.open(request.request_id, request.reply_partition)
+        stream = self.router.open(request.request_id, request.reply_partition, request.reply_topic)
         try:
             await self.publisher.publish(request, topic)
         except BaseException:

@@ -115,7 +115,7 @@ class EdgeState:
         events: list[TokenEvent] = []
         try:
             async for reply in replay(self.settings.bus, record.request_id, record.partition, record.start_offset,
-                                      idle_timeout=idle_s, codec=self.bus.codec):
+                                      topic=record.topic, idle_timeout=idle_s, codec=self.bus.codec):
                 events.append(reply.event)
         except ReplyStreamError:
             return events, False

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import faust
+from aiokafka import ConsumerRecord
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Transport
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -28,6 +29,7 @@ from tokenbus.stream_processors.moderation.output import OutputModeration
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.stream_processors.transcripts import TranscriptWriter
 from tokenbus.topics.clients import FetchPacer, profile
+from tokenbus.topics.rolled_logs import RolledLogReader
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,32 @@ def add_moderation(app: faust.App, ctx: ProcessorContext, policy: Policy) -> Non
     async def moderate_output(stream: faust.StreamT) -> None:
         async for event in stream.events():
             await ctx.process(output.name, event.message, TokenEvent, output.handle)
+
+    if profile(ctx.settings.bus).roll_reply_logs:
+        add_rolled_log_moderation(app, ctx, output)
+
+
+def add_rolled_log_moderation(app: faust.App, ctx: ProcessorContext, output: OutputModeration) -> None:
+    """On the embedded broker edges write their streams to rolled reply logs, topics that come and
+    go, which a faust agent cannot follow: a reader of its own hands them to the same job."""
+
+    async def moderate(record: ConsumerRecord) -> None:
+        await ctx.process(output.name, record, TokenEvent, output.handle)
+
+    def forget(log_name: str) -> None:
+        for key in [key for key in ctx.positions if key[1] == log_name]:
+            del ctx.positions[key]
+
+    reader = RolledLogReader(ctx.settings.bus, f"{ctx.settings.group_id}.{output.name}", moderate,
+                             name="moderate-rolled-logs", on_let_go=forget)
+
+    @app.task
+    async def moderate_rolled_logs() -> None:
+        await reader.start()
+        try:
+            await asyncio.Event().wait()  # until the app stops
+        finally:
+            await reader.stop()
 
 
 def add_transcripts(app: faust.App, ctx: ProcessorContext, policy: Policy) -> None:

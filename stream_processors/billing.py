@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from tokenbus.schemas import Completion, DecodeError, ModerationDecision
 from tokenbus.stores.billing.clickhouse import UsageWriter
-from tokenbus.stream_processors.context import ProcessorContext
+from tokenbus.stream_processors.context import ProcessorContext, run_to_end
 from tokenbus.topics import tracing
 
 log = logging.getLogger(__name__)
@@ -91,9 +91,9 @@ class ClickHouseSink:
             raise
 
     async def bill(self, messages: Sequence[Any]) -> None:
-        decoded, written = await self.write_batch("bill-usage", messages, Completion, UsageWriter.write)
+        decoded, written = await run_to_end(self.write_batch("bill-usage", messages, Completion, UsageWriter.write))
         self.ctx.metrics.usage_rows.inc(written)
         self.ctx.metrics.usage_duplicates.inc(decoded - written)
 
     async def store_decisions(self, messages: Sequence[Any]) -> None:
-        await self.write_batch("store-decisions", messages, ModerationDecision, UsageWriter.write_decisions)
+        await run_to_end(self.write_batch("store-decisions", messages, ModerationDecision, UsageWriter.write_decisions))

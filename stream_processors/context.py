@@ -51,6 +51,26 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+async def run_to_end(work: Awaitable[R]) -> R:
+    """Await ``work`` to its end even when the caller is cancelled meanwhile, then pass the
+    cancellation on. faust stops an agent by cancelling it and acks the event in hand as it
+    goes, so a record cut off halfway would be committed as handled and never done again; run to
+    its end, it is either done before the commit or, if the process is killed first, not committed."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():  # the work itself was cancelled
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
 class ProcessorContext:
     def __init__(self, settings: ProcessorSettings) -> None:
         self.settings = settings
@@ -124,7 +144,12 @@ class ProcessorContext:
 
     async def process(self, processor: str, message: Any, record_type: type[RecordT],
                       handle: Callable[[RecordT, Any], Awaitable[None]]) -> None:
-        """Decode one record and hand it to ``handle``; dead-letter what cannot be processed."""
+        """Decode one record and hand it to ``handle``; dead-letter what cannot be processed.
+        Once begun, a record is processed to its end (``run_to_end``)."""
+        await run_to_end(self._process(processor, message, record_type, handle))
+
+    async def _process(self, processor: str, message: Any, record_type: type[RecordT],
+                       handle: Callable[[RecordT, Any], Awaitable[None]]) -> None:
         self.positions[(processor, message.topic, message.partition)] = message.offset + 1
         try:
             record = self.decode(message, record_type)

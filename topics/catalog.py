@@ -54,6 +54,21 @@ class TopicCatalog:
     def tokens(self) -> str:
         return self._name("tokens")
 
+    def rolled_reply_log(self, owner: str, created_ms: int) -> str:
+        """A reply router's log of one rotation on the embedded broker (topics/replies.py)."""
+        return self._name("tokens", owner, str(created_ms))
+
+    def is_reply_log(self, name: str) -> bool:
+        """``tokens`` or a rolled reply log: where token events are written."""
+        return name == self.tokens or self.parse_rolled_reply_log(name) is not None
+
+    def parse_rolled_reply_log(self, name: str) -> tuple[str, int] | None:
+        """``(owner, created_ms)`` of a rolled reply log's name; None for any other topic."""
+        owner, _, created = name.removeprefix(self.tokens + ".").partition(".")
+        if not name.startswith(self.tokens + ".") or not owner or not created.isdigit():
+            return None
+        return owner, int(created)
+
     @property
     def control(self) -> str:
         return self._name("control")

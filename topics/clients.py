@@ -48,6 +48,10 @@ class ClientProfile:
     # at once, so the embedded profile, whose idle readers are paused, lets it sleep longer: five
     # wake-ups a second per idle consumer were a good part of an idle process's CPU.
     fetcher_timeout_ms: int = 200
+    # A rotating reply router writes each rotation to a new topic, deleted once done with
+    # (topics/replies.py): the embedded broker scans a partition's whole log on every fetch and
+    # only gives memory back when a topic is deleted. On Kafka, retention bounds the logs.
+    roll_reply_logs: bool = False
 
 
 PROFILES = {
@@ -64,7 +68,7 @@ PROFILES = {
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
                               idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=10.0, ring_every_s=0.5,
-                              raise_wait_when_starved=True, fetcher_timeout_ms=1000),
+                              raise_wait_when_starved=True, fetcher_timeout_ms=1000, roll_reply_logs=True),
 }
 
 
@@ -77,30 +81,58 @@ def doorbell_on(settings: BusSettings) -> bool:
     return settings.broker == "embedded" and bool(settings.doorbell_url)
 
 
-class RingingProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ships no types
-    """A producer that rings the doorbell as it writes (rate-limited, topics/doorbell.py), but not
-    for ``quiet_topics``: what nobody waits for must not wake every reader of an idle stack."""
+FORGET_TOPIC_AFTER_S = 60.0  # an embedded producer stops naming a topic in its metadata requests
 
-    def __init__(self, doorbell: Doorbell, quiet_topics: frozenset[str] = frozenset(), **options: Any) -> None:
+
+class EmbeddedProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ships no types
+    """The embedded broker's producer.
+
+    It forgets topics it has not written to for ``FORGET_TOPIC_AFTER_S``: aiokafka names every
+    topic a producer ever wrote to in each metadata refresh, and the embedded broker creates a
+    topic a metadata request names, so a writer of rolled reply logs (topics/replies.py) would
+    bring each one back after its router deleted it.
+
+    With a doorbell it rings as it writes (rate-limited, topics/doorbell.py), but not for
+    ``quiet_topics``: what nobody waits for must not wake every reader of an idle stack."""
+
+    def __init__(self, doorbell: Doorbell | None, quiet_topics: frozenset[str] = frozenset(), **options: Any) -> None:
         super().__init__(**options)
         self._doorbell = doorbell
         self._quiet_topics = quiet_topics
+        self._written: dict[str, float] = {}  # topic -> when last written
+        self._forget_at = time.monotonic() + FORGET_TOPIC_AFTER_S
+
+    def _forget_unwritten(self) -> None:
+        """Before a write, which may refresh the metadata of every topic the producer knows."""
+        now = time.monotonic()
+        if now >= self._forget_at:
+            self._forget_at = now + FORGET_TOPIC_AFTER_S
+            self._written = {t: at for t, at in self._written.items() if now - at < FORGET_TOPIC_AFTER_S}
+            self.client.set_topics(list(self._written))
+
+    def _wrote(self, topic: str) -> None:
+        if topic not in self._written:  # new, or forgotten a while ago: its metadata is wanted again
+            self.client.add_topic(topic)
+        self._written[topic] = time.monotonic()
+        if self._doorbell is not None and topic not in self._quiet_topics:
+            self._doorbell.ring(topic)
 
     async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        self._forget_unwritten()
         delivery = await super().send(topic, *args, **kwargs)
-        if topic not in self._quiet_topics:
-            self._doorbell.ring(topic)
+        self._wrote(topic)
         return delivery
 
     async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        self._forget_unwritten()
         delivery = await super().send_batch(batch, topic, partition=partition)
-        if topic not in self._quiet_topics:
-            self._doorbell.ring(topic)
+        self._wrote(topic)
         return delivery
 
     async def stop(self) -> None:
         await super().stop()
-        await self._doorbell.close()
+        if self._doorbell is not None:
+            await self._doorbell.close()
 
 
 def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
@@ -117,14 +149,16 @@ def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
         max_batch_size=256 * 1024,
     )
     options.update(overrides)
+    if on_kafka:
+        return AIOKafkaProducer(**options)
+    doorbell = None
     if doorbell_on(settings):
         assert settings.doorbell_url
         doorbell = Doorbell(settings.doorbell_url, settings.topic_prefix, profile(settings).ring_every_s)
-        # GPU consumers' cache reports (a snapshot every 10 s each, idle or not): a paused router
-        # reads them within its idle poll, and a stale index costs only a cache miss.
-        quiet = frozenset({TopicCatalog(settings).cache_reports})
-        return RingingProducer(doorbell, quiet, **options)
-    return AIOKafkaProducer(**options)
+    # GPU consumers' cache reports (a snapshot every 10 s each, idle or not): a paused router
+    # reads them within its idle poll, and a stale index costs only a cache miss.
+    quiet = frozenset({TopicCatalog(settings).cache_reports})
+    return EmbeddedProducer(doorbell, quiet, **options)
 
 
 def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = None, background: bool = False,

@@ -30,6 +30,7 @@ import redis.asyncio as redis
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
+MAX_TOPICS_REMEMBERED = 256
 
 
 def channel(topic_prefix: str) -> str:
@@ -51,6 +52,8 @@ class Doorbell:
         now = time.monotonic()
         if now - self._last_rung.get(topic, float("-inf")) < self._ring_every_s:
             return
+        if len(self._last_rung) > MAX_TOPICS_REMEMBERED:  # rolled reply logs come and go
+            self._last_rung = {t: at for t, at in self._last_rung.items() if now - at < self._ring_every_s}
         self._last_rung[topic] = now
         task = asyncio.get_running_loop().create_task(self._publish(topic))
         self._ringing.add(task)

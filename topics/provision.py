@@ -50,3 +50,29 @@ async def delete_topics(bootstrap_servers: str, names: list[str]) -> None:
         await admin.delete_topics(names)
     finally:
         await admin.close()
+
+
+class TopicAdmin:
+    """A long-lived admin connection, for a process that creates and deletes topics as it runs
+    (a reply router rolling its logs on the embedded broker)."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+
+    async def start(self) -> None:
+        await self._admin.start()
+
+    async def close(self) -> None:
+        await self._admin.close()
+
+    async def create(self, name: str, partitions: int) -> None:
+        response = await self._admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        refused = [errors.for_code(code).__name__ for _, code, *_ in response.topic_errors if code not in (0, TOPIC_EXISTS)]
+        if refused:
+            raise TopicProvisioningError(f"the broker refused to create {name}: {refused[0]}")
+
+    async def delete(self, names: list[str]) -> None:
+        await self._admin.delete_topics(names)
+
+    async def names(self) -> list[str]:
+        return list(await self._admin.list_topics())

@@ -26,13 +26,15 @@ async def replay(
     delivered_through: int | None = None,
     idle_timeout: float | None = 60.0,
     codec: AvroCodec | None = None,
+    topic: str | None = None,
 ) -> AsyncGenerator[ReplyEvent, None]:
-    """Events of ``request_id`` on ``partition`` from ``from_offset``. Events at offsets up to
+    """Events of ``request_id`` on ``partition`` of ``topic`` (``tokens`` if not given) from
+    ``from_offset``. Events at offsets up to
     ``delivered_through`` (a Last-Event-ID) were delivered already: they are read to learn
     where the stream stands but not yielded again; if the final event was among them, the
     replay ends with nothing more to yield."""
     codec = codec or AvroCodec()
-    tp = TopicPartition(TopicCatalog(settings).tokens, partition)
+    tp = TopicPartition(topic or TopicCatalog(settings).tokens, partition)
     key = request_id.encode()
     stream = ReplyStream(request_id)
     consumer = make_consumer(settings)

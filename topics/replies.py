@@ -12,12 +12,23 @@ without retention (the embedded one) scans a partition's whole list of record ba
 every fetch, and a fetch whose scan outlasts ``fetch_max_wait_ms`` returns nothing, so one
 ever-growing hot partition eventually stops delivering. Rotating keeps the partition being
 written small and reads only the partitions that still have open streams.
+
+Why, on the embedded broker, each rotation writes a new topic instead (a *rolled reply log*,
+``tokens.<router>.<created ms>``, one partition): rotating through partitions only spreads the
+growth, and once every owned partition has been written a few times each fetch scans them all
+again (a steady 10-minute soak's broker CPU doubled as the laps went by). A topic can be
+deleted, and that is the only way the embedded broker gives memory back: a rolled log is
+deleted once it has taken no new stream for ``keep_s`` (how long its streams stay resumable
+there), none of its streams is open and nothing arrived on it lately. Kafka's retention does
+that job on a cluster, where the router rotates through partitions of ``tokens``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -27,12 +38,18 @@ from aiokafka.errors import KafkaError
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.clients import FetchPacer, cancel_task, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.provision import TopicAdmin, TopicProvisioningError
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_SIZE = 4096
 RECREATED_CHECK_S = 1.0  # how often the router looks for a reply log that was re-created
+# A rolled reply log is deleted only after nothing arrived on it for this long, so that no writer
+# still names it in its metadata (the embedded broker creates a topic a metadata request names).
+ROLLED_LOG_QUIET_S = 120.0
+SWEEP_EVERY_S = 60.0  # how often a router looks for rolled logs nobody deletes (re-created, or a dead router's)
+ABANDONED_AFTER_S = 3600.0  # another router's rolled log this much older than keep_s is taken for abandoned
 
 
 STREAM_IDLE = "stream_timeout"  # nothing arrived for the idle timeout: whatever generated it is gone
@@ -167,8 +184,10 @@ class ReplyStream:
 class ReplyRouter:
     """Reads this process's reply partitions and routes events to open streams.
 
-    New requests go to the ``reply_partition`` of the moment; the consumer reads that one and
-    every partition that still has an open stream, from the position it last routed."""
+    New requests go to the reply partition of the moment (``reply_topic``, ``reply_partition``);
+    the consumer reads that one and every partition that still has an open stream, from the
+    position it last routed. With ``roll_logs`` each rotation moves to a new rolled reply log
+    instead of the next owned partition (module docstring)."""
 
     def __init__(
         self,
@@ -178,38 +197,62 @@ class ReplyRouter:
         queue_size: int = DEFAULT_QUEUE_SIZE,
         rotate_every_s: float = 0.0,
         rotate_after_streams: int = 0,
+        roll_logs: bool = False,
+        keep_s: float = 600.0,
     ) -> None:
         if not partitions:
             raise ValueError("a reply router needs at least one partition")
         self.settings = settings
-        self.topic = TopicCatalog(settings).tokens
+        self.catalog = TopicCatalog(settings)
         self.partitions = partitions
         self.rotate_every_s = rotate_every_s
         self.rotate_after_streams = rotate_after_streams
+        self.roll_logs = roll_logs
+        self.keep_s = keep_s
+        self._owner = secrets.token_hex(4)  # names this router's rolled logs
         self._opened_here = 0  # streams opened on the current partition since it became current
         self._codec = codec or AvroCodec()
         self._queue_size = queue_size
         self._streams: dict[str, ReplyStream] = {}
-        self._stream_partitions: dict[str, int] = {}
-        self._current = partitions[0]
-        self._reading: set[int] = set()
+        self._stream_partitions: dict[str, TopicPartition] = {}
+        self._current = TopicPartition(self.catalog.tokens, partitions[0])
+        self._next: TopicPartition | None = None  # the rolled log the next rotation moves to, made in advance
+        self._reading: set[TopicPartition] = set()
         self._consumer: AIOKafkaConsumer | None = None
+        self._admin: TopicAdmin | None = None
         self._reader: asyncio.Task[None] | None = None
         self._rotation: asyncio.Task[None] | None = None
-        self._positions: dict[int, int] = {}
+        self._moving = asyncio.Lock()  # one move to the next partition or log at a time
+        self._positions: dict[TopicPartition, int] = {}
+        self._retired: dict[str, float] = {}  # this router's earlier rolled logs: when each stopped taking streams
+        self._last_event: dict[str, float] = {}  # rolled log: when an event last arrived on it
         self._pacer = FetchPacer(settings)
         self.undecodable = 0
         self.rotations = 0
 
     @property
-    def reply_partition(self) -> int:
-        """Where a request published now should have its events written."""
-        return self._current
+    def reply_topic(self) -> str:
+        """Where a request published now should have its events written: this topic..."""
+        topic: str = self._current.topic
+        return topic
 
     @property
-    def reading(self) -> set[int]:
+    def reply_partition(self) -> int:
+        """...and this partition of it."""
+        partition: int = self._current.partition
+        return partition
+
+    @property
+    def reading(self) -> set[TopicPartition]:
         """The partitions the consumer reads now."""
         return set(self._reading)
+
+    @property
+    def rolled_logs(self) -> list[str]:
+        """This router's rolled reply logs that still exist, oldest first."""
+        if not self.roll_logs:
+            return []
+        return [*self._retired, self._current.topic, *([self._next.topic] if self._next is not None else [])]
 
     @property
     def open_streams(self) -> int:
@@ -219,16 +262,25 @@ class ReplyRouter:
         self._consumer = make_consumer(self.settings)
         await self._consumer.start()
         self._pacer.attach(self._consumer)
-        self._positions[self._current] = await self._end_offset(self._current)
+        if self.roll_logs:
+            self._admin = TopicAdmin(self.settings.bootstrap_servers)
+            await self._admin.start()
+            self._current = await self._new_rolled_log()
+            self._next = await self._new_rolled_log()
+        else:
+            self._positions[self._current] = await self._end_offset(self._current)
         self._read({self._current})
         self._reader = asyncio.create_task(self._run(), name="reply-router")
-        if (self.rotate_every_s > 0 or self.rotate_after_streams > 0) and len(self.partitions) > 1:
+        if self.roll_logs or ((self.rotate_every_s > 0 or self.rotate_after_streams > 0) and len(self.partitions) > 1):
             self._rotation = asyncio.create_task(self._rotate(), name="reply-rotation")
 
     async def stop(self) -> None:
         await cancel_task(self._rotation)
         await self._pacer.close()
         await stop_reader(self._reader, self._consumer)
+        if self._admin is not None:
+            # Rolled logs outlive the router: another edge may still resume one of their streams.
+            await self._admin.close()
         self.fail_all(ReplyStreamError("reply router stopped", ROUTER_STOPPED))
 
     def fail_all(self, error: ReplyStreamError) -> int:
@@ -240,20 +292,31 @@ class ReplyRouter:
         self._stream_partitions.clear()
         return len(streams)
 
-    def position(self, partition: int) -> int:
-        """An offset no event published from now on can precede: where a new stream's replay starts."""
-        return self._positions.get(partition, 0)
+    async def log_exists(self, topic: str) -> bool:
+        """Whether ``topic`` still exists (rolled reply logs are deleted once done with); True when
+        the broker cannot say: a reader of the log finds out for itself."""
+        assert self._consumer is not None
+        try:
+            return topic in await self._consumer.topics()  # a listing of every topic creates none
+        except KafkaError:
+            return True
 
-    def open(self, request_id: str, partition: int | None = None) -> ReplyStream:
+    def position(self, partition: int, topic: str | None = None) -> int:
+        """An offset no event published from now on can precede: where a new stream's replay starts."""
+        return self._positions.get(TopicPartition(topic or self.catalog.tokens, partition), 0)
+
+    def open(self, request_id: str, partition: int | None = None, topic: str | None = None) -> ReplyStream:
         """Register interest before publishing the request, so no event can be missed.
-        ``partition``: the request's reply partition (the current one if not given)."""
+        ``topic``, ``partition``: where the request's events are written (the current reply
+        partition if not given; ``topic`` defaults to ``tokens``)."""
         stream = ReplyStream(request_id, queue_size=self._queue_size)
         self._pacer.wake()  # its events are on the way
+        tp = self._current if partition is None else TopicPartition(topic or self.catalog.tokens, partition)
         self._streams[request_id] = stream
-        self._stream_partitions[request_id] = self._current if partition is None else partition
-        if self._stream_partitions[request_id] == self._current:
+        self._stream_partitions[request_id] = tp
+        if tp == self._current:
             self._opened_here += 1
-        if self._stream_partitions[request_id] not in self._reading and self._consumer is not None:
+        if tp not in self._reading and self._consumer is not None:
             self._read(self._wanted())
         return stream
 
@@ -261,53 +324,126 @@ class ReplyRouter:
         self._streams.pop(request_id, None)
         self._stream_partitions.pop(request_id, None)
 
-    async def _end_offset(self, partition: int) -> int:
+    async def _end_offset(self, tp: TopicPartition) -> int:
         assert self._consumer is not None
-        tp = TopicPartition(self.topic, partition)
         # On the embedded broker this can point a batch early; the extra events belong to no
         # open request and are dropped.
         offsets: dict[TopicPartition, int] = await self._consumer.end_offsets([tp])
         return offsets[tp]
 
-    def _wanted(self) -> set[int]:
+    def _wanted(self) -> set[TopicPartition]:
         return {self._current, *self._stream_partitions.values()}
 
-    def _read(self, partitions: set[int]) -> None:
+    def _read(self, partitions: set[TopicPartition]) -> None:
         """Read exactly ``partitions``, each from the position last routed (nothing skipped)."""
         assert self._consumer is not None
-        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        tps = sorted(partitions)
         self._consumer.assign(tps)
         for tp in tps:
-            self._consumer.seek(tp, self._positions.get(tp.partition, 0))
+            self._consumer.seek(tp, self._positions.get(tp, 0))
         self._reading = set(partitions)
 
     async def _rotate(self) -> None:
         """Every ``rotate_every_s``, or once ``rotate_after_streams`` were opened (checked each
-        tick): move new requests to the next owned partition, starting from its end; stop reading
-        partitions whose streams have all ended."""
+        tick): move new requests to the next owned partition (from its end) or a new rolled log;
+        stop reading partitions whose streams have all ended; delete rolled logs done with."""
         timed = self.rotate_every_s > 0  # either rule may be off (0); the task runs for the other
         tick = min(1.0, self.rotate_every_s) if timed else 1.0
         loop = asyncio.get_running_loop()
         rotate_at = loop.time() + self.rotate_every_s
+        sweep_at = loop.time() + SWEEP_EVERY_S
         while True:
             await asyncio.sleep(tick)
             crowded = 0 < self.rotate_after_streams <= self._opened_here
-            if (timed and loop.time() >= rotate_at) or crowded:
-                rotate_at = loop.time() + self.rotate_every_s
-                try:
-                    await self._move_to_next_partition()
-                except KafkaError as exc:  # the broker is away: keep writing where we are, try next time
-                    log.warning("reply partition not rotated: %s", exc)
+            try:
+                if (timed and loop.time() >= rotate_at) or crowded:
+                    rotate_at = loop.time() + self.rotate_every_s
+                    await self._move_on()
+                if self.roll_logs:
+                    await self._delete_rolled_logs(sweep=loop.time() >= sweep_at)
+                    sweep_at = sweep_at if loop.time() < sweep_at else loop.time() + SWEEP_EVERY_S
+            except (KafkaError, TopicProvisioningError) as exc:  # the broker is away: keep writing where we are
+                log.warning("reply partition not rotated: %s", exc)
             if self._wanted() != self._reading:
                 self._read(self._wanted())
 
-    async def _move_to_next_partition(self) -> None:
-        following = self.partitions[(self.partitions.index(self._current) + 1) % len(self.partitions)]
-        if following not in self._reading:
-            self._positions[following] = await self._end_offset(following)
+    async def broker_returned(self) -> None:
+        """The broker answers again after an outage. On the embedded broker new requests then move
+        to rolled logs made now: it kept nothing, and it takes writes to a topic it no longer knows
+        (a late writer of the current log) yet creates that topic afresh, from offset 0, once a
+        metadata request names it, so every later write there collides with the earlier ones
+        and fails until the offsets pass them. A cluster kept its logs: nothing to do."""
+        if not self.roll_logs:
+            return
+        try:
+            lost = self._next
+            self._next = await self._new_rolled_log()
+            if lost is not None:
+                self._retired[lost.topic] = time.monotonic()
+            await self._move_on()
+        except (KafkaError, TopicProvisioningError) as exc:
+            log.warning("no fresh reply log after the broker returned: %s", exc)
+        else:
+            log.info("the broker returned: new requests write to %s", self._current.topic)
+
+    async def _move_on(self) -> None:
+        async with self._moving:
+            await self._move_to_next()
+
+    async def _move_to_next(self) -> None:
+        if self.roll_logs:
+            # Each log is made a rotation before it is used: readers of every log (topics/rolled_logs.py)
+            # list the topics only every few seconds, and the broker's listing slows as topics come and go.
+            assert self._next is not None
+            following, self._next = self._next, await self._new_rolled_log()
+            self._retired[self._current.topic] = time.monotonic()
+        else:
+            index = self.partitions.index(self._current.partition)
+            following = TopicPartition(self._current.topic, self.partitions[(index + 1) % len(self.partitions)])
+            if following not in self._reading:
+                self._positions[following] = await self._end_offset(following)
         self._current = following
         self._opened_here = 0
         self.rotations += 1
+
+    async def _new_rolled_log(self) -> TopicPartition:
+        assert self._admin is not None
+        name = self.catalog.rolled_reply_log(self._owner, int(time.time() * 1000))
+        await self._admin.create(name, partitions=1)
+        tp = TopicPartition(name, 0)
+        self._positions[tp] = 0  # a new log: every event of it is new
+        self._last_event[name] = time.monotonic()
+        return tp
+
+    async def _delete_rolled_logs(self, sweep: bool) -> None:
+        """Delete this router's rolled logs that are done with; on a ``sweep``, also rolled logs
+        of this router it no longer knows (re-created by a late writer) and other routers' logs
+        abandoned long ago (their router died)."""
+        assert self._admin is not None
+        now = time.monotonic()
+        open_logs = {tp.topic for tp in self._stream_partitions.values()}
+        done = [name for name, retired_at in self._retired.items()
+                if now - retired_at >= self.keep_s and name not in open_logs
+                and now - self._last_event.get(name, 0.0) >= ROLLED_LOG_QUIET_S]
+        if sweep:
+            mine = set(self.rolled_logs)
+            cutoff_ms = (time.time() - self.keep_s - ABANDONED_AFTER_S) * 1000
+            for name in await self._admin.names():
+                rolled = self.catalog.parse_rolled_reply_log(name)
+                if rolled is None or name in mine:
+                    continue
+                owner, created_ms = rolled
+                if owner == self._owner or created_ms < cutoff_ms:
+                    done.append(name)
+        if not done:
+            return
+        await self._admin.delete(done)
+        for name in done:
+            self._retired.pop(name, None)
+            self._last_event.pop(name, None)
+            for tp in [tp for tp in self._positions if tp.topic == name]:
+                del self._positions[tp]
+        log.info("deleted %d rolled reply log(s)", len(done))
 
     async def _run(self) -> None:
         assert self._consumer is not None
@@ -315,18 +451,20 @@ class ReplyRouter:
         check_at = loop.time() + RECREATED_CHECK_S
         while True:
             batches = await self._consumer.getmany(timeout_ms=500)
-            for records in batches.values():
+            for tp, records in batches.items():
+                if records and self.roll_logs:
+                    self._last_event[tp.topic] = time.monotonic()
                 for record in records:
-                    self._route(record)
+                    self._route(tp, record)
             # An open stream is as good as traffic: its next event may come at any moment.
             self._pacer.observed(sum(map(len, batches.values())) or len(self._streams))
             if loop.time() >= check_at:
                 check_at = loop.time() + RECREATED_CHECK_S
                 for tp in await rewind_recreated(self._consumer):
-                    self._positions[tp.partition] = 0
+                    self._positions[tp] = 0
 
-    def _route(self, record: ConsumerRecord) -> None:
-        self._positions[record.partition] = record.offset + 1
+    def _route(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        self._positions[tp] = record.offset + 1
         request_id = record.key.decode(errors="replace") if record.key else ""
         stream = self._streams.get(request_id)
         if stream is None:
@@ -335,7 +473,7 @@ class ReplyRouter:
             event = self._codec.decode(record.value, TokenEvent)
         except DecodeError as exc:
             self.undecodable += 1
-            log.warning("undecodable token event at %s-%s: %s", record.partition, record.offset, exc.reason)
+            log.warning("undecodable token event at %s-%s-%s: %s", tp.topic, tp.partition, record.offset, exc.reason)
             return
         stream.offer(ReplyEvent(event, record.partition, record.offset))
         if stream.done:

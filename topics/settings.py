@@ -52,8 +52,12 @@ class BusSettings(BaseSettings):
     # consumers report nothing and requests are placed by conversation, as before.
     prefix_routing: bool = True
     request_partitions: int = 4
-    # Reply partitions: edges own disjoint sets and rotate through them (producers/replies.py).
+    # Reply partitions: edges own disjoint sets and rotate through them (topics/replies.py).
     token_partitions: int = 24
+    # On the embedded broker edges roll their reply logs instead (a topic per rotation): a rolled
+    # log is deleted this long after it took its last new stream, so its streams stay resumable
+    # that long there (TOKENBUS_EDGE_STREAM_TTL_S is how long they are on a Kafka cluster).
+    rolled_reply_log_keep_s: float = 600.0
     service_partitions: int = 4
 
     _split_models = field_validator("models", "tiers", mode="before")(split_csv)

@@ -91,7 +91,8 @@ async def bus_stages(bus: BusSettings, request_id: str) -> tuple[list[Stage], Ch
     async for record in records(bus, [catalog.moderation], key):
         decision = codec.decode(record.value, ModerationDecision)
         stages.append(Stage(f"moderation decision ({decision.stage})", decision.decided_at_ms, decision.action))
-    tokens = [codec.decode(r.value, TokenEvent) async for r in records(bus, [catalog.tokens], key)]
+    reply_log = request.reply_topic if request is not None else catalog.tokens
+    tokens = [codec.decode(r.value, TokenEvent) async for r in records(bus, [reply_log], key)]
     first = next((e for e in tokens if e.seq == 0), None)
     if first is not None and first.admitted_at_ms is not None:
         stages.append(Stage("consumer admitted", first.admitted_at_ms, first.worker_id))

@@ -199,7 +199,7 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         top_p=chat.top_p,
         seed=chat.seed,
         stop=chat.stop_sequences,
-        reply_topic=edge.bus.catalog.tokens,
+        reply_topic=edge.bus.router.reply_topic,
         reply_partition=edge.bus.router.reply_partition,
         tools=[ToolSpec(t.function.name, t.function.description or "",
                         json.dumps(t.function.parameters or EMPTY_PARAMETERS, separators=(",", ":")))
@@ -227,10 +227,10 @@ def tool_choice_of(chat: ChatCompletionRequest) -> str:
 
 async def register_stream(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> None:
     """Record where the stream will be, before any event of it can exist."""
-    partition = bus_request.reply_partition
+    topic, partition = bus_request.reply_topic, bus_request.reply_partition
     record = StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, partition,
-                          edge.bus.router.position(partition), include_usage, digest,
-                          base64.b64encode(edge.bus.codec.encode(bus_request)).decode())
+                          edge.bus.router.position(partition, topic), include_usage, digest,
+                          base64.b64encode(edge.bus.codec.encode(bus_request)).decode(), topic)
     try:
         await edge.streams.register(record)
     except (redis.RedisError, OSError):

@@ -81,7 +81,7 @@ def continuation_of(turn: ChatRequest, delivered: list[TokenEvent], edge: EdgeSt
     return dataclasses.replace(
         turn,
         request_id=new_request_id(),
-        reply_topic=edge.bus.catalog.tokens,
+        reply_topic=edge.bus.router.reply_topic,
         reply_partition=edge.bus.router.reply_partition,
         created_at_ms=now_ms(),
         deadline_ms=None,

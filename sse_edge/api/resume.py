@@ -91,12 +91,15 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
     if last_event is not None and last_event.partition != record.partition:
         raise InvalidRequest("Last-Event-ID does not belong to this stream.", param="Last-Event-ID",
                              code="invalid_last_event_id")
+    if record.topic and not await edge.bus.router.log_exists(record.topic):
+        raise NotFound(f"The stream `{record.request_id}` is no longer kept and cannot be read again.",
+                       param="completion_id", code="stream_expired")
     try:
         await edge.streams.attach(record.request_id)
     except (redis.RedisError, OSError):
         pass
     edge.metrics.resumed.inc()
-    events = replay(edge.settings.bus, record.request_id, record.partition, record.start_offset,
+    events = replay(edge.settings.bus, record.request_id, record.partition, record.start_offset, topic=record.topic,
                     delivered_through=last_event.delivered_through if last_event else None,
                     idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
     hooks = RelayHooks(on_final=_nothing_to_charge,

@@ -2,7 +2,8 @@
 new requests at once (503, instead of a produce that would wait out its timeout), and if
 it stays away past a grace period, open streams end with an error event rather than
 hanging until their idle timeout. The aiokafka clients reconnect by themselves when it
-returns."""
+returns; the reply router is told first, so that on the embedded broker new requests write
+to fresh reply logs (``ReplyRouter.broker_returned``)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,10 @@ class BrokerWatch:
 
     async def _watch(self) -> None:
         while True:
-            self._observe(await self.answers(), time.monotonic())
+            answered = await self.answers()
+            if answered and not self.available:
+                await self._router.broker_returned()  # before new requests are let in again
+            self._observe(answered, time.monotonic())
             await asyncio.sleep(self._interval_s)
 
     def _observe(self, answered: bool, now: float) -> None:

@@ -16,12 +16,14 @@ class StreamRecord:
     request_id: str
     tenant: str
     model: str
-    partition: int  # of the tokens topic
+    partition: int  # of ``topic``
     start_offset: int  # no event of this request lies before it
     include_usage: bool = False
     body_hash: str = ""
     # The request as published (Avro, base64): what a continuation of an incomplete turn repeats.
     request: str = ""
+    # Where its events are written: ``tokens`` when empty, else a rolled reply log (topics/replies.py).
+    topic: str = ""
 
 
 class IdempotencyConflict(Exception):

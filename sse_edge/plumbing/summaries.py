@@ -42,7 +42,7 @@ def summary_request(client: TokenbusClient, model: str, key: ApiKey, conversatio
     newest = dropped[-1]
     return ChatRequest(
         request_id=new_request_id(), model=model, tier=client.settings.tiers[-1], tenant=key.tenant,
-        key_id=key.key_id, max_tokens=max_tokens, reply_topic=client.catalog.tokens,
+        key_id=key.key_id, max_tokens=max_tokens, reply_topic=client.router.reply_topic,
         reply_partition=client.router.reply_partition,
         messages=[ChatMessage("system", INSTRUCTION), ChatMessage("user", "\n".join(lines))],
         annotations=summary_annotations(conversation_id, newest.turn_at_ms, newest.request_id),

@@ -8,10 +8,18 @@ def sample(t_s: float, ttft: float | None, rss: dict[str, float]) -> dict:
     return {"t_s": t_s, "ttft_p50_ms": ttft, "rss_mib": rss}
 
 
-def test_latency_drift_compares_the_first_and_last_quarter_of_windows():
+def test_latency_drift_compares_the_first_and_last_quarter_and_minute_of_windows():
     samples = [sample(i * 10, ttft, {}) for i, ttft in enumerate([None, 10, 12, 11, 50, 60, 70, 80, 90])]
     drift = soak.latency_drift(samples)
-    assert drift == {"first_quarter_ms": 11, "last_quarter_ms": 85}
+    # 10 s windows: a quarter is two of the eight, a minute six
+    assert drift == {"first_quarter_ms": 11, "last_quarter_ms": 85, "first_minute_ms": 31, "last_minute_ms": 65}
+
+
+def test_cpu_drift_compares_each_process_in_the_first_and_last_quarter():
+    shares = [{"broker": 0.0}, {"broker": 50.0}, {"broker": 52.0}, {"broker": 70.0}, {"broker": 80.0},
+              {"broker": 90.0}, {"broker": 100.0}, {"broker": 101.0}, {"broker": 103.0}]
+    samples = [{**sample(i * 10, None, {}), "cpu_pct": cpu} for i, cpu in enumerate(shares)]
+    assert soak.cpu_drift(samples) == {"broker": {"first_quarter_pct": 51.0, "last_quarter_pct": 102.0}}
 
 
 def test_latency_drift_needs_enough_windows():

@@ -8,13 +8,16 @@ import signal
 import httpx
 import openai
 import pytest
+import redis.asyncio as redis
 
 from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.gpu_consumers.helpers import read_all
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.schemas import AvroCodec, Completion
+from tokenbus.sse_edge.plumbing.streams import StreamRegistry
 from tokenbus.topics import TopicCatalog
+from tokenbus.topics.provision import TopicAdmin
 
 CHAT = "/v1/chat/completions"
 SSE = {"Accept": "text/event-stream"}  # what SSE clients send; it brings each event's id
@@ -101,6 +104,13 @@ async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack,
     assert rest[-1]["data"] == "[DONE]"
     ids = [e["id"] for e in got + rest if "id" in e]
     assert len(ids) == len(set(ids)), "an event was delivered twice"
+    # On the embedded broker the dead edge wrote to a rolled reply log; the stream record names it.
+    connection = redis.Redis.from_url(stack.settings.redis_url)
+    try:
+        record = await StreamRegistry(connection, stack.settings.redis_prefix).get(request_id)
+    finally:
+        await connection.aclose()
+    assert record is not None and TopicCatalog(stack.bus_settings()).parse_rolled_reply_log(record.topic) is not None
 
 
 async def test_resuming_after_the_last_event_ends_the_stream_at_once(stack, edge_url, api_key):
@@ -115,6 +125,39 @@ async def test_resuming_after_the_last_event_ends_the_stream_at_once(stack, edge
     assert whole[-1]["data"] == "[DONE]" and json.loads(whole[-2]["data"])["choices"][0]["finish_reason"] is not None
     assert resumed.status_code == 200
     assert sse_events(resumed.text) == [{"data": "[DONE]"}]
+
+
+async def test_a_stream_whose_rolled_log_is_gone_is_expired_at_once(stack, api_key):
+    """On the embedded broker an edge deletes a rolled reply log once done with (10 minutes after
+    it moved on from it); resuming one of its streams after that is a clear 404 at once, not a
+    wait for events that are gone."""
+    port = free_port()
+    edge = stack.start_edge("edge-expiry", port, reply_partitions="5", env={"TOKENBUS_EDGE_REPLY_ROTATE_S": "0.5"})
+    edge_url = f"http://127.0.0.1:{port}"
+    body = {"model": MODEL, "stream": True, "seed": 3, "messages": [{"role": "user", "content": "soon gone"}]}
+    try:
+        async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}", **SSE}) as http:
+            whole = sse_events((await http.post(f"{edge_url}{CHAT}", json=body)).text)
+            request_id = json.loads(whole[0]["data"])["id"]
+            kept = await http.get(f"{edge_url}{CHAT}/{request_id}/stream")
+            assert kept.status_code == 200 and content_of(sse_events(kept.text)) == content_of(whole)
+
+            connection = redis.Redis.from_url(stack.settings.redis_url)
+            try:
+                record = await StreamRegistry(connection, stack.settings.redis_prefix).get(request_id)
+            finally:
+                await connection.aclose()
+            await asyncio.sleep(1.5)  # the edge has moved on to newer logs
+            admin = TopicAdmin(stack.bus_settings().bootstrap_servers)
+            await admin.start()
+            try:
+                await admin.delete([record.topic])  # what the edge does once the keep time is over
+            finally:
+                await admin.close()
+            expired = await http.get(f"{edge_url}{CHAT}/{request_id}/stream")
+    finally:
+        edge.stop()
+    assert expired.status_code == 404 and expired.json()["error"]["code"] == "stream_expired"
 
 
 async def test_a_client_that_goes_away_stops_its_generation(stack, edge_url, api_key):

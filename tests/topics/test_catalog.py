@@ -17,6 +17,17 @@ def test_names_follow_prefix_model_and_tier():
     }
 
 
+def test_rolled_reply_logs_are_named_by_router_and_time_and_told_apart_from_other_topics():
+    catalog = TopicCatalog(BusSettings(topic_prefix="tb."))
+    name = catalog.rolled_reply_log("ab12", 1_795_000_000_123)
+    assert name == "tb.tokens.ab12.1795000000123"
+    assert catalog.parse_rolled_reply_log(name) == ("ab12", 1_795_000_000_123)
+    assert catalog.is_reply_log(name) and catalog.is_reply_log(catalog.tokens)
+    for other in (catalog.tokens, catalog.completions, "tb.tokens.ab12", "tb.tokens.ab12.x", "tb.tokens..5", "xx.tokens.a.1"):
+        assert catalog.parse_rolled_reply_log(other) is None
+    assert not catalog.is_reply_log(catalog.control)
+
+
 def test_topic_safe_keeps_only_legal_characters():
     assert topic_safe("a.b/c:d e") == "a_b_c_d_e"
     assert topic_safe("ok-name_1") == "ok-name_1"

@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 
 from tests.topics.test_client_profiles import counted_fetches
 from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, make_producer
-from tokenbus.topics.clients import PROFILES, RingingProducer
+from tokenbus.topics.clients import PROFILES, EmbeddedProducer
 from tokenbus.topics.doorbell import Doorbell, channel
 
 
@@ -76,7 +76,7 @@ async def test_an_idle_reader_stops_fetching_and_a_ring_wakes_it(embedded, monke
     tp = TopicPartition(TopicCatalog(embedded).control, 0)
     silent = make_producer(embedded.model_copy(update={"doorbell_url": None}))
     ringing = make_producer(embedded)
-    assert isinstance(ringing, RingingProducer) and not isinstance(silent, RingingProducer)
+    assert isinstance(ringing, EmbeddedProducer) and isinstance(silent, EmbeddedProducer)  # one rings, one not
     await silent.start()
     await ringing.start()
     try:

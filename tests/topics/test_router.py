@@ -5,6 +5,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
+from aiokafka import TopicPartition
 
 from tokenbus.infra.devstack.broker import broker_argv
 from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
@@ -51,6 +52,10 @@ async def test_router_demultiplexes_partition_into_ordered_streams(each_bus):
     assert router.open_streams == 0
 
 
+def read_partitions(router: ReplyRouter) -> set[int]:
+    return {tp.partition for tp in router.reading}
+
+
 async def wait_for(condition, timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
@@ -75,18 +80,18 @@ async def test_router_rotates_new_requests_and_keeps_reading_open_streams(each_b
         await producer.send_and_wait(tokens, codec.encode(event), key=request_id.encode(), partition=partition)
 
     try:
-        assert router.reply_partition == 1 and router.reading == {1}
+        assert router.reply_partition == 1 and read_partitions(router) == {1}
         early = router.open("req-early", router.reply_partition)
         await send("req-early", 1, 0)
         await wait_for(lambda: router.reply_partition == 2)
         late = router.open("req-late", router.reply_partition)
-        assert router.reading == {1, 2}
+        assert read_partitions(router) == {1, 2}
         await send("req-late", 2, 0)
         await send("req-early", 1, 1, final=True)
         await send("req-late", 2, 1, final=True)
         got_early = [r async for r in early.events(idle_timeout=5)]
         got_late = [r async for r in late.events(idle_timeout=5)]
-        await wait_for(lambda: 1 not in router.reading or router.reply_partition == 1)
+        await wait_for(lambda: 1 not in read_partitions(router) or router.reply_partition == 1)
     finally:
         await producer.stop()
         await router.stop()
@@ -105,9 +110,9 @@ async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus
     producer = make_producer(each_bus)
     await producer.start()
     try:
-        await wait_for(lambda: router.reading == {5})
+        await wait_for(lambda: read_partitions(router) == {5})
         stream = router.open("req-straggler", 4)
-        assert 4 in router.reading
+        assert 4 in read_partitions(router)
         event = TokenEvent("req-straggler", 0, "found", [0], finish_reason="stop")
         await producer.send_and_wait(tokens, codec.encode(event), key=b"req-straggler", partition=4)
         got = [r async for r in stream.events(idle_timeout=5)]
@@ -148,11 +153,11 @@ async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(b
     real_end_offset = router._end_offset
     failures = []
 
-    async def unreachable_once(partition: int) -> int:
+    async def unreachable_once(tp: TopicPartition) -> int:
         if not failures:
-            failures.append(partition)
+            failures.append(tp.partition)
             raise KafkaTimeoutError()
-        return await real_end_offset(partition)
+        return await real_end_offset(tp)
 
     monkeypatch.setattr(router, "_end_offset", unreachable_once)
     try:

@@ -1,0 +1,200 @@
+"""Rolled reply logs on the embedded broker (topics/replies.py, topics/rolled_logs.py): a rotating
+router writes each rotation to a new topic and deletes it once done with, a reader of every
+stream follows the logs as they come and go, and a late writer does not bring a deleted log back.
+Embedded broker only: on Kafka, retention bounds the logs and routers rotate through partitions."""
+
+import asyncio
+import time
+
+from aiokafka import AIOKafkaProducer
+
+from tokenbus.schemas import AvroCodec, TokenEvent
+from tokenbus.topics import BusSettings, ReplyRouter, TopicCatalog, make_producer, replies, rolled_logs
+from tokenbus.topics import clients as bus_clients
+from tokenbus.topics.provision import TopicAdmin
+from tokenbus.topics.rolled_logs import RolledLogReader
+
+codec = AvroCodec()
+
+
+async def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def listed(bus: BusSettings) -> set[str]:
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    try:
+        return set(await admin.names())
+    finally:
+        await admin.close()
+
+
+async def send(producer: AIOKafkaProducer, topic: str, request_id: str, seq: int, final: bool = False) -> None:
+    event = TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq], finish_reason="stop" if final else None)
+    await producer.send_and_wait(topic, codec.encode(event), key=request_id.encode(), partition=0)
+
+
+async def test_each_rotation_writes_a_new_log_and_a_log_is_deleted_once_its_streams_ended(bus, monkeypatch):
+    monkeypatch.setattr(replies, "ROLLED_LOG_QUIET_S", 0.0)
+    catalog = TopicCatalog(bus)
+    router = ReplyRouter(bus, partitions=[0], rotate_every_s=0.3, roll_logs=True, keep_s=0.0)
+    producer = make_producer(bus)
+    await producer.start()
+    await router.start()
+    try:
+        first = router.reply_topic
+        assert catalog.parse_rolled_reply_log(first) is not None and router.reply_partition == 0
+        early = router.open("early", router.reply_partition, first)
+        await wait_for(lambda: router.reply_topic != first)
+        late = router.open("late", router.reply_partition, router.reply_topic)
+        await send(producer, router.reply_topic, "late", 0, final=True)
+        assert [r.event.text async for r in late.events(idle_timeout=10)] == ["late:0"]
+        await asyncio.sleep(1.5)  # rotations and deletion rounds go by: the open stream keeps its log
+        assert first in await listed(bus)
+
+        await send(producer, first, "early", 0)
+        await send(producer, first, "early", 1, final=True)
+        assert [r.event.text async for r in early.events(idle_timeout=10)] == ["early:0", "early:1"]
+        deadline = time.monotonic() + 10
+        while first in await listed(bus):
+            assert time.monotonic() < deadline, "the ended log was not deleted"
+            await asyncio.sleep(0.2)
+        router.rotate_every_s = 3600  # from the next rotation on, the current log stays current
+        current = router.reply_topic
+        await wait_for(lambda: router.reply_topic != current)
+        assert router.reply_topic in await listed(bus)  # the current log stays
+    finally:
+        await router.stop()
+        await producer.stop()
+
+
+async def test_after_the_broker_returns_new_requests_write_to_fresh_logs(bus):
+    """The embedded broker comes back empty, and a log a late writer wrote to again is created
+    afresh over those writes once anything names it: the router moves new requests to logs it
+    makes now, and keeps reading the streams still open on the old one."""
+    router = ReplyRouter(bus, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=600.0)
+    producer = make_producer(bus)
+    await producer.start()
+    await router.start()
+    try:
+        before, lost_next = router.rolled_logs
+        still_open = router.open("still-open", router.reply_partition, before)
+        await router.broker_returned()
+        assert router.reply_topic not in (before, lost_next)
+        assert {before, lost_next} <= set(router.rolled_logs[:-2])  # retired: deleted once done with
+        assert router.rolled_logs[-2:] == [router.reply_topic, router.rolled_logs[-1]]
+        assert {router.reply_topic, router.rolled_logs[-1]} <= await listed(bus)
+
+        fresh = router.open("fresh", router.reply_partition, router.reply_topic)
+        await send(producer, router.reply_topic, "fresh", 0, final=True)
+        await send(producer, before, "still-open", 0, final=True)
+        assert [(r.event.text, r.offset) async for r in fresh.events(idle_timeout=10)] == [("fresh:0", 0)]
+        assert [r.event.text async for r in still_open.events(idle_timeout=10)] == ["still-open:0"]
+    finally:
+        await router.stop()
+        await producer.stop()
+
+
+async def test_a_router_sweeps_its_recreated_logs_and_long_abandoned_ones(bus, monkeypatch):
+    monkeypatch.setattr(replies, "SWEEP_EVERY_S", 0.0)
+    catalog = TopicCatalog(bus)
+    router = ReplyRouter(bus, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
+    await router.start()
+    owner = catalog.parse_rolled_reply_log(router.reply_topic)[0]
+    now_ms = int(time.time() * 1000)
+    recreated = catalog.rolled_reply_log(owner, now_ms - 1000)  # its own, deleted and written again late
+    abandoned = catalog.rolled_reply_log("deadbeef", now_ms - 2 * 3600 * 1000)
+    alive = catalog.rolled_reply_log("cafecafe", now_ms - 1000)  # another router's, in use
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    try:
+        for name in (recreated, abandoned, alive):
+            await admin.create(name, partitions=1)
+        deadline = time.monotonic() + 10
+        while {recreated, abandoned} & set(await admin.names()):
+            assert time.monotonic() < deadline, "not swept"
+            await asyncio.sleep(0.2)
+        assert {alive, router.reply_topic} <= set(await admin.names())
+    finally:
+        await admin.close()
+        await router.stop()
+
+
+async def test_a_producer_forgets_old_topics_so_a_deleted_log_stays_deleted(bus, monkeypatch):
+    """The embedded broker creates a topic that a metadata request names, and aiokafka names every
+    topic a producer ever wrote to: a plain producer brings a deleted log back, ours does not."""
+    monkeypatch.setattr(bus_clients, "FORGET_TOPIC_AFTER_S", 0.2)
+    catalog = TopicCatalog(bus)
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    plain = AIOKafkaProducer(bootstrap_servers=bus.bootstrap_servers)
+    ours = make_producer(bus)
+    await plain.start()
+    await ours.start()
+    try:
+        logs = {}
+        for name, producer in (("plain", plain), ("ours", ours)):
+            logs[name] = catalog.rolled_reply_log(name, int(time.time() * 1000))
+            await admin.create(logs[name], partitions=1)
+            await send(producer, logs[name], "r", 0, final=True)
+        await admin.delete(list(logs.values()))
+        await asyncio.sleep(0.3)
+        await send(ours, catalog.tokens, "other", 0)  # a write later: ours forgets what it no longer writes
+        for producer in (plain, ours):
+            await producer.client.force_metadata_update()
+        names = set(await admin.names())
+        assert logs["plain"] in names  # what a plain producer does
+        assert logs["ours"] not in names
+    finally:
+        await plain.stop()
+        await ours.stop()
+        await admin.close()
+
+
+async def test_a_reader_follows_logs_as_they_come_and_resumes_where_it_committed(bus, monkeypatch):
+    monkeypatch.setattr(rolled_logs, "LET_GO_AFTER_S", 0.5)
+    monkeypatch.setattr(rolled_logs, "DISCOVER_EVERY_S", 0.2)
+    catalog = TopicCatalog(bus)
+    group = f"{bus.topic_prefix}moderation"
+    got: list[str] = []
+    let_go: list[str] = []
+
+    async def on_record(record) -> None:
+        got.append(codec.decode(record.value, TokenEvent).text)
+
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    producer = make_producer(bus)
+    await producer.start()
+    older = catalog.rolled_reply_log("r1", int(time.time() * 1000))
+    await admin.create(older, partitions=1)
+    await send(producer, older, "a", 0)  # written before the reader starts: read from the start
+    reader = RolledLogReader(bus, group, on_record, on_let_go=let_go.append)
+    await reader.start()
+    try:
+        await wait_for(lambda: got == ["a:0"])
+        newer = catalog.rolled_reply_log("r1", int(time.time() * 1000) + 1)
+        await admin.create(newer, partitions=1)
+        await send(producer, newer, "b", 0)
+        await send(producer, newer, "b", 1, final=True)
+        await wait_for(lambda: got == ["a:0", "b:0", "b:1"])
+        await wait_for(lambda: let_go == [older])  # a newer log of its router exists, the older is quiet
+        assert reader.reading == [newer]
+    finally:
+        await reader.stop()
+
+    await send(producer, newer, "c", 0, final=True)
+    again = RolledLogReader(bus, group, on_record)
+    await again.start()
+    try:
+        await wait_for(lambda: got[3:] == ["c:0"])  # from the committed position: nothing twice
+        await asyncio.sleep(0.5)
+        assert got == ["a:0", "b:0", "b:1", "c:0"]
+    finally:
+        await again.stop()
+        await producer.stop()
+        await admin.close()
