@@ -28,7 +28,7 @@ from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore
 from tokenbus.stores.transcripts import TranscriptStore, open_store
 from tokenbus.topics import ReplyStreamError, cancel_task, replay
-from tokenbus.topics.replies import ROUTER_STOPPED
+from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from tokenbus.stream_processors.moderation.ingress import IngressModeration
 from tokenbus.stream_processors.moderation.output import OutputModeration
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.stream_processors.transcripts import TranscriptWriter
-from tokenbus.topics.clients import FetchPacer, profile
+from tokenbus.topics.clients import profile
+from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.rolled_logs import RolledLogReader
 
 log = logging.getLogger(__name__)

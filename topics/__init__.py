@@ -8,7 +8,6 @@ reading one request's token stream (``ReplyRouter`` live, ``replay`` from the lo
 from tokenbus.topics.batching import BatchingPublisher
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe
 from tokenbus.topics.clients import (
-    FetchPacer,
     cancel_task,
     committed_offsets,
     make_consumer,
@@ -19,9 +18,11 @@ from tokenbus.topics.clients import (
     topic_partitions,
 )
 from tokenbus.topics.dead_letters import DeadLetterPublisher
+from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import delete_topics, ensure_topics
 from tokenbus.topics.replay import replay
-from tokenbus.topics.replies import STREAM_IDLE, ReplyEvent, ReplyRouter, ReplyStream, ReplyStreamError
+from tokenbus.topics.replies import ReplyRouter
+from tokenbus.topics.reply_stream import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
 from tokenbus.topics.sending import RecordSender
 from tokenbus.topics.settings import BusSettings
 from tokenbus.topics.tail import TopicTail

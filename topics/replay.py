@@ -12,7 +12,7 @@ from aiokafka import TopicPartition
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.clients import make_consumer, stop_reader
-from tokenbus.topics.replies import ReplyEvent, ReplyStream
+from tokenbus.topics.reply_stream import ReplyEvent, ReplyStream
 from tokenbus.topics.settings import BusSettings
 
 HIGH_WATER = 1024  # events waiting for the reader before the replay pauses reading

@@ -29,156 +29,26 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics.catalog import TopicCatalog
-from tokenbus.topics.clients import FetchPacer, cancel_task, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.clients import cancel_task, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import TopicAdmin, TopicProvisioningError
+from tokenbus.topics.reply_stream import DEFAULT_QUEUE_SIZE, ROUTER_STOPPED, ReplyEvent, ReplyStream, ReplyStreamError
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QUEUE_SIZE = 4096
 RECREATED_CHECK_S = 1.0  # how often the router looks for a reply log that was re-created
 # A rolled reply log is deleted only after nothing arrived on it for this long, so that no writer
 # still names it in its metadata (the embedded broker creates a topic a metadata request names).
 ROLLED_LOG_QUIET_S = 120.0
 SWEEP_EVERY_S = 60.0  # how often a router looks for rolled logs nobody deletes (re-created, or a dead router's)
 ABANDONED_AFTER_S = 3600.0  # another router's rolled log this much older than keep_s is taken for abandoned
-
-
-STREAM_IDLE = "stream_timeout"  # nothing arrived for the idle timeout: whatever generated it is gone
-STREAM_OVERFLOW = "stream_overflow"  # the reader fell too far behind
-ROUTER_STOPPED = "edge_stopping"
-
-
-class ReplyStreamError(RuntimeError):
-    """The stream cannot continue: its reader fell too far behind, nothing arrived in time,
-    or the bus went away. ``code`` says which, for the client's error event."""
-
-    def __init__(self, message: str, code: str = STREAM_IDLE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(frozen=True, slots=True)
-class ReplyEvent:
-    """A token event and where it sits in the log."""
-
-    event: TokenEvent
-    partition: int
-    offset: int
-
-    @property
-    def event_id(self) -> str:
-        """Locates the event in the log (``partition-offset``): what the SSE ``id`` carries."""
-        return f"{self.partition}-{self.offset}"
-
-
-@dataclass(eq=False)
-class ReplyStream:
-    """One request's token events, delivered in ``seq`` order exactly once.
-
-    Its queue is a list and at most one waiting future, not an ``asyncio.Queue`` (three deques
-    and an event) nor a deque (~0.7 KiB even empty): an edge holds one of these per open stream, a
-    stream has one reader, and its queue holds an event or two at a time."""
-
-    request_id: str
-    queue_size: int = DEFAULT_QUEUE_SIZE
-    next_seq: int = 0
-    _items: list[ReplyEvent | ReplyStreamError | None] = field(init=False, default_factory=list)
-    _waiter: asyncio.Future[None] | None = field(init=False, default=None)
-    _early: dict[int, ReplyEvent] = field(init=False, default_factory=dict)
-    _done: bool = field(init=False, default=False)
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def backlog(self) -> int:
-        """Events delivered to this stream and not read yet."""
-        return len(self._items)
-
-    def offer(self, reply: ReplyEvent) -> None:
-        """Accept an event from the router; drop repeats, hold events that arrive early."""
-        if reply.event.truncate:
-            self._truncate(reply)
-            return
-        seq = reply.event.seq
-        if self._done or seq < self.next_seq or seq in self._early:
-            return
-        if seq == self.next_seq and not self._early:  # in order, as nearly always: the reorder dict stays empty
-            self._push(reply)
-            return
-        self._early[seq] = reply
-        while self.next_seq in self._early and not self._done:
-            self._push(self._early.pop(self.next_seq))
-
-    def _truncate(self, reply: ReplyEvent) -> None:
-        """Output moderation stops the stream where the reader is: what was delivered stays
-        delivered, nothing after it is (events held for later seqs are dropped)."""
-        if self._done:
-            return
-        self._early.clear()
-        self._push(reply)
-
-    def _push(self, reply: ReplyEvent) -> None:
-        self.next_seq += 1
-        if reply.event.is_final:
-            self._done = True
-        if len(self._items) >= self.queue_size:
-            self.fail(ReplyStreamError(f"reply queue of {self.request_id} overflowed: reader too slow", STREAM_OVERFLOW))
-        else:
-            self._put(reply)
-
-    def fail(self, error: ReplyStreamError) -> None:
-        self._end(error)
-
-    def end(self) -> None:
-        """The final event was delivered before (a client resuming after the end): the reader
-        gets nothing more and the stream ends cleanly."""
-        if not self._done:
-            self._end(None)
-
-    def _end(self, item: ReplyStreamError | None) -> None:
-        self._done = True
-        if len(self._items) >= self.queue_size:
-            del self._items[: len(self._items) - self.queue_size + 1]
-        self._put(item)
-
-    def _put(self, item: ReplyEvent | ReplyStreamError | None) -> None:
-        self._items.append(item)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
-        """Yield events up to and including the final one."""
-        while True:
-            # No task per event (asyncio.wait_for makes one): an event already queued is taken at
-            # once, and a wait is bounded by a timeout scope.
-            if not self._items:
-                self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    async with asyncio.timeout(idle_timeout):
-                        await self._waiter
-                except TimeoutError:
-                    raise ReplyStreamError(f"no token event for {idle_timeout}s", STREAM_IDLE) from None
-                finally:
-                    self._waiter = None
-            item = self._items.pop(0)
-            if item is None:
-                return
-            if isinstance(item, ReplyStreamError):
-                raise item
-            yield item
-            if item.event.is_final:
-                return
 
 
 class ReplyRouter:

@@ -23,7 +23,8 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from tokenbus.topics.catalog import TopicCatalog
-from tokenbus.topics.clients import FetchPacer, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.clients import make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from typing import Generic, TypeVar
 from aiokafka import AIOKafkaConsumer
 
 from tokenbus.schemas import AvroCodec, DecodeError, Record
-from tokenbus.topics.clients import FetchPacer, make_consumer, rewind_recreated, stop_reader, topic_partitions
+from tokenbus.topics.clients import make_consumer, rewind_recreated, stop_reader, topic_partitions
+from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)

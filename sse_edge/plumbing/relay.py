@@ -30,7 +30,7 @@ from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, Ser
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
-from tokenbus.topics.replies import ROUTER_STOPPED
+from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 

@@ -1,0 +1,240 @@
+"""Fetching fitted to traffic: a reader's fetch wait, and on the embedded broker whether it
+fetches at all, follow what it reads (``FetchPacer``). See docs/architecture.md."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from tokenbus.topics import doorbell
+from tokenbus.topics.clients import cancel_task, doorbell_on, profile
+from tokenbus.topics.settings import BusSettings
+
+log = logging.getLogger(__name__)
+
+
+class FetchPacer:
+    """The fetching of one reader, fitted to its traffic.
+
+    On the embedded broker a request-path reader asks for a few milliseconds (a fetch is held
+    for about half its wait even when records arrive), so an idle one would fetch hundreds of
+    times a second. After ``idle_after_s`` with nothing read it fetches with the profile's idle
+    wait, and where the stack has a doorbell (topics/doorbell.py) it stops fetching: its
+    partitions are paused, fetched once every ``idle_poll_s``, and resumed when a writer rings.
+    Records arriving bring the short wait back. ``wake()`` is for a reader that knows records
+    are coming (the edge, once it has published a request, about its replies). With the Kafka
+    profile there is no doorbell, both waits are the same, and the pacer changes nothing.
+
+    The embedded broker lists every record batch of a partition on each fetch and answers
+    nothing when that outlasts the wait, so a long-lived partition stops delivering to a reader
+    with a short wait (at 5 ms, after some thousands of batches on these machines). A reader
+    whose unpaused partition stays behind its log end (the high-water mark of the last fetch)
+    for ``STARVED_CHECK_S`` doubles its wait, up to ``MAX_WAIT_MS``, and halves it again after
+    ``STARVED_RELAX_S`` without starving.
+
+    ``observed`` and ``wake`` may be called from any thread: what touches the consumer runs in
+    its own event loop (faust runs its consumer in a thread of its own)."""
+
+    # A paused reader's periodic fetch: its partitions stay resumed this long, fetching with this
+    # wait (short, so that a ring arriving meanwhile finds no long fetch in flight).
+    BACKSTOP_FETCH_S = 0.05
+    BACKSTOP_WAIT_MS = 20
+    STARVED_CHECK_S = 0.5
+    STARVED_RELAX_S = 30.0
+    MAX_WAIT_MS = 1000
+
+    def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
+                 pauses: bool = True) -> None:
+        """``background`` for a reader made with ``make_consumer(..., background=True)``;
+        ``pauses=False`` for one that must never be paused (it only lengthens its wait when idle)."""
+        tuned = profile(settings)
+        default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
+        self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
+        self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
+        self._adapts_to_scans = tuned.raise_wait_when_starved
+        self._pauses = pauses
+        self._idle_after_s = tuned.idle_after_s
+        self._idle_poll_s = tuned.idle_poll_s
+        self._doorbell_url = settings.doorbell_url if doorbell_on(settings) else None
+        self._topic_prefix = settings.topic_prefix
+        self._consumer: AIOKafkaConsumer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._paused: set[TopicPartition] = set()  # paused by the pacer (not by anyone else)
+        self._held: set[TopicPartition] = set()  # paused by the reader itself (hold)
+        self._backstop_until = 0.0
+        self._last_active = time.monotonic()
+        self._idle = False
+        self._behind: dict[TopicPartition, int] = {}  # partitions behind their log end: position at the last check
+        self._next_starved_check = 0.0
+        self._wait_changed_at = 0.0
+
+    def attach(self, consumer: AIOKafkaConsumer) -> None:
+        """The consumer to pace; call it from the consumer's event loop."""
+        self._consumer = consumer
+        self._paused.clear()
+        self._idle, self._last_active = False, time.monotonic()
+        url = self._doorbell_url
+        loop = asyncio.get_running_loop() if url else None
+        if url and loop is not None and loop is not self._loop:  # the first consumer, or one in a new loop
+            self._loop = loop
+            self._listener = loop.create_task(self._listen(url))
+
+    async def close(self) -> None:
+        await cancel_task(self._listener)
+
+    @property
+    def idle(self) -> bool:
+        return self._idle
+
+    @property
+    def fetch_wait_ms(self) -> int:
+        """The wait the reader's fetches ask for now."""
+        return max(self._busy_wait_ms, self._idle_wait_ms) if self._idle else self._busy_wait_ms
+
+    @property
+    def paused(self) -> bool:
+        """Idle with the doorbell: the reader fetches only when rung (or once every ``idle_poll_s``)."""
+        return bool(self._paused)
+
+    def observed(self, records: int) -> None:
+        """After each read: how many records it returned."""
+        now = time.monotonic()
+        if records:
+            self._last_active = now
+            self._in_consumer_loop(self._set, False)
+        elif now - self._last_active >= self._idle_after_s:
+            self._in_consumer_loop(self._set, True)
+        if self._adapts_to_scans and now >= self._next_starved_check:
+            self._next_starved_check = now + self.STARVED_CHECK_S
+            self._in_consumer_loop(self._check_starved, now)
+
+    def hold(self, partitions: set[TopicPartition]) -> None:
+        """The reader's own pauses (a GPU consumer's full tiers), through the pacer, so that neither
+        undoes the other: ``partitions`` stay paused whatever the traffic, and a partition no longer
+        held is resumed, unless the pacer keeps it paused for idleness. Call it from the consumer's
+        event loop."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        released, self._held = self._held - partitions, set(partitions)
+        assigned, paused = consumer.assignment(), consumer.paused()
+        newly_held = [tp for tp in partitions if tp in assigned and tp not in paused]  # a rebalance unpauses
+        if newly_held:
+            consumer.pause(*newly_held)
+        released = {tp for tp in released if tp in assigned}
+        if self._paused and self._pauses:  # idle and paused: they wait for the doorbell like the rest
+            self._paused.update(released)
+        elif released:
+            consumer.resume(*released)
+
+    def wake(self) -> None:
+        self._last_active = time.monotonic()
+        self._in_consumer_loop(self._set, False)
+
+    def _in_consumer_loop(self, fn: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            if loop is None:
+                fn(*args)
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _set(self, idle: bool) -> None:
+        if idle != self._idle:
+            self._idle = idle
+            self._set_wait(self.fetch_wait_ms)
+        if self._loop is None:
+            return
+        if not idle:
+            self._resume()
+        elif self._pauses and time.monotonic() >= self._backstop_until:
+            self._pause()  # again after a rebalance: new partitions come unpaused
+
+    def _check_starved(self, now: float) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        paused = consumer.paused()
+        behind = {}
+        for tp in consumer.assignment():
+            highwater, position = consumer.highwater(tp), _position(consumer, tp)
+            if tp not in paused and highwater is not None and position is not None and highwater > position:
+                behind[tp] = position
+        starved = [tp for tp, position in behind.items() if self._behind.get(tp) == position]
+        self._behind = behind
+        if starved and self._busy_wait_ms < self.MAX_WAIT_MS:
+            self._busy_wait_ms = min(self._busy_wait_ms * 2, self.MAX_WAIT_MS)
+            log.warning("%s-%s gets nothing though its log goes on (the broker's scan outlasts the fetch wait): "
+                        "fetching with %d ms", starved[0].topic, starved[0].partition, self._busy_wait_ms)
+        elif not starved and self._busy_wait_ms > self._base_wait_ms and now - self._wait_changed_at >= self.STARVED_RELAX_S:
+            self._busy_wait_ms = max(self._busy_wait_ms // 2, self._base_wait_ms)
+        else:
+            return
+        self._wait_changed_at = now
+        self._set_wait(self.fetch_wait_ms)
+
+    def _set_wait(self, wait_ms: int) -> None:
+        fetcher = getattr(self._consumer, "_fetcher", None)  # aiokafka reads it for every fetch request it builds
+        if fetcher is not None:
+            fetcher._fetch_max_wait_ms = wait_ms
+
+    def _pause(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        already = consumer.paused()
+        fresh = [tp for tp in consumer.assignment() if tp not in already]
+        if fresh:
+            consumer.pause(*fresh)
+            self._paused.update(fresh)
+
+    def _resume(self) -> None:
+        consumer = self._consumer
+        if consumer is None or not self._paused:
+            return
+        assigned = consumer.assignment()
+        mine = [tp for tp in self._paused if tp in assigned and tp not in self._held]
+        self._paused.clear()
+        if mine:
+            consumer.resume(*mine)
+            # aiokafka notices resumed partitions on its next loop (up to 0.2 s): fetch now.
+            waiter = getattr(getattr(consumer, "_fetcher", None), "_wait_consume_future", None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    async def _listen(self, url: str) -> None:
+        rings = asyncio.create_task(doorbell.listen(url, self._topic_prefix, self.wake))
+        try:
+            while True:
+                await asyncio.sleep(self._idle_poll_s)
+                if self._idle and self._paused:  # the periodic fetch: a lost ring costs latency only
+                    self._backstop_until = time.monotonic() + self.BACKSTOP_FETCH_S
+                    self._set_wait(self.BACKSTOP_WAIT_MS)
+                    self._resume()
+                    await asyncio.sleep(self.BACKSTOP_FETCH_S)
+                    if self._idle:
+                        self._pause()
+                        self._set_wait(self.fetch_wait_ms)
+        finally:
+            await cancel_task(rings)
+
+
+def _position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The consumer's position in ``tp`` without a round trip (``consumer.position`` may make one)."""
+    try:
+        state = consumer._subscription.subscription.assignment.state_value(tp)
+    except AttributeError:  # no assignment (yet, or any more)
+        return None
+    return state.position if state is not None and state.has_valid_position else None
