@@ -80,6 +80,7 @@ class ReplyRouter:
         self.roll_logs = roll_logs
         self.keep_s = keep_s
         self._owner = secrets.token_hex(4)  # names this router's rolled logs
+        self._created_ms = 0  # when its latest rolled log was made, the other half of that log's name
         self._opened_here = 0  # streams opened on the current partition since it became current
         self._codec = codec or AvroCodec()
         self._queue_size = queue_size
@@ -278,7 +279,9 @@ class ReplyRouter:
 
     async def _new_rolled_log(self) -> TopicPartition:
         assert self._admin is not None
-        name = self.catalog.rolled_reply_log(self._owner, int(time.time() * 1000))
+        # Names must differ even for logs made within one millisecond (at start, after the broker returned).
+        self._created_ms = max(int(time.time() * 1000), self._created_ms + 1)
+        name = self.catalog.rolled_reply_log(self._owner, self._created_ms)
         await self._admin.create(name, partitions=1)
         tp = TopicPartition(name, 0)
         self._positions[tp] = 0  # a new log: every event of it is new
