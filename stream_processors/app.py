@@ -41,8 +41,9 @@ PAUSED_PACING_INTERVAL_S = 1.0  # while the pacer holds the fetching paused, a r
 
 
 def tuned_transport(fetch_max_wait_ms: int, pacer: FetchPacer, fetcher_timeout_ms: int) -> type[Transport]:
-    """faust hard-codes a 1.5 s fetch wait, and the embedded broker holds fetches for about
-    half of it (docs/architecture.md, the embedded broker): the ingress hop would add ~750 ms.
+    """faust hard-codes a 1.5 s fetch wait, and the embedded broker holds a fetch that finds no
+    record for all of it (docs/architecture.md, the embedded broker): the ingress hop would add
+    ~750 ms on average.
     This transport asks for ``fetch_max_wait_ms`` instead, hands the consumer to ``pacer``, and
     gives it the profile's ``fetcher_timeout_ms`` (topics/clients.py)."""
 

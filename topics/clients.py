@@ -2,9 +2,10 @@
 
 Kafka long-polls: a fetch waits up to ``fetch_max_wait_ms`` but returns as soon as a record
 arrives, so a long wait costs no latency and keeps an idle consumer at a couple of fetches a
-second. The embedded broker does not: it holds a fetch for about half of its wait even when
-records arrive, so a latency-sensitive reader there must ask for a few milliseconds, and it
-makes group joins wait half the session timeout, so its groups use a short one. Each profile
+second. The embedded broker does not: a fetch that finds no record is held for its whole wait
+and not answered when one arrives (a record waits half the wait on average for the next
+fetch), so a latency-sensitive reader there must ask for a few milliseconds; and it makes
+group joins wait half the session timeout, so its groups use a short one. Each profile
 below names, per kind of reader, the fetch wait it gets. See docs/architecture.md.
 """
 

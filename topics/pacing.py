@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 class FetchPacer:
     """The fetching of one reader, fitted to its traffic.
 
-    On the embedded broker a request-path reader asks for a few milliseconds (a fetch is held
-    for about half its wait even when records arrive), so an idle one would fetch hundreds of
-    times a second. After ``idle_after_s`` with nothing read it fetches with the profile's idle
+    On the embedded broker a request-path reader asks for a few milliseconds (a fetch that finds
+    no record is held for its whole wait, and not answered when one arrives), so an idle one
+    would fetch hundreds of times a second. After ``idle_after_s`` with nothing read it fetches with the profile's idle
     wait, and where the stack has a doorbell (topics/doorbell.py) it stops fetching: its
     partitions are paused, fetched once every ``idle_poll_s``, and resumed when a writer rings.
     Records arriving bring the short wait back. ``wake()`` is for a reader that knows records

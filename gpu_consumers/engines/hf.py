@@ -196,11 +196,17 @@ class HfPrefixCache:
 
 
 class _HfSequence:
+    """One request's stream. The manager's thread hands its outputs to the event loop
+    (``on_result``); they become steps only as the stream is read, so an abort ends the stream at
+    its next read however far the manager has run ahead, and a final's count of completion tokens
+    is always what the stream gave out."""
+
     def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int]) -> None:
         self._engine = engine
         self._internal_id = internal_id
-        self._inp = inp
-        self._outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
+        self._results: asyncio.Queue[Any] = asyncio.Queue()  # the manager's outputs; None wakes a reader
+        self._ending: str | None = None  # a finish decided here, not by the manager: cancelled, or length
+        self._manager_done = False
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
         self._stops = StopFilter(inp.sampling.stop)
         self._seen = 0  # tokens of this run handled so far
@@ -214,44 +220,49 @@ class _HfSequence:
     def completion_tokens(self) -> int:
         return len(self._detokenizer.token_ids)
 
-    def _finish(self, reason: str, text: str = "", ids: tuple[int, ...] = (), error: str | None = None) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self._outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error,
-                                            self.cached_tokens))
-
     def on_result(self, result: Any) -> None:
         """Called on the event loop with the manager's cumulative output for this request."""
-        if self.finished:
-            return
+        self._manager_done = self._manager_done or result.is_finished()
+        self._results.put_nowait(result)
+
+    def end(self, reason: str) -> None:
+        """Finish at the next read, whatever the manager has queued."""
+        if self._ending is None and not self.finished:
+            self._ending = reason
+            self._results.put_nowait(None)
+
+    def abort(self) -> None:
+        if self._ending is None and not self.finished:
+            if not self._manager_done:
+                self._engine.cancel(self._internal_id)
+            self.end(FINISH_CANCELLED)
+
+    def _final(self, reason: str, text: str = "", ids: tuple[int, ...] = (), error: str | None = None) -> StepOutput:
+        self.finished = True
+        return StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error, self.cached_tokens)
+
+    def _step(self, result: Any) -> StepOutput:
         if result.error is not None or result.status.name == "FAILED":
-            return self._finish(FINISH_ERROR, error=str(result.error))
+            return self._final(FINISH_ERROR, error=str(result.error))
         new_ids = list(result.generated_tokens[self._seen:])
         self._seen = len(result.generated_tokens)
         text, stopped = self._stops.feed(self._detokenizer.push(new_ids))
         if stopped:
-            self._engine.cancel(self._internal_id)
-            return self._finish(FINISH_STOP, text, tuple(new_ids))
+            if not self._manager_done:
+                self._engine.cancel(self._internal_id)
+            return self._final(FINISH_STOP, text, tuple(new_ids))
         if result.is_finished():
             eos = self._engine.eos_token_ids
             reason = FINISH_STOP if new_ids and new_ids[-1] in eos else (
                 FINISH_LENGTH if self._seen >= self.max_new_tokens else FINISH_STOP)
-            return self._finish(reason, text + self._stops.flush(), tuple(new_ids))
-        self._outputs.put_nowait(StepOutput(text, tuple(new_ids), self.prompt_tokens, self.completion_tokens,
-                                            cached_tokens=self.cached_tokens))
-
-    def abort(self) -> None:
-        if not self.finished:
-            self._engine.cancel(self._internal_id)
-            self._finish(FINISH_CANCELLED)
+            return self._final(reason, text + self._stops.flush(), tuple(new_ids))
+        return StepOutput(text, tuple(new_ids), self.prompt_tokens, self.completion_tokens,
+                          cached_tokens=self.cached_tokens)
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
-        while True:
-            out = await self._outputs.get()
-            yield out
-            if out.finished:
-                return
+        while not self.finished:
+            result = await self._results.get()
+            yield self._final(self._ending) if self._ending else self._step(result)
 
 
 class HfEngine:
@@ -317,7 +328,7 @@ class HfEngine:
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
         sequence = _HfSequence(self, inp, internal_id, prompt)
         if sequence.max_new_tokens == 0:
-            sequence._finish(FINISH_LENGTH)
+            sequence.end(FINISH_LENGTH)
             return sequence
         sampling = {}
         if self.settings.do_sample:

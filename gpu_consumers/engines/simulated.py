@@ -193,6 +193,7 @@ class _Sequence:
     generated: int = 0
     aborted: bool = False
     finished: bool = False
+    prefilled: bool = False  # its first token is out: it advances with the decode steps from now on
     stops: StopFilter = field(init=False)
     unsent: str = ""  # text of prefix tokens a previous worker held back and never published
 
@@ -209,8 +210,12 @@ class _Sequence:
         self.aborted = True
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
+        given_out = len(self.inp.prefix_token_ids)
         while True:
             out = await self.outputs.get()
+            if self.aborted and not out.finished:  # the step loop ran ahead of this reader: end here
+                out = StepOutput("", (), self.prompt_tokens, given_out, FINISH_CANCELLED, None, self.cached_tokens)
+            given_out += len(out.token_ids_diff)
             yield out
             if out.finished:
                 return
@@ -320,7 +325,10 @@ class SimulatedEngine:
 
     async def _step_loop(self) -> None:
         """Steps run on their own clock, like a GPU: work done on the event loop between steps does
-        not stretch them (a late step runs at once, with at most one step of catch-up)."""
+        not stretch them (a late step runs at once, with at most one step of catch-up). As in a real
+        engine, prefill ends with a sequence's first token: a sequence emits it when it is ready
+        (``ttft_ms`` after admission, plus its prefill), or at the end of the decode step under way
+        then, and advances with the decode steps after that."""
         loop = asyncio.get_running_loop()
         next_step_at = loop.time()
         while True:
@@ -329,14 +337,25 @@ class SimulatedEngine:
                 await self._wakeup.wait()
                 next_step_at = loop.time()
             now = loop.time()
-            ready = [seq for seq in self._running if seq.ready_at <= now or seq.aborted]
-            if not ready:
-                await asyncio.sleep(min(seq.ready_at for seq in self._running) - now)
+            decoding = [seq for seq in self._running if seq.prefilled]
+            waiting = []
+            for seq in self._running:
+                if seq.prefilled:
+                    continue
+                if seq.ready_at <= now or seq.aborted:
+                    seq.prefilled = True
+                    seq.step()
+                else:
+                    waiting.append(seq.ready_at)
+            self._running = [seq for seq in self._running if not seq.finished]
+            if not decoding:
+                if waiting and len(waiting) == len(self._running):  # nothing emitted: sleep until one is ready
+                    await asyncio.sleep(min(waiting) - now)
                 next_step_at = loop.time()
                 continue
-            next_step_at = max(next_step_at + self._step_seconds(len(ready)), now - self._step_seconds(len(ready)))
+            next_step_at = max(next_step_at + self._step_seconds(len(decoding)), now - self._step_seconds(len(decoding)))
             await asyncio.sleep(max(0.0, next_step_at - loop.time()))
-            for seq in ready:
+            for seq in decoding:
                 seq.step()
             self.steps += 1
             self._running = [seq for seq in self._running if not seq.finished]

@@ -144,14 +144,19 @@ async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequ
 
 
 async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> ReplyStream:
-    """Record where the stream will live, then open it and publish (the SDK's submit): no event
-    can slip past, and any edge can find the stream once it exists."""
-    await register_stream(edge, bus_request, include_usage, digest)
+    """Open the request's stream and publish it (the SDK's submit: no event can slip past), and
+    meanwhile record where the stream lives, so that any edge can find it from the moment the
+    client hears of it. The record's position is taken before the request goes out; the Redis
+    write and the produce overlap, which takes a round trip off every request's first token."""
+    record = stream_record(edge, bus_request, include_usage, digest)
+    registering = asyncio.ensure_future(register_stream(edge, record))
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
     try:
         stream = await edge.bus.submit(bus_request, topic=ingress)
     except KafkaError as exc:
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
+    finally:
+        await registering
     if bus_request.conversation_id is not None and bus_request.continues_request_id is None:
         # The conversation's next turn waits for this one (a continuation rewrites a turn stored already).
         await edge.history.published(bus_request.tenant, bus_request.conversation_id, bus_request.request_id)
@@ -225,12 +230,16 @@ def tool_choice_of(chat: ChatCompletionRequest) -> str:
     return chat.tool_choice if isinstance(chat.tool_choice, str) else TOOL_CHOICE_FUNCTION
 
 
-async def register_stream(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> None:
-    """Record where the stream will be, before any event of it can exist."""
+def stream_record(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> StreamRecord:
+    """Where the stream will be: taken before the request is published, so no event of it lies
+    before the recorded position."""
     topic, partition = bus_request.reply_topic, bus_request.reply_partition
-    record = StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, partition,
-                          edge.bus.router.position(partition, topic), include_usage, digest,
-                          base64.b64encode(edge.bus.codec.encode(bus_request)).decode(), topic)
+    return StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, partition,
+                        edge.bus.router.position(partition, topic), include_usage, digest,
+                        base64.b64encode(edge.bus.codec.encode(bus_request)).decode(), topic)
+
+
+async def register_stream(edge: EdgeState, record: StreamRecord) -> None:
     try:
         await edge.streams.register(record)
     except (redis.RedisError, OSError):

@@ -156,6 +156,20 @@ async def test_abort_ends_the_stream_within_one_step(engine):
     assert len(outs) <= 4  # two before the abort, at most one step in flight, then the final
 
 
+async def test_an_abort_ends_the_stream_at_its_next_read_however_far_the_engine_ran_ahead(engine):
+    """A worker that falls behind its engine (a slow publish, a busy loop) must not give out
+    tokens made after it cancelled, nor count them in the final."""
+    stream = engine.generate(request(max_tokens=400))
+    outs = []
+    async for out in stream:
+        outs.append(out)
+        if len(outs) == 2:
+            await asyncio.sleep(0.5)  # the engine goes on stepping meanwhile
+            stream.abort()
+    assert [o.finish_reason for o in outs] == [None, None, FINISH_CANCELLED]
+    assert outs[-1].completion_tokens == sum(len(o.token_ids_diff) for o in outs)
+
+
 async def test_continuing_after_a_prefix_equals_the_uninterrupted_output(engine):
     full = await collect(engine, request(7, "tell me a story", max_tokens=16))
     ids = [t for o in full for t in o.token_ids_diff]

@@ -52,6 +52,18 @@ async def test_one_token_per_step_and_usage_counts_them():
     assert outs[-1].prompt_tokens == 2 + 4
 
 
+async def test_the_first_token_ends_prefill_and_decode_steps_bring_the_rest():
+    """As in a real engine, a sequence's first token comes when it is ready (``ttft_ms`` after
+    admission), not one decode step later; each later token takes a step."""
+    engine = SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=200, min_tokens=3, max_tokens=3))
+    await engine.start()
+    try:
+        steps_before_each_token = [engine.steps async for _ in engine.generate(inp())]
+    finally:
+        await engine.close()
+    assert steps_before_each_token == [0, 1, 2]
+
+
 async def test_max_tokens_finishes_with_length():
     (outs,) = await run(SimulatedEngine(SimulatedEngineSettings(**FAST, min_tokens=20, max_tokens=20)), inp(max_tokens=3))
     assert len(outs) == 3 and outs[-1].finish_reason == FINISH_LENGTH and outs[-1].completion_tokens == 3

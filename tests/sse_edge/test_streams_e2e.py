@@ -70,6 +70,29 @@ async def test_idempotent_retry_is_one_generation_and_one_usage_record(stack, ed
                                              extra_headers=retry)
 
 
+async def test_a_streams_record_is_written_before_its_first_chunk_reaches_the_client(stack, edge_url, api_key):
+    """The edge records where a stream lives while it publishes the request, not before, but the
+    client hears of the stream only once the record is there: from its first chunk on, any edge
+    can resume it."""
+    connection = redis.Redis.from_url(stack.settings.redis_url)
+    registry = StreamRegistry(connection, stack.settings.redis_prefix)
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "where do I live"}]}
+    try:
+        async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+            async with http.stream("POST", f"{edge_url}{CHAT}", json=body) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        request_id = json.loads(line.removeprefix("data: "))["id"]
+                        break
+                record = await registry.get(request_id)  # the stream goes on meanwhile
+    finally:
+        await connection.aclose()
+    assert record is not None
+    assert (record.request_id, record.model) == (request_id, MODEL)
+    assert record.request and record.topic  # what a continuation repeats; where the events are
+
+
 async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack, edge_url, api_key):
     port = free_port()
     doomed = stack.start_edge("edge-resume", port, reply_partitions="2")
