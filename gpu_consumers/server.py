@@ -19,6 +19,7 @@ from tokenbus.gpu_consumers.engines import load_engine
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.topics import tracing
+from tokenbus.topics.event_loops import loop_factory
 
 log = logging.getLogger(__name__)
 
@@ -60,4 +61,6 @@ def main() -> None:
     logging.getLogger("tokenbus.gpu_consumers").setLevel(os.environ.get("TOKENBUS_LOG_LEVEL", "INFO").upper())
     settings = WorkerSettings()
     tracing.configure("tokenbus-gpu-consumer", settings.bus.otlp_endpoint)
-    asyncio.run(serve_worker(settings))
+    with asyncio.Runner(loop_factory=loop_factory(settings.loop)) as runner:
+        runner.run(serve_worker(settings))
+

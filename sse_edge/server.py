@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from tokenbus.sse_edge.app import create_app
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.topics import cancel_task, tracing
+from tokenbus.topics.event_loops import wants_uvloop
 
 # After the grace, the streams told to resume elsewhere need a moment to write that and close.
 CLOSE_MARGIN_S = 5.0
@@ -54,6 +55,8 @@ def main() -> None:
     tracing.configure("tokenbus-edge", settings.bus.otlp_endpoint)
     app = create_app(settings)
     # Access logs carry no prompt text, but keep them off by default: paths and timings go to /metrics.
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, http=settings.http, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=int(settings.shutdown_grace_s + CLOSE_MARGIN_S))
+    loop = "uvloop" if wants_uvloop(settings.loop) else "asyncio"
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, http=settings.http, loop=loop,
+                            log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=int(settings.shutdown_grace_s + CLOSE_MARGIN_S))
     DrainingServer(config, app, settings.shutdown_grace_s).run()

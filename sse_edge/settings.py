@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tokenbus.moderation import ModerationSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.topics import BusSettings
+from tokenbus.topics.event_loops import EventLoop
 from tokenbus.topics.settings import csv_items
 
 
@@ -52,6 +53,7 @@ class EdgeSettings(BaseSettings):
     port: int = 8700
     # uvicorn's HTTP/1.1 implementation: `auto` takes httptools where it is installed, else h11.
     http: Literal["auto", "h11", "httptools"] = "auto"
+    loop: EventLoop = "auto"  # topics/event_loops.py
     # The partitions of `tokens` this process owns (`0,3` or `0-7`); each edge process needs its own.
     reply_partitions: Annotated[list[int], NoDecode] = [0]
     # For identical replicas (a Kubernetes StatefulSet): each takes this many reply partitions

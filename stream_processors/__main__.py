@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import faust
+import mode.loop
 
 from tokenbus.stream_processors.app import create_app
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.topics import tracing
+from tokenbus.topics.event_loops import wants_uvloop
 
 
 def main() -> None:
     settings = ProcessorSettings()
+    if wants_uvloop(settings.loop):
+        mode.loop.use("uvloop")  # before faust makes its loops (its consumer thread makes its own)
     tracing.configure("tokenbus-processors", settings.bus.otlp_endpoint)
     app = create_app(settings)
     worker = faust.Worker(app, loglevel="WARNING", quiet=True)

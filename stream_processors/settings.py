@@ -12,6 +12,7 @@ from tokenbus.moderation import ModerationSettings
 from tokenbus.stores.billing.clickhouse import ClickHouseSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.topics import BusSettings
+from tokenbus.topics.event_loops import EventLoop
 from tokenbus.topics.settings import split_csv
 
 JOBS = ("moderation", "transcripts", "billing")
@@ -30,6 +31,7 @@ class ProcessorSettings(BaseSettings):
     jobs: Annotated[list[str], NoDecode] = list(JOBS)
     host: str = "127.0.0.1"
     port: int = 8702
+    loop: EventLoop = "auto"  # topics/event_loops.py
     # faust's own state (table metadata; the tables themselves are in memory). Unset: faust's
     # default, `<group>-data` in the working directory.
     data_dir: Path | None = None
