@@ -63,4 +63,3 @@ def main() -> None:
     tracing.configure("tokenbus-gpu-consumer", settings.bus.otlp_endpoint)
     with asyncio.Runner(loop_factory=loop_factory(settings.loop)) as runner:
         runner.run(serve_worker(settings))
-
