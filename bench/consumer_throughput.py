@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -27,6 +28,8 @@ from tokenbus.infra.loadgen.prompts import synthetic_prompts
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, TokenEvent
 from tokenbus.topics import BusSettings, TopicCatalog, make_consumer
+from tokenbus.topics.collector import tune_collector
+from tokenbus.topics.event_loops import loop_factory
 
 REPLY_PARTITION = 3
 # (max_num_seqs, requests, output tokens): a real model on a CPU gets a smaller run.
@@ -64,11 +67,14 @@ async def engine_alone() -> dict[str, float]:
     await engine.start()
     try:
         prompts = synthetic_prompts(REQUESTS, 16, OUTPUT_TOKENS, seed=6)
+        cpu = time.process_time()
         results, duration = await run_load(engine_sender(engine), prompts, max_concurrency=MAX_NUM_SEQS)
+        cpu = time.process_time() - cpu
     finally:
         await engine.close()
     tokens = sum(r.output_tokens for r in results)
-    return {"tokens": tokens, "seconds": round(duration, 3), "tokens_per_s": round(tokens / duration, 1)}
+    return {"tokens": tokens, "seconds": round(duration, 3), "tokens_per_s": round(tokens / duration, 1),
+            "cpu_us_per_token": round(cpu / tokens * 1e6, 2)}
 
 
 async def through_consumer(bus: BusSettings) -> dict[str, float]:
@@ -80,14 +86,17 @@ async def through_consumer(bus: BusSettings) -> dict[str, float]:
             await client.publish(client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=OUTPUT_TOKENS))
     worker = GpuWorker(WorkerSettings(bus=bus, model=MODEL, max_num_seqs=MAX_NUM_SEQS, worker_id="bench"),
                        make_engine())
+    cpu = time.process_time()
     run = asyncio.create_task(worker.run())
     while worker.completed < REQUESTS:
         await asyncio.sleep(0.05)
+    cpu = time.process_time() - cpu
     worker.stop()
     await run
     tokens, first_ms, last_ms = await delivered_tokens(bus)
     seconds = (last_ms - first_ms) / 1000
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+            "cpu_us_per_token": round(cpu / max(tokens, 1) * 1e6, 2)}
 
 
 async def delivered_tokens(bus: BusSettings, partition: int = REPLY_PARTITION) -> tuple[int, int, int]:
@@ -114,8 +123,12 @@ async def delivered_tokens(bus: BusSettings, partition: int = REPLY_PARTITION) -
 
 def run() -> dict[str, Any]:
     with bench_stack(SIM, start_services=False, redis=False) as stack:
-        alone = asyncio.run(engine_alone())
-        consumer = asyncio.run(through_consumer(stack.bus_settings()))
+        # Each on the event loop and with the collector a GPU consumer process has.
+        tune_collector(WorkerSettings().gc_threshold)
+        with asyncio.Runner(loop_factory=loop_factory(WorkerSettings().loop)) as runner:
+            alone = runner.run(engine_alone())
+        with asyncio.Runner(loop_factory=loop_factory(WorkerSettings().loop)) as runner:
+            consumer = runner.run(through_consumer(stack.bus_settings()))
     ratio = consumer["tokens_per_s"] / max(alone["tokens_per_s"], 1e-9)
     return {"scenario": "consumer_throughput", "engine": engine_name(),
             "engine_settings": SIM.model_dump() if engine_name() == "simulated" else {},
@@ -128,8 +141,9 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join([
         f"engine `{result['engine']}`, {result['requests']} requests x {result['output_tokens']} tokens, "
         f"max_num_seqs {result['max_num_seqs']}", "",
-        "| path | tokens | seconds | tokens/s |", "|---|---:|---:|---:|",
-        f"| engine alone | {a['tokens']} | {a['seconds']} | {a['tokens_per_s']} |",
-        f"| through the consumer, delivered to Kafka | {c['tokens']} | {c['seconds']} | {c['tokens_per_s']} |",
+        "| path | tokens | seconds | tokens/s | process CPU per token |", "|---|---:|---:|---:|---:|",
+        f"| engine alone | {a['tokens']} | {a['seconds']} | {a['tokens_per_s']} | {a['cpu_us_per_token']} µs |",
+        f"| through the consumer, delivered to Kafka | {c['tokens']} | {c['seconds']} | {c['tokens_per_s']} "
+        f"| {c['cpu_us_per_token']} µs |",
         "", f"consumer / engine: **{result['ratio']:.3f}**",
     ])

@@ -4,7 +4,7 @@ steps it yields (none from the engine for a request cancelled or out of time bef
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 
 from tokenbus.gpu_consumers.engines import (
@@ -42,8 +42,9 @@ class RunningSequence:
         if self.stream is not None:
             self.stream.abort()
 
-    def outputs(self, engine: Engine, published: Published) -> AsyncIterator[StepOutput]:
-        """The steps to publish after ``published`` (what another worker published already)."""
+    def outputs(self, engine: Engine, published: Published) -> AsyncIterable[StepOutput]:
+        """The steps to publish after ``published`` (what another worker published already). The
+        reader calls ``stop()`` when done with them, however it leaves."""
         request = self.pending.request
         if self.cancelled:
             return _one(StepOutput("", (), 0, len(request.prefix_token_ids) + len(published.token_ids), FINISH_CANCELLED))
@@ -53,16 +54,14 @@ class RunningSequence:
         inp = GenerationInput.from_request(request, (*request.prefix_token_ids, *published.token_ids),
                                            request.prefix_text + published.text)
         self.stream = engine.generate(inp)
-        return _engine_outputs(self.stream)
+        return self.stream
+
+    def stop(self) -> None:
+        """A no-op once the engine finished the sequence; stops it if its reader left early
+        (its task cancelled)."""
+        if self.stream is not None:
+            self.stream.abort()
 
 
 async def _one(out: StepOutput) -> AsyncIterator[StepOutput]:
     yield out
-
-
-async def _engine_outputs(stream: GenerationStream) -> AsyncIterator[StepOutput]:
-    try:
-        async for out in stream:
-            yield out
-    finally:
-        stream.abort()  # a no-op once finished; stops the sequence if this task is cancelled

@@ -19,6 +19,7 @@ from tokenbus.gpu_consumers.engines import load_engine
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.topics import tracing
+from tokenbus.topics.collector import tune_collector
 from tokenbus.topics.event_loops import loop_factory
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ async def serve_worker(settings: WorkerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, worker.stop)
+    tune_collector(settings.gc_threshold)  # the engine is loaded
     http = asyncio.create_task(server.serve())
     try:
         await worker.run()

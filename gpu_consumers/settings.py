@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tokenbus.gpu_consumers.engines.tool_calls import TOOL_PARSERS
 from tokenbus.topics import BusSettings
+from tokenbus.topics.collector import GC_THRESHOLD
 from tokenbus.topics.event_loops import EventLoop
 from tokenbus.topics.settings import split_csv
 
@@ -47,6 +48,7 @@ class WorkerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8701  # /healthz and /metrics
     loop: EventLoop = "auto"  # topics/event_loops.py
+    gc_threshold: int = GC_THRESHOLD  # topics/collector.py
 
     _split_weights = field_validator("tier_weights", mode="before")(split_csv)
 

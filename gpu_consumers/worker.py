@@ -313,7 +313,8 @@ class GpuWorker:
                 deliveries = await self._generate(running, published)
             # The engine is done with it: its slot goes to the next request while the acks arrive.
             self._release_slot(running)
-            await asyncio.gather(*deliveries)
+            for delivery in deliveries:  # most are acknowledged by now: cheaper than gather's callbacks
+                await asyncio.shield(delivery)  # shared by the sequences of one engine step
         except asyncio.CancelledError:
             raise  # partition released or shutting down: no final event; the next owner continues
         except Exception:
@@ -350,21 +351,26 @@ class GpuWorker:
         outputs = running.outputs(self.engine, published)
         if self._prefix_reports is not None and running.stream is not None:  # the engine has the prompt
             self._prefix_reports.admitted(request)
-        async for out in outputs:
-            if out.finish_reason == FINISH_CANCELLED:
-                out = dataclasses.replace(out, finish_reason=running.stop_reason)
-            event = steps.event(len(events), out)
-            deliveries.append(self._batches.publish(request.reply_topic, request.reply_partition, key, event))
-            events.append(event)
-            sent = time.time()
-            if out.token_ids_diff:
-                self.metrics.tokens(len(out.token_ids_diff))
-                if last_sent is None and not published.events:
-                    self.metrics.first_token(sent - request.created_at_ms / 1000)
-                    tracing.event("first token")
-                elif last_sent is not None:
-                    self.metrics.token_gap(sent - last_sent)
-                last_sent = sent
+        try:
+            async for out in outputs:
+                if out.finish_reason == FINISH_CANCELLED:
+                    out = dataclasses.replace(out, finish_reason=running.stop_reason)
+                event = steps.event(len(events), out)
+                delivery = self._batches.publish(request.reply_topic, request.reply_partition, key, event)
+                if not deliveries or deliveries[-1] is not delivery:  # steps read in one pass share one
+                    deliveries.append(delivery)
+                events.append(event)
+                sent = time.time()
+                if out.token_ids_diff:
+                    self.metrics.tokens(len(out.token_ids_diff))
+                    if last_sent is None and not published.events:
+                        self.metrics.first_token(sent - request.created_at_ms / 1000)
+                        tracing.event("first token")
+                    elif last_sent is not None:
+                        self.metrics.token_gap(sent - last_sent)
+                    last_sent = sent
+        finally:
+            running.stop()
         if events[-1].finish_reason in CANCELLED_REASONS:
             self.metrics.aborted()
         if events[-1].prompt_tokens:

@@ -24,6 +24,7 @@ from tokenbus.schemas.records import (
     estimate_prompt_tokens,
     message_text,
     now_ms,
+    shallow_fields,
     whole_tool_calls,
 )
 
@@ -52,5 +53,6 @@ __all__ = [
     "estimate_prompt_tokens",
     "message_text",
     "now_ms",
+    "shallow_fields",
     "whole_tool_calls",
 ]

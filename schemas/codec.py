@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
+from tokenbus.schemas.avro_writer import NotCompiled, Writer, compile_writer
 from tokenbus.schemas.records import RECORD_TYPES, Record
 
 SCHEMA_DIR = Path(__file__).parent / "avro"
@@ -46,6 +47,19 @@ def _load_schema_files(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.avsc"))]
 
 
+def _writer(parsed_schema: Any) -> Writer:
+    """The compiled writer of a schema (avro_writer.py), or fastavro's where it does not compile."""
+    try:
+        return compile_writer(parsed_schema)
+    except NotCompiled:
+        def write_with_fastavro(out: list[bytes], datum: Any) -> None:
+            body = io.BytesIO()
+            fastavro.schemaless_writer(body, parsed_schema, datum)
+            out.append(body.getvalue())
+
+        return write_with_fastavro
+
+
 class AvroCodec:
     """Encodes records with the current schemas and decodes any known schema version."""
 
@@ -53,10 +67,12 @@ class AvroCodec:
         self._readers: dict[str, Any] = {}
         self._writer_fingerprints: dict[str, bytes] = {}
         self._writers_by_fingerprint: dict[bytes, Any] = {}
+        self._writers: dict[str, Writer] = {}
         for raw in _load_schema_files(schema_dir):
             parsed = cast(dict[str, Any], parse_schema(raw))
             name = parsed["name"]
             self._readers[name] = parsed
+            self._writers[name] = _writer(parsed)
             # The reader's own parsed schema stands for the current writer: fastavro resolves a
             # writer schema against the reader's on every read unless they are one object (7.9
             # against 5.4 µs for a token event).
@@ -78,11 +94,9 @@ class AvroCodec:
 
     def encode(self, record: Record) -> bytes:
         name = record.schema_name
-        out = io.BytesIO()
-        out.write(SINGLE_OBJECT_MAGIC)
-        out.write(self._writer_fingerprints[name])
-        fastavro.schemaless_writer(out, self._readers[name], record.to_avro())
-        return out.getvalue()
+        out = [SINGLE_OBJECT_MAGIC, self._writer_fingerprints[name]]
+        self._writers[name](out, record.to_avro())
+        return b"".join(out)
 
     def encode_with(self, schema: dict[str, Any], data: dict[str, Any]) -> bytes:
         """Encode a raw dict with an explicit (possibly older) writer schema."""

@@ -78,8 +78,8 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def _fields(record: object) -> dict[str, Any]:
-    """A record's fields as a shallow dict: ``dataclasses.asdict`` deep-copies, and this is the hot path."""
+def shallow_fields(record: object) -> dict[str, Any]:
+    """A dataclass's fields as a shallow dict: ``dataclasses.asdict`` deep-copies, and this is on hot paths."""
     # mypy does not take a class for Hashable here; it is.
     return {name: getattr(record, name) for name in _field_names(type(record))}  # type: ignore[arg-type]
 
@@ -170,8 +170,8 @@ class ChatRequest:
         return bool(self.tools) and self.tool_choice != TOOL_CHOICE_NONE
 
     def to_avro(self) -> dict[str, Any]:
-        return {**_fields(self), "messages": _messages_to_avro(self.messages),
-                "tools": [_fields(t) for t in self.tools]}
+        return {**shallow_fields(self), "messages": _messages_to_avro(self.messages),
+                "tools": [shallow_fields(t) for t in self.tools]}
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> ChatRequest:
@@ -212,9 +212,9 @@ class TokenEvent:
         return self.finish_reason is not None
 
     def to_avro(self) -> dict[str, Any]:
-        fields = _fields(self)
+        fields = shallow_fields(self)
         if self.tool_calls:
-            fields["tool_calls"] = [_fields(d) for d in self.tool_calls]
+            fields["tool_calls"] = [shallow_fields(d) for d in self.tool_calls]
         return fields
 
     @classmethod
@@ -298,7 +298,7 @@ class Completion:
         )
 
     def to_avro(self) -> dict[str, Any]:
-        return {**_fields(self), "messages": _messages_to_avro(self.messages),
+        return {**shallow_fields(self), "messages": _messages_to_avro(self.messages),
                 "tool_calls": _tool_calls_to_avro(self.tool_calls)}
 
     @classmethod
@@ -323,7 +323,7 @@ class Control:
     created_at_ms: int = field(default_factory=now_ms)
 
     def to_avro(self) -> dict[str, Any]:
-        return {**_fields(self), "action": self.action.value}
+        return {**shallow_fields(self), "action": self.action.value}
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> Control:
@@ -349,7 +349,7 @@ class ModerationDecision:
     decided_at_ms: int = field(default_factory=now_ms)
 
     def to_avro(self) -> dict[str, Any]:
-        return _fields(self)
+        return shallow_fields(self)
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> ModerationDecision:
@@ -386,7 +386,7 @@ class CacheReport:
     created_at_ms: int = field(default_factory=now_ms)
 
     def to_avro(self) -> dict[str, Any]:
-        return {**_fields(self), "stored": [{"hash": p.hash, "tokens": p.tokens} for p in self.stored],
+        return {**shallow_fields(self), "stored": [{"hash": p.hash, "tokens": p.tokens} for p in self.stored],
                 "partitions": [{"topic": t, "partition": n} for t, n in self.partitions]}
 
     @classmethod

@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from tokenbus.sse_edge.app import create_app
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.topics import cancel_task, tracing
+from tokenbus.topics.collector import tune_collector
 from tokenbus.topics.event_loops import wants_uvloop
 
 # After the grace, the streams told to resume elsewhere need a moment to write that and close.
@@ -59,4 +60,5 @@ def main() -> None:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, http=settings.http, loop=loop,
                             log_level="warning", access_log=False,
                             timeout_graceful_shutdown=int(settings.shutdown_grace_s + CLOSE_MARGIN_S))
+    tune_collector(settings.gc_threshold)
     DrainingServer(config, app, settings.shutdown_grace_s).run()

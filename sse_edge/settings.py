@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tokenbus.moderation import ModerationSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.topics import BusSettings
+from tokenbus.topics.collector import GC_THRESHOLD
 from tokenbus.topics.event_loops import EventLoop
 from tokenbus.topics.settings import csv_items
 
@@ -54,6 +55,7 @@ class EdgeSettings(BaseSettings):
     # uvicorn's HTTP/1.1 implementation: `auto` takes httptools where it is installed, else h11.
     http: Literal["auto", "h11", "httptools"] = "auto"
     loop: EventLoop = "auto"  # topics/event_loops.py
+    gc_threshold: int = GC_THRESHOLD  # topics/collector.py
     # The partitions of `tokens` this process owns (`0,3` or `0-7`); each edge process needs its own.
     reply_partitions: Annotated[list[int], NoDecode] = [0]
     # For identical replicas (a Kubernetes StatefulSet): each takes this many reply partitions

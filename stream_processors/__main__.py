@@ -8,6 +8,7 @@ import mode.loop
 from tokenbus.stream_processors.app import create_app
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.topics import tracing
+from tokenbus.topics.collector import tune_collector
 from tokenbus.topics.event_loops import wants_uvloop
 
 
@@ -22,6 +23,7 @@ def main() -> None:
     # so every library's debug line was built and then dropped: aiokafka's, one per partition per
     # fetch, cost the processors about a third of their CPU while traffic flowed.
     worker.spinner = None
+    tune_collector(settings.gc_threshold)
     worker.execute_from_commandline()
 
 

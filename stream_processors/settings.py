@@ -12,6 +12,7 @@ from tokenbus.moderation import ModerationSettings
 from tokenbus.stores.billing.clickhouse import ClickHouseSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.topics import BusSettings
+from tokenbus.topics.collector import GC_THRESHOLD
 from tokenbus.topics.event_loops import EventLoop
 from tokenbus.topics.settings import split_csv
 
@@ -32,6 +33,7 @@ class ProcessorSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8702
     loop: EventLoop = "auto"  # topics/event_loops.py
+    gc_threshold: int = GC_THRESHOLD  # topics/collector.py
     # faust's own state (table metadata; the tables themselves are in memory). Unset: faust's
     # default, `<group>-data` in the working directory.
     data_dir: Path | None = None

@@ -3,8 +3,8 @@ and the two ways every service talks to the bus: sending a record
 (``RecordSender``, ``BatchingPublisher`` for many at once, ``DeadLetterPublisher``) and
 reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log);
 ``TopicTail`` to follow a topic from now on; and
-``tracing``, a turn's trace carried across the bus in record headers; ``event_loops``, the
-event loop every service process runs on."""
+``tracing``, a turn's trace carried across the bus in record headers; ``event_loops`` and
+``collector``, the event loop every service process runs on and how often it collects garbage."""
 
 from tokenbus.topics.batching import BatchingPublisher
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe

@@ -19,75 +19,89 @@ from tokenbus.schemas import AvroCodec, Record
 
 log = logging.getLogger(__name__)
 
-_Record = tuple[bytes | None, bytes, asyncio.Future[None]]
+_Record = tuple[bytes | None, bytes]
+
+
+class _Pass:
+    """What one pass of the event loop published to one partition, and the future they share."""
+
+    __slots__ = ("records", "delivered")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.records: list[_Record] = []
+        self.delivered: asyncio.Future[None] = loop.create_future()
 
 
 class BatchingPublisher:
     def __init__(self, producer: AIOKafkaProducer, codec: AvroCodec) -> None:
         self._producer = producer
         self._codec = codec
-        self._pending: dict[tuple[str, int], list[_Record]] = defaultdict(list)
-        self._flush_scheduled = False
+        self._pending: dict[tuple[str, int], _Pass] = {}
         self._sending: set[asyncio.Task[None]] = set()
         self._locks: dict[tuple[str, int], asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def publish(self, topic: str, partition: int, key: str, record: Record) -> asyncio.Future[None]:
-        """Queue one record; the future resolves once its batch is acknowledged."""
-        loop = asyncio.get_running_loop()
-        delivered: asyncio.Future[None] = loop.create_future()
-        self._pending[(topic, partition)].append((key.encode(), self._codec.encode(record), delivered))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return delivered
+        """Queue one record; the future resolves once it is acknowledged. Records published to one
+        partition in one pass share their future (one per record cost as much as the encoding), so
+        a task that may be cancelled awaits it through ``asyncio.shield``: cancelling a task
+        cancels the future it awaits, which would fail the others' wait too."""
+        pending = self._pending.get((topic, partition))
+        if pending is None:
+            loop = asyncio.get_running_loop()
+            if not self._pending:
+                loop.call_soon(self._flush)
+            pending = self._pending[(topic, partition)] = _Pass(loop)
+        pending.records.append((key.encode(), self._codec.encode(record)))
+        return pending.delivered
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
-        pending, self._pending = self._pending, defaultdict(list)
-        for (topic, partition), records in pending.items():
-            task = asyncio.get_running_loop().create_task(self._send(topic, partition, records))
+        pending, self._pending = self._pending, {}
+        loop = asyncio.get_running_loop()
+        for (topic, partition), batch in pending.items():
+            task = loop.create_task(self._send(topic, partition, batch))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, topic: str, partition: int, records: list[_Record]) -> None:
+    async def _send(self, topic: str, partition: int, batch: _Pass) -> None:
         # The lock keeps one partition's batches in flush order (asyncio's lock is FIFO); it is
         # held while batches are handed to aiokafka, not while they are acknowledged.
-        submitted: list[tuple[asyncio.Future[Any] | None, list[_Record], Exception | None]] = []
+        submitted: list[asyncio.Future[Any]] = []
+        error: Exception | None = None
+        records = batch.records
         async with self._locks[(topic, partition)]:
             while records:
-                batch = self._producer.create_batch()
+                kafka_batch = self._producer.create_batch()
                 taken = 0
-                for key, value, _ in records:
-                    if batch.append(key=key, value=value, timestamp=None) is None:
+                for key, value in records:
+                    if kafka_batch.append(key=key, value=value, timestamp=None) is None:
                         break
                     taken += 1
-                chunk, records = records[: max(taken, 1)], records[max(taken, 1):]
                 if taken == 0:
-                    submitted.append((None, chunk, ValueError(f"a record of {len(chunk[0][1])} bytes exceeds a batch")))
-                    continue
+                    error = ValueError(f"a record of {len(records[0][1])} bytes exceeds a batch")
+                    break
+                records = records[taken:]
                 try:
-                    submitted.append((await self._producer.send_batch(batch, topic, partition=partition), chunk, None))
-                except Exception as exc:
-                    submitted.append((None, chunk, exc))
-        for delivery, chunk, error in submitted:
-            if delivery is not None:
-                try:
-                    await delivery
+                    submitted.append(await self._producer.send_batch(kafka_batch, topic, partition=partition))
                 except Exception as exc:
                     error = exc
-            if error is not None:
-                log.warning("batch of %d records to %s-%s failed: %s", len(chunk), topic, partition, error)
-            for *_, delivered in chunk:
-                if delivered.done():
-                    continue
-                if error is None:
-                    delivered.set_result(None)
-                else:
-                    delivered.set_exception(error)
+                    break
+        for delivery in submitted:
+            try:
+                await delivery
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            log.warning("batch of %d records to %s-%s failed: %s", len(batch.records), topic, partition, error)
+        if batch.delivered.done():  # cancelled by a task that awaited it unshielded; nobody waits
+            return
+        if error is not None:
+            batch.delivered.set_exception(error)
+        else:
+            batch.delivered.set_result(None)
 
     async def flush(self) -> None:
         """Wait until everything published so far is acknowledged."""
-        if self._flush_scheduled:
+        if self._pending:
             self._flush()
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)

@@ -22,8 +22,8 @@ class FetchPacer:
 
     On the embedded broker a request-path reader asks for a few milliseconds (a fetch that finds
     no record is held for its whole wait, and not answered when one arrives), so an idle one
-    would fetch hundreds of times a second. After ``idle_after_s`` with nothing read it fetches with the profile's idle
-    wait, and where the stack has a doorbell (topics/doorbell.py) it stops fetching: its
+    would fetch hundreds of times a second. After ``idle_after_s`` with nothing read it fetches
+    with the profile's idle wait, and where the stack has a doorbell (topics/doorbell.py) it stops fetching: its
     partitions are paused, fetched once every ``idle_poll_s``, and resumed when a writer rings.
     Records arriving bring the short wait back. ``wake()`` is for a reader that knows records
     are coming (the edge, once it has published a request, about its replies). With the Kafka

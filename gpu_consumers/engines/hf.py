@@ -42,6 +42,7 @@ from tokenbus.gpu_consumers.engines.base import (
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ class _HfSequence:
     def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int]) -> None:
         self._engine = engine
         self._internal_id = internal_id
-        self._results: asyncio.Queue[Any] = asyncio.Queue()  # the manager's outputs; None wakes a reader
+        self._results: Mailbox[Any] = Mailbox()  # the manager's outputs; None wakes a reader
         self._ending: str | None = None  # a finish decided here, not by the manager: cancelled, or length
         self._manager_done = False
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
@@ -223,13 +224,13 @@ class _HfSequence:
     def on_result(self, result: Any) -> None:
         """Called on the event loop with the manager's cumulative output for this request."""
         self._manager_done = self._manager_done or result.is_finished()
-        self._results.put_nowait(result)
+        self._results.put(result)
 
     def end(self, reason: str) -> None:
         """Finish at the next read, whatever the manager has queued."""
         if self._ending is None and not self.finished:
             self._ending = reason
-            self._results.put_nowait(None)
+            self._results.put(None)
 
     def abort(self) -> None:
         if self._ending is None and not self.finished:

@@ -46,6 +46,7 @@ from tokenbus.gpu_consumers.engines.base import (
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
+from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ToolSpec, message_text
 from tokenbus.topics import cancel_task
@@ -189,7 +190,7 @@ class _Sequence:
     prompt_tokens: int
     cached_tokens: int = 0
     markup: str = ""  # a tool-calling turn's text, generated MARKUP_TOKEN_CHARS a token
-    outputs: asyncio.Queue[StepOutput] = field(default_factory=asyncio.Queue)
+    outputs: Mailbox[StepOutput] = field(default_factory=Mailbox)
     generated: int = 0
     aborted: bool = False
     finished: bool = False
@@ -222,8 +223,7 @@ class _Sequence:
 
     def _emit(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> None:
         self.finished = reason is not None
-        self.outputs.put_nowait(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error,
-                                           self.cached_tokens))
+        self.outputs.put(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error, self.cached_tokens))
 
     def step(self) -> None:
         """Advance by one token, or finish."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import redis.asyncio as redis
+
+from tokenbus.schemas import shallow_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +26,6 @@ class StreamRecord:
     request: str = ""
     # Where its events are written: ``tokens`` when empty, else a rolled reply log (topics/replies.py).
     topic: str = ""
-
-
-RECORD_FIELDS = tuple(field.name for field in fields(StreamRecord))
 
 
 class IdempotencyConflict(Exception):
@@ -66,8 +65,7 @@ class StreamRegistry:
         return f"{self._prefix}detached:{request_id}"
 
     async def register(self, record: StreamRecord) -> None:
-        value = {name: getattr(record, name) for name in RECORD_FIELDS}  # dataclasses.asdict deep-copies: slower
-        await self._redis.set(self._stream(record.request_id), json.dumps(value), ex=self._ttl_s)
+        await self._redis.set(self._stream(record.request_id), json.dumps(shallow_fields(record)), ex=self._ttl_s)
 
     async def get(self, request_id: str) -> StreamRecord | None:
         raw = await self._redis.get(self._stream(request_id))

@@ -1,0 +1,111 @@
+"""BatchingPublisher on both brokers: what one pass of the event loop publishes goes out in publish
+order, records of one pass to one partition share a future that resolves once they are
+acknowledged, and a record the broker refuses fails its own pass only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import TopicPartition
+
+from tokenbus.schemas import AvroCodec, TokenEvent
+from tokenbus.topics import BatchingPublisher, TopicCatalog, make_consumer, make_producer
+
+
+async def read_back(bus, topic: str, partition: int, count: int) -> list[TokenEvent]:
+    codec, consumer = AvroCodec(), make_consumer(bus)
+    await consumer.start()
+    tp = TopicPartition(topic, partition)
+    consumer.assign([tp])
+    await consumer.seek_to_beginning(tp)
+    events: list[TokenEvent] = []
+    try:
+        for _ in range(100):
+            for record in (await consumer.getmany(tp, timeout_ms=200)).get(tp, []):
+                events.append(codec.decode(record.value, TokenEvent))
+            if len(events) >= count:
+                break
+    finally:
+        await consumer.stop()
+    return events
+
+
+@contextlib.asynccontextmanager
+async def publishing(bus, **producer_options) -> AsyncIterator[BatchingPublisher]:
+    producer = make_producer(bus, **producer_options)
+    await producer.start()
+    publisher = BatchingPublisher(producer, AvroCodec())
+    try:
+        yield publisher
+    finally:
+        await publisher.flush()
+        await producer.stop()
+
+
+async def test_passes_keep_publish_order_and_share_a_future_per_partition(each_bus):
+    topic = TopicCatalog(each_bus).tokens
+    async with publishing(each_bus) as publisher:
+        futures = []
+        for step in range(5):  # one pass of the loop per step, like an engine's steps
+            same_pass = [publisher.publish(topic, 1, f"r{n}", TokenEvent(f"r{n}", step, f"{n}.{step}"))
+                         for n in range(4)]
+            other_partition = publisher.publish(topic, 2, "r9", TokenEvent("r9", step, f"9.{step}"))
+            assert all(f is same_pass[0] for f in same_pass) and other_partition is not same_pass[0]
+            futures += [same_pass[0], other_partition]
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*futures), 30)
+        assert len(set(map(id, futures))) == 10
+    one = await read_back(each_bus, topic, 1, 20)
+    assert [e.text for e in one] == [f"{n}.{step}" for step in range(5) for n in range(4)]
+    assert [e.text for e in await read_back(each_bus, topic, 2, 5)] == [f"9.{step}" for step in range(5)]
+
+
+async def test_a_pass_bigger_than_a_batch_goes_out_as_several_in_order(bus):
+    topic = TopicCatalog(bus).tokens
+    async with publishing(bus, max_batch_size=16_384) as publisher:
+        sent = [publisher.publish(topic, 5, "r", TokenEvent("r", seq, f"{seq}:" + "x" * 5_000)) for seq in range(10)]
+        await asyncio.wait_for(sent[0], 30)
+    assert [e.seq for e in await read_back(bus, topic, 5, 10)] == list(range(10))
+
+
+async def test_a_send_that_fails_fails_its_pass_only(bus):
+    topic = TopicCatalog(bus).tokens
+    async with publishing(bus) as publisher:
+        nowhere = publisher.publish(topic, 999, "lost", TokenEvent("lost", 0, "no such partition"))
+        elsewhere = publisher.publish(topic, 4, "small", TokenEvent("small", 0, "fits"))
+        with pytest.raises(Exception) as failed:
+            await asyncio.wait_for(nowhere, 30)
+        assert not isinstance(failed.value, asyncio.TimeoutError)
+        await asyncio.wait_for(elsewhere, 30)
+    assert [e.text for e in await read_back(bus, topic, 4, 1)] == ["fits"]
+
+
+async def test_a_cancelled_waiter_fails_no_one_else_and_loses_nothing_published(bus):
+    """Cancelling a task cancels the future it awaits. Shielded (as the GPU consumer waits), the
+    pass's other waiters still get their acknowledgement; unshielded, the pass's future is
+    cancelled, yet its records go out and the publisher goes on with the next pass."""
+    async def wait(delivery, shielded: bool) -> None:
+        await (asyncio.shield(delivery) if shielded else delivery)
+
+    topic = TopicCatalog(bus).tokens
+    async with publishing(bus) as publisher:
+        shared = publisher.publish(topic, 6, "a", TokenEvent("a", 0, "first"))
+        leaving = asyncio.create_task(wait(shared, shielded=True))
+        staying = asyncio.create_task(wait(publisher.publish(topic, 6, "b", TokenEvent("b", 0, "second")), True))
+        await asyncio.sleep(0)
+        leaving.cancel()
+        await asyncio.wait_for(staying, 30)
+        assert leaving.cancelled() and not shared.cancelled()
+
+        unshielded = publisher.publish(topic, 6, "c", TokenEvent("c", 0, "third"))
+        cancelled = asyncio.create_task(wait(unshielded, shielded=False))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        assert unshielded.cancelled()
+        await asyncio.sleep(0.5)  # the cancelled pass is acknowledged meanwhile
+        await asyncio.wait_for(publisher.publish(topic, 6, "d", TokenEvent("d", 0, "fourth")), 30)
+    assert [e.text for e in await read_back(bus, topic, 6, 4)] == ["first", "second", "third", "fourth"]
