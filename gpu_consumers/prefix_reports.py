@@ -92,8 +92,9 @@ class PrefixReports:
         loop = asyncio.get_running_loop()
         snapshot_at = loop.time()
         while True:
-            try:
-                await asyncio.wait_for(self._changed.wait(), max(0.0, min(EVICTION_CHECK_S, snapshot_at - loop.time())))
+            try:  # not wait_for: on 3.11 it swallows a cancellation that lands as the event is set
+                async with asyncio.timeout(max(0.0, min(EVICTION_CHECK_S, snapshot_at - loop.time()))):
+                    await self._changed.wait()
             except TimeoutError:
                 pass
             self._changed.clear()

@@ -99,7 +99,8 @@ class TokenLog:
             for tp, items in by_partition.items():
                 try:
                     started = time.monotonic()
-                    found = await asyncio.wait_for(self._scan(tp, [request for request, _ in items]), SCAN_TIMEOUT_S)
+                    async with asyncio.timeout(SCAN_TIMEOUT_S):  # wait_for can swallow a cancellation on 3.11
+                        found = await self._scan(tp, [request for request, _ in items])
                     log.info("token log scan of %s-%s for %d requests: %.0f ms", tp.topic, tp.partition, len(items),
                              (time.monotonic() - started) * 1000)
                 except Exception as exc:  # the lookups fail; their requests are redelivered later

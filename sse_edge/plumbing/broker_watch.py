@@ -38,7 +38,8 @@ class BrokerWatch:
 
     async def answers(self) -> bool:
         try:
-            await asyncio.wait_for(self._producer.client.fetch_all_metadata(), self._interval_s)
+            async with asyncio.timeout(self._interval_s):  # wait_for can swallow a cancellation on 3.11
+                await self._producer.client.fetch_all_metadata()
             return True
         except (KafkaError, OSError, TimeoutError):
             return False
