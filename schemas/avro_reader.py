@@ -1,0 +1,196 @@
+"""Avro's binary decoding, compiled from a parsed schema into Python source: one function per
+record type whose body reads its fields in order, straight-line, built once with ``exec`` (as
+``dataclasses`` builds a class's ``__init__``).
+
+fastavro's reader walks the schema for every record it reads, a call per field; the edge and the
+output moderation read a token event for every token of every stream. Reading one took 4.2 µs
+compiled against 9.5 with fastavro's reader, in one run. Like the writer (avro_writer.py) it knows
+what tokenbus's schemas use (primitives, records, enums, arrays, maps, and unions of null with
+one other type); for any other schema ``compile_reader`` raises :class:`NotCompiled` and the
+codec keeps fastavro's reader. It reads with the writer's schema only: a record written with an
+older schema is resolved against the current one by fastavro.
+
+A reader takes the bytes and where the value starts, and returns the value (as fastavro's: dicts,
+lists, strings) and where it ends. Malformed bytes raise ``ValueError`` (or ``IndexError`` when
+they end too soon, ``UnicodeDecodeError`` for a bad string); a length read past the end shows as
+an end position past the data, which the caller checks.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from tokenbus.schemas.avro_writer import NotCompiled
+
+Reader = Callable[[bytes, int], tuple[Any, int]]
+
+
+def long_at(data: bytes, pos: int) -> tuple[int, int]:
+    """An Avro int or long of any length (the compiled code reads one-byte ones inline)."""
+    byte = data[pos]
+    n, shift = byte & 0x7F, 7
+    pos += 1
+    while byte & 0x80:
+        byte = data[pos]
+        n |= (byte & 0x7F) << shift
+        shift += 7
+        pos += 1
+    return (n >> 1) ^ -(n & 1), pos
+
+
+def compile_reader(schema: Any) -> Reader:
+    """The reader of ``schema`` as fastavro's ``parse_schema`` returns it (named types defined once,
+    then referred to by full name)."""
+    source = _Source()
+    top = source.function_for(schema)
+    namespace: dict[str, Any] = {"long_at": long_at, "unpack_float": struct.Struct("<f").unpack_from,
+                                 "unpack_double": struct.Struct("<d").unpack_from, **source.constants}
+    exec(compile(source.text(), f"<avro reader of {_name(schema)}>", "exec"), namespace)  # source written above
+    return namespace[top]  # type: ignore[no-any-return]
+
+
+def _name(schema: Any) -> str:
+    return str(schema.get("name", schema.get("type"))) if isinstance(schema, dict) else str(schema)
+
+
+class _Source:
+    """The source being written: a function per record (a named type can be referred to before its
+    function is complete, and a record can hold itself), and one for a top-level non-record."""
+
+    def __init__(self) -> None:
+        self.functions: list[list[str]] = []
+        self.records: dict[str, str] = {}  # full name -> its function's name
+        self.schemas: dict[str, Any] = {}  # full name -> its schema (enums and records)
+        self.constants: dict[str, Any] = {}
+        self._names = 0
+
+    def text(self) -> str:
+        return "\n\n".join("\n".join(lines) for lines in self.functions) + "\n"
+
+    def fresh(self, prefix: str) -> str:
+        self._names += 1
+        return f"{prefix}{self._names}"
+
+    def function_for(self, schema: Any) -> str:
+        if isinstance(schema, dict) and schema.get("type") == "record":
+            return self.record(schema)
+        name = self.fresh("read_value")
+        lines = [f"def {name}(data, pos):"]
+        self.functions.append(lines)
+        self.value(schema, lines, 1, "value")
+        lines.append("    return value, pos")
+        return name
+
+    def record(self, schema: dict[str, Any]) -> str:
+        name = self.fresh("read_record")
+        self.records[schema["name"]] = name
+        self.schemas[schema["name"]] = schema
+        lines = [f"def {name}(data, pos):", f"    # {schema['name']}"]
+        self.functions.append(lines)
+        values = []
+        for field in schema["fields"]:
+            target = self.fresh("v")
+            self.value(field["type"], lines, 1, target)
+            values.append(f"{field['name']!r}: {target}")
+        lines.append(f"    return {{{', '.join(values)}}}, pos")
+        return name
+
+    def value(self, schema: Any, lines: list[str], depth: int, target: str) -> None:
+        """Append the code that reads one ``schema`` value at ``pos`` into ``target``."""
+        pad = "    " * depth
+        if isinstance(schema, list):
+            return self.optional(schema, lines, depth, target)
+        if isinstance(schema, str) and schema in self.records:
+            lines.append(f"{pad}{target}, pos = {self.records[schema]}(data, pos)")
+            return None
+        if isinstance(schema, str) and schema in self.schemas:  # an enum defined earlier
+            return self.value(self.schemas[schema], lines, depth, target)
+        if isinstance(schema, dict) and "logicalType" in schema:
+            raise NotCompiled(f"logical type {schema['logicalType']}")
+        kind = schema if isinstance(schema, str) else schema["type"]
+        if kind == "record":
+            lines.append(f"{pad}{target}, pos = {self.record(schema)}(data, pos)")
+        elif kind == "enum":
+            self.enum(schema, lines, depth, target)
+        elif kind in ("array", "map"):
+            self.blocks(schema, lines, depth, target)
+        elif kind in ("int", "long"):
+            self.long(lines, depth, target)
+        elif kind in ("string", "bytes"):
+            size = self.fresh("n")
+            self.long(lines, depth, size)
+            lines += [f"{pad}if {size} < 0:", f"{pad}    raise ValueError('negative length')",
+                      f"{pad}{target} = data[pos:pos + {size}]{'.decode()' if kind == 'string' else ''}",
+                      f"{pad}pos += {size}"]
+        elif kind == "boolean":
+            lines.append(f"{pad}{target} = data[pos] != 0  # as fastavro reads it")
+            lines.append(f"{pad}pos += 1")
+        elif kind in ("float", "double"):
+            lines.append(f"{pad}{target}, = unpack_{kind}(data, pos)")
+            lines.append(f"{pad}pos += {4 if kind == 'float' else 8}")
+        elif kind == "null":
+            lines.append(f"{pad}{target} = None")
+        else:
+            raise NotCompiled(f"type {kind!r}")
+        return None
+
+    def long(self, lines: list[str], depth: int, target: str) -> None:
+        pad = "    " * depth
+        lines += [f"{pad}byte = data[pos]", f"{pad}if byte < 0x80:  # one byte: the usual case",
+                  f"{pad}    {target} = (byte >> 1) ^ -(byte & 1)", f"{pad}    pos += 1",
+                  f"{pad}else:", f"{pad}    {target}, pos = long_at(data, pos)"]
+
+    def optional(self, branches: list[Any], lines: list[str], depth: int, target: str) -> None:
+        others = [b for b in branches if b != "null"]
+        if len(branches) != 2 or len(others) != 1:
+            raise NotCompiled(f"union {branches}")
+        pad = "    " * depth
+        null_byte, other_byte = 2 * branches.index("null"), 2 * branches.index(others[0])  # zigzag 0 and 1
+        lines += [f"{pad}byte = data[pos]", f"{pad}pos += 1", f"{pad}if byte == {null_byte}:",
+                  f"{pad}    {target} = None", f"{pad}elif byte == {other_byte}:"]
+        self.value(others[0], lines, depth + 1, target)
+        lines += [f"{pad}else:", f"{pad}    raise ValueError(f'union branch {{byte}}')"]
+
+    def enum(self, schema: dict[str, Any], lines: list[str], depth: int, target: str) -> None:
+        self.schemas[schema["name"]] = schema
+        symbols = self.fresh("symbols")
+        self.constants[symbols] = tuple(schema["symbols"])
+        pad = "    " * depth
+        index = self.fresh("i")
+        self.long(lines, depth, index)
+        lines += [f"{pad}if not 0 <= {index} < {len(schema['symbols'])}:",
+                  f"{pad}    raise ValueError(f'enum index {{{index}}}')", f"{pad}{target} = {symbols}[{index}]"]
+
+    def takes_a_byte(self, schema: Any) -> bool:
+        if schema == "null":
+            return False
+        if isinstance(schema, str):
+            schema = self.schemas.get(schema, schema)  # a record still being compiled: not yet known
+        if isinstance(schema, dict) and schema["type"] == "record":
+            return any(self.takes_a_byte(f["type"]) for f in schema["fields"])
+        return True
+
+    def blocks(self, schema: dict[str, Any], lines: list[str], depth: int, target: str) -> None:
+        """An array or a map: blocks of items, each block its count first (negative: its size in
+        bytes follows), until an empty block."""
+        is_map = schema["type"] == "map"
+        items = schema["values"] if is_map else schema["items"]
+        if not self.takes_a_byte(items):  # a count of such items would not be bounded by the data
+            raise NotCompiled(f"a block of {_name(items)}, whose items can take no bytes")
+        pad = "    " * depth
+        count, item, key = self.fresh("count"), self.fresh("item"), self.fresh("key")
+        lines.append(f"{pad}{target} = {{}}" if is_map else f"{pad}{target} = []")
+        lines.append(f"{pad}while True:")
+        self.long(lines, depth + 1, count)
+        lines += [f"{pad}    if {count} == 0:", f"{pad}        break", f"{pad}    if {count} < 0:",
+                  f"{pad}        {count} = -{count}"]
+        self.long(lines, depth + 2, "_")
+        lines += [f"{pad}    if {count} > len(data) - pos:  # every item takes a byte at least",
+                  f"{pad}        raise ValueError('block longer than the data')",
+                  f"{pad}    for _ in range({count}):"]
+        if is_map:
+            self.value("string", lines, depth + 2, key)
+        self.value(items, lines, depth + 2, item)
+        lines.append(f"{pad}        {target}[{key}] = {item}" if is_map else f"{pad}        {target}.append({item})")
