@@ -118,24 +118,72 @@ class ReplyStream:
             self._waiter.set_result(None)
 
     async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
-        """Yield events up to and including the final one."""
-        while True:
-            # No task per event (asyncio.wait_for makes one): an event already queued is taken at
-            # once, and a wait is bounded by a timeout scope.
-            if not self._items:
-                self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    async with asyncio.timeout(idle_timeout):
+        """Yield events up to and including the final one; a wait of ``idle_timeout`` seconds with
+        nothing arriving ends the stream with ``STREAM_IDLE``."""
+        loop = asyncio.get_running_loop()
+        idle = None if idle_timeout is None else _IdleTimer(self, loop, idle_timeout)
+        try:
+            while True:
+                # An event already queued is taken at once; a wait is one future, which the event's
+                # arrival or the idle timer ends (no task, no timer per event: there is one per token).
+                if not self._items:
+                    self._waiter = loop.create_future()
+                    if idle is not None:
+                        idle.waiting()
+                    try:
                         await self._waiter
-                except TimeoutError:
-                    raise ReplyStreamError(f"no token event for {idle_timeout}s", STREAM_IDLE) from None
-                finally:
-                    self._waiter = None
-            item = self._items.pop(0)
-            if item is None:
-                return
-            if isinstance(item, ReplyStreamError):
-                raise item
-            yield item
-            if item.event.is_final:
-                return
+                    finally:
+                        self._waiter = None
+                item = self._items.pop(0)
+                if item is None:
+                    return
+                if isinstance(item, ReplyStreamError):
+                    raise item
+                yield item
+                if item.event.is_final:
+                    return
+        finally:
+            if idle is not None:
+                idle.cancel()
+
+    @property
+    def _reader_waiting(self) -> bool:
+        return self._waiter is not None and not self._waiter.done()
+
+    def _idle(self, timeout: float) -> None:
+        assert self._waiter is not None
+        self._waiter.set_exception(ReplyStreamError(f"no token event for {timeout}s", STREAM_IDLE))
+
+
+class _IdleTimer:
+    """Ends a stream's wait that lasts ``timeout``. One timer for the stream's life, looked at
+    when it fires and set again for the current wait's deadline (or a whole timeout on, when the
+    reader is busy), instead of one per wait."""
+
+    __slots__ = ("_stream", "_loop", "_timeout", "_since", "_handle")
+
+    def __init__(self, stream: ReplyStream, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self._stream = stream
+        self._loop = loop
+        self._timeout = timeout
+        self._since = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def waiting(self) -> None:
+        self._since = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(self._since + self._timeout, self._check)
+
+    def _check(self) -> None:
+        now, self._handle = self._loop.time(), None
+        if not self._stream._reader_waiting:  # busy with what it has: look again a whole timeout on
+            self._handle = self._loop.call_at(now + self._timeout, self._check)
+        elif now - self._since >= self._timeout:
+            self._stream._idle(self._timeout)
+        else:  # this wait began after the one the timer was set for
+            self._handle = self._loop.call_at(self._since + self._timeout, self._check)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

@@ -190,6 +190,10 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 
     }
 
 
+# json.dumps with any option builds an encoder per call; a content chunk is rendered per token.
+_json_string = json.JSONEncoder(ensure_ascii=False).encode
+
+
 class ChunkWriter:
     """Builds the ``chat.completion.chunk`` bodies of one streamed response."""
 
@@ -223,8 +227,8 @@ class ChunkWriter:
 
     def delta(self, text: str, finish_reason: str | None) -> str:
         """A content chunk as JSON text, rendered from the fixed parts."""
-        delta = '{"content":' + json.dumps(text, ensure_ascii=False) + "}" if text else "{}"
-        finish = "null" if finish_reason is None else json.dumps(finish_reason)
+        delta = '{"content":' + _json_string(text) + "}" if text else "{}"
+        finish = "null" if finish_reason is None else _json_string(finish_reason)
         return f'{self._content_head}{delta},"logprobs":null,"finish_reason":{finish}}}{self._content_tail}'
 
     def tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> str:

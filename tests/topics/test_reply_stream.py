@@ -1,10 +1,11 @@
-"""ReplyStream's ordering and dedup rules, without a broker."""
+"""ReplyStream's ordering and dedup rules and its idle timeout, without a broker."""
 
+import asyncio
 
 import pytest
 
 from tokenbus.schemas import TokenEvent
-from tokenbus.topics import ReplyEvent, ReplyStream, ReplyStreamError
+from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
 
 
 def reply(seq: int, text: str = "", final: bool = False, offset: int | None = None) -> ReplyEvent:
@@ -87,3 +88,27 @@ async def test_a_truncation_after_the_final_event_changes_nothing():
     stream.offer(reply(1, final=True))
     stream.offer(truncation(1))
     assert await drain(stream) == [0, 1]
+
+
+async def test_the_idle_timeout_counts_from_the_start_of_each_wait():
+    """Events 0.15 s apart for two timeouts of 0.5 s: no wait lasts a timeout, so none ends the
+    stream. A reader busy for longer than a timeout then waits 0.1 s for the next event: its wait,
+    not the time since the last event, is what counts."""
+    loop = asyncio.get_running_loop()
+    stream = ReplyStream("r")
+    for seq in range(7):
+        loop.call_later(0.15 * (seq + 1), stream.offer, reply(seq))
+    read = []
+    async for r in stream.events(idle_timeout=0.5):
+        read.append(r.event.seq)
+        if r.event.seq == 6:
+            await asyncio.sleep(0.7)  # busy, past a timeout since the last event
+            loop.call_later(0.1, stream.offer, reply(7, final=True))
+    assert read == list(range(8))
+
+    quiet = ReplyStream("q")
+    started = loop.time()
+    with pytest.raises(ReplyStreamError, match="no token event") as idle:
+        async for _ in quiet.events(idle_timeout=0.1):
+            pass
+    assert idle.value.code == STREAM_IDLE and loop.time() - started >= 0.1
