@@ -102,4 +102,4 @@ def test_a_wrong_value_raises_rather_than_writing_a_record():
 
 def test_the_codec_writes_every_current_schema_compiled():
     codec = AvroCodec()
-    assert {w.__name__ for w in codec._writers.values()} == {"write_record"}
+    assert all(w.__code__.co_filename.startswith("<avro writer of") for w in codec._writers.values())
