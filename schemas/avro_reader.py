@@ -1,6 +1,5 @@
-"""Avro's binary decoding, compiled from a parsed schema into Python source: one function per
-record type whose body reads its fields in order, straight-line, built once with ``exec`` (as
-``dataclasses`` builds a class's ``__init__``).
+"""Avro's binary decoding, compiled from a parsed schema into Python source (avro_source.py): one
+function per record type whose body reads its fields in order, straight-line.
 
 fastavro's reader walks the schema for every record it reads, a call per field; the edge and the
 output moderation read a token event for every token of every stream. Reading one took 4.2 µs
@@ -22,7 +21,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from tokenbus.schemas.avro_writer import NotCompiled
+from tokenbus.schemas.avro_source import NotCompiled, SchemaSource, schema_name
 
 Reader = Callable[[bytes, int], tuple[Any, int]]
 
@@ -43,35 +42,14 @@ def long_at(data: bytes, pos: int) -> tuple[int, int]:
 def compile_reader(schema: Any) -> Reader:
     """The reader of ``schema`` as fastavro's ``parse_schema`` returns it (named types defined once,
     then referred to by full name)."""
-    source = _Source()
-    top = source.function_for(schema)
-    namespace: dict[str, Any] = {"long_at": long_at, "unpack_float": struct.Struct("<f").unpack_from,
-                                 "unpack_double": struct.Struct("<d").unpack_from, **source.constants}
-    exec(compile(source.text(), f"<avro reader of {_name(schema)}>", "exec"), namespace)  # source written above
-    return namespace[top]  # type: ignore[no-any-return]
+    reader: Reader = _ReaderSource().build(schema, {
+        "long_at": long_at, "unpack_float": struct.Struct("<f").unpack_from,
+        "unpack_double": struct.Struct("<d").unpack_from})
+    return reader
 
 
-def _name(schema: Any) -> str:
-    return str(schema.get("name", schema.get("type"))) if isinstance(schema, dict) else str(schema)
-
-
-class _Source:
-    """The source being written: a function per record (a named type can be referred to before its
-    function is complete, and a record can hold itself), and one for a top-level non-record."""
-
-    def __init__(self) -> None:
-        self.functions: list[list[str]] = []
-        self.records: dict[str, str] = {}  # full name -> its function's name
-        self.schemas: dict[str, Any] = {}  # full name -> its schema (enums and records)
-        self.constants: dict[str, Any] = {}
-        self._names = 0
-
-    def text(self) -> str:
-        return "\n\n".join("\n".join(lines) for lines in self.functions) + "\n"
-
-    def fresh(self, prefix: str) -> str:
-        self._names += 1
-        return f"{prefix}{self._names}"
+class _ReaderSource(SchemaSource):
+    role = "reader"
 
     def function_for(self, schema: Any) -> str:
         if isinstance(schema, dict) and schema.get("type") == "record":
@@ -84,11 +62,7 @@ class _Source:
         return name
 
     def record(self, schema: dict[str, Any]) -> str:
-        name = self.fresh("read_record")
-        self.records[schema["name"]] = name
-        self.schemas[schema["name"]] = schema
-        lines = [f"def {name}(data, pos):", f"    # {schema['name']}"]
-        self.functions.append(lines)
+        name, lines = self.new_record(schema, "read_record", "data, pos")
         values = []
         for field in schema["fields"]:
             target = self.fresh("v")
@@ -97,26 +71,12 @@ class _Source:
         lines.append(f"    return {{{', '.join(values)}}}, pos")
         return name
 
-    def value(self, schema: Any, lines: list[str], depth: int, target: str) -> None:
-        """Append the code that reads one ``schema`` value at ``pos`` into ``target``."""
+    def call_record(self, function: str, lines: list[str], depth: int, target: str) -> None:
+        lines.append(f"{'    ' * depth}{target}, pos = {function}(data, pos)")
+
+    def primitive(self, kind: str, lines: list[str], depth: int, target: str) -> None:
         pad = "    " * depth
-        if isinstance(schema, list):
-            return self.optional(schema, lines, depth, target)
-        if isinstance(schema, str) and schema in self.records:
-            lines.append(f"{pad}{target}, pos = {self.records[schema]}(data, pos)")
-            return None
-        if isinstance(schema, str) and schema in self.schemas:  # an enum defined earlier
-            return self.value(self.schemas[schema], lines, depth, target)
-        if isinstance(schema, dict) and "logicalType" in schema:
-            raise NotCompiled(f"logical type {schema['logicalType']}")
-        kind = schema if isinstance(schema, str) else schema["type"]
-        if kind == "record":
-            lines.append(f"{pad}{target}, pos = {self.record(schema)}(data, pos)")
-        elif kind == "enum":
-            self.enum(schema, lines, depth, target)
-        elif kind in ("array", "map"):
-            self.blocks(schema, lines, depth, target)
-        elif kind in ("int", "long"):
+        if kind in ("int", "long"):
             self.long(lines, depth, target)
         elif kind in ("string", "bytes"):
             size = self.fresh("n")
@@ -130,11 +90,8 @@ class _Source:
         elif kind in ("float", "double"):
             lines.append(f"{pad}{target}, = unpack_{kind}(data, pos)")
             lines.append(f"{pad}pos += {4 if kind == 'float' else 8}")
-        elif kind == "null":
+        else:  # null
             lines.append(f"{pad}{target} = None")
-        else:
-            raise NotCompiled(f"type {kind!r}")
-        return None
 
     def long(self, lines: list[str], depth: int, target: str) -> None:
         pad = "    " * depth
@@ -154,7 +111,6 @@ class _Source:
         lines += [f"{pad}else:", f"{pad}    raise ValueError(f'union branch {{byte}}')"]
 
     def enum(self, schema: dict[str, Any], lines: list[str], depth: int, target: str) -> None:
-        self.schemas[schema["name"]] = schema
         symbols = self.fresh("symbols")
         self.constants[symbols] = tuple(schema["symbols"])
         pad = "    " * depth
@@ -167,7 +123,7 @@ class _Source:
         if schema == "null":
             return False
         if isinstance(schema, str):
-            schema = self.schemas.get(schema, schema)  # a record still being compiled: not yet known
+            schema = self.named.get(schema, schema)
         if isinstance(schema, dict) and schema["type"] == "record":
             return any(self.takes_a_byte(f["type"]) for f in schema["fields"])
         return True
@@ -178,7 +134,7 @@ class _Source:
         is_map = schema["type"] == "map"
         items = schema["values"] if is_map else schema["items"]
         if not self.takes_a_byte(items):  # a count of such items would not be bounded by the data
-            raise NotCompiled(f"a block of {_name(items)}, whose items can take no bytes")
+            raise NotCompiled(f"a block of {schema_name(items)}, whose items can take no bytes")
         pad = "    " * depth
         count, item, key = self.fresh("count"), self.fresh("item"), self.fresh("key")
         lines.append(f"{pad}{target} = {{}}" if is_map else f"{pad}{target} = []")

@@ -1,6 +1,5 @@
-"""Avro's binary encoding, compiled from a parsed schema into Python source: one function per
-record type whose body writes its fields in order, straight-line, built once with ``exec`` (as
-``dataclasses`` builds a class's ``__init__``; avro_reader.py reads the same way).
+"""Avro's binary encoding, compiled from a parsed schema into Python source (avro_source.py): one
+function per record type whose body writes its fields in order, straight-line.
 
 fastavro's writer walks the schema for every record and, at each union, tries its branches in
 turn; a GPU consumer writes a token event for every token of every sequence. Writing a token
@@ -20,11 +19,9 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from tokenbus.schemas.avro_source import NotCompiled, SchemaSource
+
 Writer = Callable[[list[bytes], Any], None]
-
-
-class NotCompiled(ValueError):
-    """The schema uses something this module does not compile (fastavro writes it instead)."""
 
 
 def _zigzag_varint(n: int) -> bytes:
@@ -56,33 +53,14 @@ def _null(value: Any) -> None:
 def compile_writer(schema: Any) -> Writer:
     """The writer of ``schema`` as fastavro's ``parse_schema`` returns it (named types defined once,
     then referred to by full name)."""
-    source = _Source()
-    top = source.function_for(schema)
-    namespace: dict[str, Any] = {"long_bytes": long_bytes, "one_byte": _ONE_BYTE, "check_null": _null,
-                                 "pack_float": struct.Struct("<f").pack, "pack_double": struct.Struct("<d").pack,
-                                 **source.constants}
-    name = schema.get("name", schema.get("type")) if isinstance(schema, dict) else schema
-    exec(compile(source.text(), f"<avro writer of {name}>", "exec"), namespace)  # source written above
-    return namespace[top]  # type: ignore[no-any-return]
+    writer: Writer = _WriterSource().build(schema, {
+        "long_bytes": long_bytes, "one_byte": _ONE_BYTE, "check_null": _null,
+        "pack_float": struct.Struct("<f").pack, "pack_double": struct.Struct("<d").pack})
+    return writer
 
 
-class _Source:
-    """The source being written: a function per record (a named type can be referred to before its
-    function is complete, and a record can hold itself), and one for a top-level non-record."""
-
-    def __init__(self) -> None:
-        self.functions: list[list[str]] = []
-        self.records: dict[str, str] = {}  # full name -> its function's name
-        self.enums: dict[str, Any] = {}  # full name -> its schema
-        self.constants: dict[str, Any] = {}
-        self._names = 0
-
-    def text(self) -> str:
-        return "\n\n".join("\n".join(lines) for lines in self.functions) + "\n"
-
-    def fresh(self, prefix: str) -> str:
-        self._names += 1
-        return f"{prefix}{self._names}"
+class _WriterSource(SchemaSource):
+    role = "writer"
 
     def function_for(self, schema: Any) -> str:
         if isinstance(schema, dict) and schema.get("type") == "record":
@@ -94,35 +72,18 @@ class _Source:
         return name
 
     def record(self, schema: dict[str, Any]) -> str:
-        name = self.fresh("write_record")
-        self.records[schema["name"]] = name
-        lines = [f"def {name}(out, value):", f"    # {schema['name']}", "    append = out.append"]
-        self.functions.append(lines)
+        name, lines = self.new_record(schema, "write_record", "out, value")
+        lines.append("    append = out.append")
         for field in schema["fields"]:
             self.value(field["type"], lines, 1, f"value[{field['name']!r}]")
         return name
 
-    def value(self, schema: Any, lines: list[str], depth: int, expr: str) -> None:
-        """Append the code that writes ``expr``, a ``schema`` value."""
+    def call_record(self, function: str, lines: list[str], depth: int, expr: str) -> None:
+        lines.append(f"{'    ' * depth}{function}(out, {expr})")
+
+    def primitive(self, kind: str, lines: list[str], depth: int, expr: str) -> None:
         pad = "    " * depth
-        if isinstance(schema, list):
-            return self.optional(schema, lines, depth, expr)
-        if isinstance(schema, str) and schema in self.records:
-            lines.append(f"{pad}{self.records[schema]}(out, {expr})")
-            return None
-        if isinstance(schema, str) and schema in self.enums:
-            return self.enum(self.enums[schema], lines, depth, expr)
-        if isinstance(schema, dict) and "logicalType" in schema:
-            raise NotCompiled(f"logical type {schema['logicalType']}")
-        kind = schema if isinstance(schema, str) else schema["type"]
-        if kind == "record":
-            lines.append(f"{pad}{self.record(schema)}(out, {expr})")
-        elif kind == "enum":
-            self.enums[schema["name"]] = schema
-            self.enum(schema, lines, depth, expr)
-        elif kind in ("array", "map"):
-            self.blocks(schema, lines, depth, expr)
-        elif kind in ("int", "long"):
+        if kind in ("int", "long"):
             self.long(lines, depth, expr)
         elif kind in ("string", "bytes"):
             data = self.fresh("data")
@@ -133,11 +94,8 @@ class _Source:
             lines.append(f"{pad}append(b'\\x01' if {expr} else b'\\x00')")
         elif kind in ("float", "double"):
             lines.append(f"{pad}append(pack_{kind}({expr}))")
-        elif kind == "null":
+        else:  # null
             lines.append(f"{pad}check_null({expr})")
-        else:
-            raise NotCompiled(f"type {kind!r}")
-        return None
 
     def long(self, lines: list[str], depth: int, expr: str) -> None:
         pad = "    " * depth

@@ -20,7 +20,8 @@ import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from tokenbus.schemas.avro_reader import Reader, compile_reader
-from tokenbus.schemas.avro_writer import NotCompiled, Writer, compile_writer
+from tokenbus.schemas.avro_source import NotCompiled
+from tokenbus.schemas.avro_writer import Writer, compile_writer
 from tokenbus.schemas.records import RECORD_TYPES, Record
 
 SCHEMA_DIR = Path(__file__).parent / "avro"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.schemas.test_avro_writer import SCHEMAS, datums, fastavro_bytes
 from tokenbus.schemas import AvroCodec, Control, ControlAction, TokenEvent
 from tokenbus.schemas.avro_reader import compile_reader, long_at
-from tokenbus.schemas.avro_writer import NotCompiled
+from tokenbus.schemas.avro_source import NotCompiled
 from tokenbus.schemas.codec import HEADER_SIZE, DecodeError
 
 

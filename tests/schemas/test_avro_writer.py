@@ -10,7 +10,8 @@ from fastavro.schema import parse_schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenbus.schemas.avro_writer import NotCompiled, compile_writer, long_bytes
+from tokenbus.schemas.avro_source import NotCompiled
+from tokenbus.schemas.avro_writer import compile_writer, long_bytes
 from tokenbus.schemas.codec import SCHEMA_DIR, AvroCodec, _writer
 
 SCHEMAS = {p.stem: parse_schema(json.loads(p.read_text())) for p in sorted(SCHEMA_DIR.glob("*.avsc"))}
