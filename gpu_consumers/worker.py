@@ -34,7 +34,7 @@ from tokenbus.gpu_consumers.sequence import RunningSequence
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.token_log import Published, TokenLog
-from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, TokenEvent
+from tokenbus.schemas import AvroCodec, ChatRequest, CompletionBuilder, DecodeError
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
@@ -305,7 +305,7 @@ class GpuWorker:
         try:
             published = await pending.published if pending.published is not None else Published()
             if published.final is not None:
-                deliveries = [await self._publish_completion(request, published.events)]
+                deliveries = [await self._publish_completion(request, CompletionBuilder(published.events))]
             else:
                 if published.events:
                     self.metrics.taken_over()
@@ -341,7 +341,7 @@ class GpuWorker:
     async def _generate(self, running: RunningSequence, published: Published) -> list[asyncio.Future]:
         """Run the engine and publish each step; returns the deliveries still to be acknowledged."""
         request = running.pending.request
-        events = list(published.events)
+        turn = CompletionBuilder(published.events)  # not the events: a turn holds hundreds
         deliveries: list[asyncio.Future] = []
         last_sent: float | None = None
         assert self._batches is not None
@@ -355,11 +355,11 @@ class GpuWorker:
             async for out in outputs:
                 if out.finish_reason == FINISH_CANCELLED:
                     out = dataclasses.replace(out, finish_reason=running.stop_reason)
-                event = steps.event(len(events), out)
+                event = steps.event(turn.count, out)
                 delivery = self._batches.publish(request.reply_topic, request.reply_partition, key, event)
                 if not deliveries or deliveries[-1] is not delivery:  # steps read in one pass share one
                     deliveries.append(delivery)
-                events.append(event)
+                turn.add(event)
                 sent = time.time()
                 if out.token_ids_diff:
                     self.metrics.tokens(len(out.token_ids_diff))
@@ -371,15 +371,17 @@ class GpuWorker:
                     last_sent = sent
         finally:
             running.stop()
-        if events[-1].finish_reason in CANCELLED_REASONS:
+        final = turn.last
+        assert final is not None  # an engine's stream ends with a final step
+        if final.finish_reason in CANCELLED_REASONS:
             self.metrics.aborted()
-        if events[-1].prompt_tokens:
-            self.metrics.prompt(events[-1].prompt_tokens, events[-1].cached_tokens or 0)
-        deliveries.append(await self._publish_completion(request, events))
+        if final.prompt_tokens:
+            self.metrics.prompt(final.prompt_tokens, final.cached_tokens or 0)
+        deliveries.append(await self._publish_completion(request, turn))
         return deliveries
 
-    async def _publish_completion(self, request: ChatRequest, events: list[TokenEvent]) -> asyncio.Future:
-        completion = Completion.from_events(request, events, self.settings.worker_id)
+    async def _publish_completion(self, request: ChatRequest, turn: CompletionBuilder) -> asyncio.Future:
+        completion = turn.build(request, self.settings.worker_id)
         self.metrics.finished(completion.finish_reason)
         assert self._sender is not None
         return await self._sender.send(self.catalog.completions, completion, request.request_id)

@@ -275,27 +275,9 @@ class Completion:
                    annotations=request.annotations, **outcome)
 
     @classmethod
-    def from_events(cls, request: ChatRequest, events: list[TokenEvent], worker_id: str) -> Completion:
-        """The Completion of a stream that ended with ``events[-1]``: the one record that says how a
-        turn ended, built the same by a GPU consumer and by an edge that closed a silent stream."""
-        final = events[-1]
-        token_times = [e.created_at_ms for e in events if e.token_ids]
-        finish_reason = final.finish_reason or "error"
-        return cls.for_request(
-            request,
-            text=request.prefix_text + "".join(e.text for e in events),
-            tool_calls=whole_tool_calls(d for e in events for d in e.tool_calls),
-            finish_reason=finish_reason,
-            prompt_tokens=final.prompt_tokens or 0,
-            completion_tokens=final.completion_tokens or 0,
-            cached_prompt_tokens=final.cached_tokens or 0,
-            cancelled=finish_reason in ("cancelled", "content_filter"),
-            error=final.error,
-            worker_id=worker_id,
-            started_at_ms=events[0].created_at_ms,
-            first_token_at_ms=token_times[0] if token_times else None,
-            finished_at_ms=final.created_at_ms,
-        )
+    def from_events(cls, request: ChatRequest, events: Iterable[TokenEvent], worker_id: str) -> Completion:
+        """The Completion of a stream that ended with the last of ``events``."""
+        return CompletionBuilder(events).build(request, worker_id)
 
     def to_avro(self) -> dict[str, Any]:
         return {**shallow_fields(self), "messages": _messages_to_avro(self.messages),
@@ -305,6 +287,58 @@ class Completion:
     def from_avro(cls, data: dict[str, Any]) -> Completion:
         return cls(**{**data, "messages": _messages_from_avro(data["messages"]),
                       "tool_calls": list(_tool_calls_from_avro(data["tool_calls"]))})
+
+
+class CompletionBuilder:
+    """A turn's Completion, gathered as its token events go by: the one record that says how a turn
+    ended, built the same by a GPU consumer and by a client that closed a silent stream. It keeps
+    what the record needs of the events (their text, function-call pieces, times, the last one)
+    rather than the events: a GPU consumer runs hundreds of turns at once, a token event each step."""
+
+    __slots__ = ("count", "last", "_texts", "_deltas", "_started_at_ms", "_first_token_at_ms")
+
+    def __init__(self, events: Iterable[TokenEvent] = ()) -> None:
+        self.count = 0  # events added: the next one's seq
+        self.last: TokenEvent | None = None
+        self._texts: list[str] = []
+        self._deltas: list[ToolCallDelta] = []
+        self._started_at_ms = 0
+        self._first_token_at_ms: int | None = None
+        for event in events:
+            self.add(event)
+
+    def add(self, event: TokenEvent) -> None:
+        if self.last is None:
+            self._started_at_ms = event.created_at_ms
+        if event.token_ids and self._first_token_at_ms is None:
+            self._first_token_at_ms = event.created_at_ms
+        if event.text:
+            self._texts.append(event.text)
+        if event.tool_calls:
+            self._deltas.extend(event.tool_calls)
+        self.last = event
+        self.count += 1
+
+    def build(self, request: ChatRequest, worker_id: str) -> Completion:
+        final = self.last
+        if final is None:
+            raise ValueError("a completion needs the turn's last token event")
+        finish_reason = final.finish_reason or "error"
+        return Completion.for_request(
+            request,
+            text=request.prefix_text + "".join(self._texts),
+            tool_calls=whole_tool_calls(self._deltas),
+            finish_reason=finish_reason,
+            prompt_tokens=final.prompt_tokens or 0,
+            completion_tokens=final.completion_tokens or 0,
+            cached_prompt_tokens=final.cached_tokens or 0,
+            cancelled=finish_reason in ("cancelled", "content_filter"),
+            error=final.error,
+            worker_id=worker_id,
+            started_at_ms=self._started_at_ms,
+            first_token_at_ms=self._first_token_at_ms,
+            finished_at_ms=final.created_at_ms,
+        )
 
 
 class ControlAction(str, enum.Enum):
