@@ -291,7 +291,8 @@ class Completion:
 
 class CompletionBuilder:
     """A turn's Completion, gathered as its token events go by: the one record that says how a turn
-    ended, built the same by a GPU consumer and by a client that closed a silent stream. It keeps
+    ended, built the same by a GPU consumer and by an edge that closes a silent stream
+    (``TokenbusClient.close_incomplete``). It keeps
     what the record needs of the events (their text, function-call pieces, times, the last one)
     rather than the events: a GPU consumer runs hundreds of turns at once, a token event each step."""
 
