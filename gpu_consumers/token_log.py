@@ -8,6 +8,10 @@ finished, only re-publishes its Completion (consumers of `completions` dedup by 
 Lookups are batched: one scan of a reply partition answers every request waiting
 on it. A scan starts at the first record written since the oldest request was
 created (``offsets_for_times``, with a margin for clock skew between machines).
+A worker that starts with a backlog looks its requests up in waves, as it fetches
+them, all created before it started: each scan remembers the keys it passed
+(``_Scanned``), so that the next wave, when none of its requests was among them,
+reads on from where the last scan ended rather than from the backlog's start again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from tokenbus.topics import BusSettings, make_consumer, stop_reader
 log = logging.getLogger(__name__)
 
 SCAN_TIMEOUT_S = 30.0
+SCANNED_KEYS = 50_000  # keys an earlier scan of a partition remembers at most (~5 MB)
+SCANNED_FOR_S = 60.0  # and for how long after its last use
 
 
 @dataclass
@@ -66,11 +72,30 @@ class Published:
         return cls(events)
 
 
+@dataclass
+class _Scanned:
+    """What the scans of one reply partition have passed: every key from the first record written
+    since ``since_ms`` up to offset ``end``. A request created after ``since_ms`` (less the skew
+    margin) whose key is not among them has no event before ``end``."""
+
+    since_ms: int
+    end: int
+    keys: set[bytes]
+    last: tuple[bytes, int]  # the key and timestamp of the record at end - 1: the same log still?
+    used_at: float
+
+    def covers(self, since_ms: int, keys: list[bytes]) -> bool:
+        return (since_ms >= self.since_ms and time.monotonic() - self.used_at < SCANNED_FOR_S
+                and not any(k in self.keys for k in keys))
+
+
 class TokenLog:
     def __init__(self, settings: BusSettings, codec: AvroCodec, clock_skew_ms: int = 2000) -> None:
         self._settings = settings
         self._codec = codec
         self._clock_skew_ms = clock_skew_ms
+        self._scanned: dict[TopicPartition, _Scanned] = {}
+        self.records_scanned = 0  # records read by scans, all told
         self._lookups: asyncio.Queue[tuple[ChatRequest, asyncio.Future[Published]]] = asyncio.Queue()
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -115,18 +140,30 @@ class TokenLog:
     async def _scan(self, tp: TopicPartition, requests: list[ChatRequest]) -> dict[str, Published]:
         consumer = self._consumer
         assert consumer is not None
-        since = min(r.created_at_ms for r in requests) - self._clock_skew_ms
+        since = max(0, min(r.created_at_ms for r in requests) - self._clock_skew_ms)
+        wanted = {r.request_id.encode(): r.request_id for r in requests}
         consumer.assign([tp])
-        start = await self._first_offset_since(tp, max(0, since))
+        scanned = self._scanned.pop(tp, None)
+        if (scanned is not None and scanned.covers(since, list(wanted))
+                and (await consumer.end_offsets([tp]))[tp] >= scanned.end  # the same log still, not one
+                and scanned.last == await self._key_and_time_at(tp, scanned.end - 1)):  # re-created since
+            start: int | None = scanned.end  # none of them is in what was scanned before
+        else:
+            scanned, start = None, await self._first_offset_since(tp, since)
         if start is None:  # nothing written since the requests were made
             consumer.assign([])
             return {}
         consumer.seek(tp, start)
-        wanted = {r.request_id.encode(): r.request_id for r in requests}
+        passed: set[bytes] = set()
+        last = scanned.last if scanned is not None else None
         by_request: dict[str, dict[int, TokenEvent]] = defaultdict(dict)
         while True:
             records = (await consumer.getmany(tp, timeout_ms=200)).get(tp, [])
+            self.records_scanned += len(records)
+            if records:
+                last = (records[-1].key or b"", records[-1].timestamp)
             for record in records:
+                passed.add(record.key or b"")
                 request_id = wanted.get(record.key or b"")
                 if request_id is None:
                     continue
@@ -138,7 +175,12 @@ class TokenLog:
             highwater = consumer.highwater(tp)
             if highwater is not None and await consumer.position(tp) >= highwater:
                 break
+        end = await consumer.position(tp)
         consumer.assign([])  # an assigned partition would be fetched in the background forever
+        if scanned is not None:
+            passed |= scanned.keys
+        if last is not None and len(passed) <= SCANNED_KEYS:
+            self._scanned[tp] = _Scanned(scanned.since_ms if scanned else since, end, passed, last, time.monotonic())
         return {request_id: Published.contiguous(events) for request_id, events in by_request.items()}
 
     async def _first_offset_since(self, tp: TopicPartition, since_ms: int) -> int | None:
@@ -168,10 +210,14 @@ class TokenLog:
 
     async def _timestamp_at(self, tp: TopicPartition, offset: int) -> int:
         """The timestamp of the first record at or after ``offset`` (``tp`` is assigned)."""
+        return (await self._key_and_time_at(tp, offset))[1]
+
+    async def _key_and_time_at(self, tp: TopicPartition, offset: int) -> tuple[bytes, int]:
+        """The key and timestamp of the first record at or after ``offset`` (``tp`` is assigned)."""
         consumer = self._consumer
         assert consumer is not None
         consumer.seek(tp, offset)
         while True:
             records = (await consumer.getmany(tp, timeout_ms=200, max_records=1)).get(tp, [])
             if records:
-                return int(records[0].timestamp)
+                return records[0].key or b"", int(records[0].timestamp)

@@ -1,0 +1,90 @@
+"""The token log on the real broker: what a taking-over worker finds of a request's events, and
+how much of the reply log it reads to find it."""
+
+import asyncio
+
+from tests.conftest import MODEL
+from tokenbus.gpu_consumers.token_log import TokenLog
+from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, TokenEvent, now_ms
+from tokenbus.topics import RecordSender, TopicCatalog, delete_topics, ensure_topics, make_producer
+
+codec = AvroCodec()
+PARTITION = 3
+
+
+def request(catalog: TopicCatalog, request_id: str, created_at_ms: int) -> ChatRequest:
+    return ChatRequest(request_id=request_id, model=MODEL, messages=[ChatMessage("user", "hi")], tier="standard",
+                       reply_topic=catalog.tokens, reply_partition=PARTITION, created_at_ms=created_at_ms)
+
+
+async def publish(sender: RecordSender, catalog: TopicCatalog, request_id: str, seqs: range) -> None:
+    for seq in seqs:
+        await sender.send_and_wait(catalog.tokens, TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq]),
+                                   request_id, partition=PARTITION)
+
+
+async def test_later_lookups_read_on_from_the_last_scan_and_still_find_everything(bus):
+    """A worker with a backlog looks its requests up in waves. A wave none of whose requests was
+    in what the last scan passed reads only what was written since; one that was, or one with a
+    request older than that scan, reads the log again from its oldest request."""
+    catalog = TopicCatalog(bus)
+    started = now_ms()
+    early, a, b = (request(catalog, name, started) for name in ("early", "a", "b"))
+    producer = make_producer(bus)
+    await producer.start()
+    log = TokenLog(bus, codec, clock_skew_ms=0)
+    await log.start()
+    try:
+        sender = RecordSender(producer, codec, catalog)
+        await publish(sender, catalog, "early", range(2))
+        await asyncio.sleep(0.05)
+        for request_id in ("a", "noise-1", "noise-2"):
+            await publish(sender, catalog, request_id, range(2))
+        first = await asyncio.gather(log.published(a), log.published(b))
+        assert [e.text for e in first[0].events] == ["a:0", "a:1"] and first[1].events == []
+        assert log.records_scanned == 8  # early's too: created at the same moment
+
+        await publish(sender, catalog, "b", range(3))
+        await publish(sender, catalog, "noise-3", range(2))
+        read_before = log.records_scanned
+        second = await log.published(b)
+        assert [e.text for e in second.events] == ["b:0", "b:1", "b:2"]
+        assert log.records_scanned - read_before == 5  # only what was written since
+
+        read_before = log.records_scanned
+        again = await log.published(a)  # a was passed before: its events may be anywhere
+        assert [e.text for e in again.events] == ["a:0", "a:1"]
+        assert log.records_scanned - read_before == 13
+
+        older = request(catalog, "early", started - 60_000)  # older than any scan so far
+        read_before = log.records_scanned
+        assert [e.seq for e in (await log.published(older)).events] == [0, 1]
+        assert log.records_scanned - read_before == 13
+    finally:
+        await log.stop()
+        await producer.stop()
+
+
+async def test_a_log_recreated_since_the_last_scan_is_read_again(bus):
+    """A broker without storage restarted (or a topic re-created): the new log can grow past where
+    the last scan ended, with other records at those offsets. The next lookup reads it all."""
+    catalog = TopicCatalog(bus)
+    started = now_ms()
+    producer = make_producer(bus)
+    await producer.start()
+    log = TokenLog(bus, codec, clock_skew_ms=0)
+    await log.start()
+    try:
+        sender = RecordSender(producer, codec, catalog)
+        await publish(sender, catalog, "before", range(3))
+        assert (await log.published(request(catalog, "x", started))).events == []
+
+        await delete_topics(bus.bootstrap_servers, [catalog.tokens])
+        await ensure_topics(bus.bootstrap_servers, [t for t in catalog.all_topics() if t.name == catalog.tokens])
+        await publish(sender, catalog, "x", range(2))
+        await publish(sender, catalog, "after", range(3))  # the new log ends past the old one
+        found = await log.published(request(catalog, "x", started))
+        assert [e.text for e in found.events] == ["x:0", "x:1"]
+    finally:
+        await log.stop()
+        await producer.stop()
