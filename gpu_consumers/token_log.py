@@ -163,7 +163,8 @@ class TokenLog:
             if records:
                 last = (records[-1].key or b"", records[-1].timestamp)
             for record in records:
-                passed.add(record.key or b"")
+                if len(passed) <= SCANNED_KEYS:  # past that, this scan is not remembered
+                    passed.add(record.key or b"")
                 request_id = wanted.get(record.key or b"")
                 if request_id is None:
                     continue
