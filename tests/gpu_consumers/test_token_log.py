@@ -2,6 +2,8 @@
 how much of the reply log it reads to find it."""
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from tests.conftest import MODEL
 from tokenbus.gpu_consumers.token_log import TokenLog
@@ -23,19 +25,27 @@ async def publish(sender: RecordSender, catalog: TopicCatalog, request_id: str, 
                                    request_id, partition=PARTITION)
 
 
+@contextlib.asynccontextmanager
+async def log_and_sender(bus) -> AsyncIterator[tuple[TokenLog, RecordSender]]:
+    producer = make_producer(bus)
+    await producer.start()
+    log = TokenLog(bus, codec, clock_skew_ms=0)
+    await log.start()
+    try:
+        yield log, RecordSender(producer, codec, TopicCatalog(bus))
+    finally:
+        await log.stop()
+        await producer.stop()
+
+
 async def test_later_lookups_read_on_from_the_last_scan_and_still_find_everything(bus):
     """A worker with a backlog looks its requests up in waves. A wave none of whose requests was
     in what the last scan passed reads only what was written since; one that was, or one with a
     request older than that scan, reads the log again from its oldest request."""
     catalog = TopicCatalog(bus)
     started = now_ms()
-    early, a, b = (request(catalog, name, started) for name in ("early", "a", "b"))
-    producer = make_producer(bus)
-    await producer.start()
-    log = TokenLog(bus, codec, clock_skew_ms=0)
-    await log.start()
-    try:
-        sender = RecordSender(producer, codec, catalog)
+    a, b = (request(catalog, name, started) for name in ("a", "b"))
+    async with log_and_sender(bus) as (log, sender):
         await publish(sender, catalog, "early", range(2))
         await asyncio.sleep(0.05)
         for request_id in ("a", "noise-1", "noise-2"):
@@ -60,9 +70,6 @@ async def test_later_lookups_read_on_from_the_last_scan_and_still_find_everythin
         read_before = log.records_scanned
         assert [e.seq for e in (await log.published(older)).events] == [0, 1]
         assert log.records_scanned - read_before == 13
-    finally:
-        await log.stop()
-        await producer.stop()
 
 
 async def test_a_log_recreated_since_the_last_scan_is_read_again(bus):
@@ -70,12 +77,7 @@ async def test_a_log_recreated_since_the_last_scan_is_read_again(bus):
     the last scan ended, with other records at those offsets. The next lookup reads it all."""
     catalog = TopicCatalog(bus)
     started = now_ms()
-    producer = make_producer(bus)
-    await producer.start()
-    log = TokenLog(bus, codec, clock_skew_ms=0)
-    await log.start()
-    try:
-        sender = RecordSender(producer, codec, catalog)
+    async with log_and_sender(bus) as (log, sender):
         await publish(sender, catalog, "before", range(3))
         assert (await log.published(request(catalog, "x", started))).events == []
 
@@ -85,6 +87,3 @@ async def test_a_log_recreated_since_the_last_scan_is_read_again(bus):
         await publish(sender, catalog, "after", range(3))  # the new log ends past the old one
         found = await log.published(request(catalog, "x", started))
         assert [e.text for e in found.events] == ["x:0", "x:1"]
-    finally:
-        await log.stop()
-        await producer.stop()
