@@ -18,7 +18,6 @@ import time
 from collections import OrderedDict
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
 
 from tokenbus.gpu_consumers.control import ControlListener
 from tokenbus.gpu_consumers.engines import (
@@ -41,6 +40,7 @@ from tokenbus.topics import (
     FetchPacer,
     RecordSender,
     TopicCatalog,
+    commit_as_member,
     make_consumer,
     make_producer,
     tracing,
@@ -186,9 +186,11 @@ class GpuWorker:
         if not moves:
             return
         try:
-            await self._consumer.commit({tp: OffsetAndMetadata(off, "") for tp, off in moves.items()})
-            self.offsets.mark_committed(moves)
-        except Exception as exc:  # a rebalance in progress; the next commit retries
+            if await commit_as_member(self._consumer, moves):
+                self.offsets.mark_committed(moves)
+            else:  # the group forgot this worker: its partitions are lost, not revoked, and others' to commit
+                log.info("offsets not committed: no longer a member of %s", self.group_id)
+        except Exception as exc:  # a rebalance in progress, the broker away; the next commit retries
             log.warning("offset commit failed: %s", exc)
 
     # -- fetching and admission --------------------------------------------------

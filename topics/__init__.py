@@ -10,6 +10,7 @@ from tokenbus.topics.batching import BatchingPublisher
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe
 from tokenbus.topics.clients import (
     cancel_task,
+    commit_as_member,
     committed_offsets,
     make_consumer,
     make_producer,
@@ -43,6 +44,7 @@ __all__ = [
     "TopicSpec",
     "TopicTail",
     "cancel_task",
+    "commit_as_member",
     "committed_offsets",
     "delete_topics",
     "ensure_topics",

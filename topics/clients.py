@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.protocol.commit import OffsetCommitRequest
+from aiokafka.protocol.group import JoinGroupRequest
+from aiokafka.structs import OffsetAndMetadata
 
 from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.doorbell import Doorbell
@@ -198,6 +201,27 @@ async def committed_offsets(consumer: AIOKafkaConsumer, partitions: list[TopicPa
     ``consumer.committed`` asks once per partition. ``consumer`` carries the group's id."""
     found = await consumer._coordinator.fetch_committed_offsets(partitions)  # what committed() calls
     return {tp: found[tp].offset if tp in found and found[tp].offset >= 0 else 0 for tp in partitions}
+
+
+async def commit_as_member(consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> bool:
+    """Commit ``offsets`` for the consumer's group, once, as a member of its current generation.
+    Sends nothing and answers False where the consumer is no member (its partitions were lost,
+    not revoked: what Kafka's Java consumer calls ``onPartitionsLost``, where no commit is allowed).
+
+    aiokafka's ``commit`` retries until it succeeds, each try with the generation the consumer
+    has by then; a try that outlives the membership goes out as a commit from outside the group
+    (generation -1), which a broker takes while the group has no members. After the embedded
+    broker restarted, such a commit from before the restart put an offset past the end of the
+    re-created log, and a worker skipped the requests below it. A failed commit raises at once
+    (the next one carries the offsets)."""
+    coordinator = consumer._coordinator  # what commit() calls, without its retries
+    async with coordinator._commit_lock:
+        # Checked with the lock held and nothing awaited before the request is built from them.
+        if coordinator.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID or \
+                coordinator.member_id == JoinGroupRequest.UNKNOWN_MEMBER_ID:
+            return False
+        await coordinator._do_commit_offsets(None, {tp: OffsetAndMetadata(offset, "") for tp, offset in offsets.items()})
+    return True
 
 
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:

@@ -1,8 +1,8 @@
 """The broker dies under a loaded stack: new requests get a 503 at once, open streams end
 with an error event instead of hanging, and when a broker is back (the embedded one keeps
-nothing, so its topics are created again, as `tokenbus topics` does) requests flow again. A
-request sent while the consumers are still rejoining may go unanswered (it is counted and
-printed); the next ones must be served within 90 s."""
+nothing, so its topics are created again, as `tokenbus topics` does) requests flow again: every
+request the edge takes is answered, those sent while the consumers are still rejoining too
+(the GPU consumer commits nothing once its membership is gone: topics/test_commits.py)."""
 
 from __future__ import annotations
 
@@ -88,20 +88,14 @@ async def test_broker_loss_fails_fast_ends_streams_and_recovers(own_stack: Embed
         await ensure_topics(own_stack.bootstrap_servers, TopicCatalog(own_stack.bus_settings()).all_topics())
         back = time.monotonic()
         deadline = back + 90
-        unanswered = 0  # probes sent while the consumers were still rejoining, answered too late
         while True:
-            try:
-                response = await asyncio.wait_for(post(http, own_stack), 20)
-            except (TimeoutError, httpx.TimeoutException):
-                unanswered += 1
-                response = None
-            if (response is not None and response.status_code == 200) or time.monotonic() > deadline:
+            response = await asyncio.wait_for(post(http, own_stack), 45)  # taken: answered, not lost
+            if response.status_code == 200 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
-        assert response is not None and response.status_code == 200, response.text if response else "no answer"
+        assert response.status_code == 200, response.text
         recovered_s = time.monotonic() - back
     assert all(p.alive() for p in own_stack.processes.values())  # no service died with the broker
     with capsys.disabled():  # the figures RELIABILITY.md reports
         print(f"\nbroker loss: {STREAMS} streams ended after {streams_ended_s:.1f}s, new request refused in "
-              f"{refused_s * 1000:.0f} ms, first success {recovered_s:.1f}s after the broker returned "
-              f"({unanswered} probes unanswered within 20 s)")
+              f"{refused_s * 1000:.0f} ms, first success {recovered_s:.1f}s after the broker returned")
