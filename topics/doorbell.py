@@ -70,15 +70,17 @@ class Doorbell:
         await self._redis.aclose()
 
 
-async def listen(url: str, topic_prefix: str, on_ring: Callable[[], None]) -> None:
-    """Call ``on_ring`` for every ring of the stack, until cancelled; reconnects when Redis goes away."""
+async def listen(url: str, topic_prefix: str, on_ring: Callable[[str], None]) -> None:
+    """Call ``on_ring`` with the topic written to for every ring of the stack, until cancelled;
+    reconnects when Redis goes away."""
     while True:
         client = redis.Redis.from_url(url, socket_connect_timeout=1.0)
         try:
             async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
                 await pubsub.subscribe(channel(topic_prefix))
-                async for _ in pubsub.listen():
-                    on_ring()
+                async for message in pubsub.listen():
+                    data = message.get("data")
+                    on_ring(data.decode(errors="replace") if isinstance(data, bytes) else str(data))
         except (redis.RedisError, OSError) as exc:
             log.debug("doorbell: listening failed (%s); retrying", exc)
         finally:

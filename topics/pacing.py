@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -48,9 +49,10 @@ class FetchPacer:
     MAX_WAIT_MS = 1000
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
-                 pauses: bool = True) -> None:
+                 pauses: bool = True, on_ring: Callable[[str], None] | None = None) -> None:
         """``background`` for a reader made with ``make_consumer(..., background=True)``;
-        ``pauses=False`` for one that must never be paused (it only lengthens its wait when idle)."""
+        ``pauses=False`` for one that must never be paused (it only lengthens its wait when idle);
+        ``on_ring`` hears the topic each ring names, in the consumer's event loop."""
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
         self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
@@ -61,6 +63,7 @@ class FetchPacer:
         self._idle_poll_s = tuned.idle_poll_s
         self._doorbell_url = settings.doorbell_url if doorbell_on(settings) else None
         self._topic_prefix = settings.topic_prefix
+        self._on_ring = on_ring
         self._consumer: AIOKafkaConsumer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -135,6 +138,11 @@ class FetchPacer:
     def wake(self) -> None:
         self._last_active = time.monotonic()
         self._in_consumer_loop(self._set, False)
+
+    def _rung(self, topic: str) -> None:
+        self.wake()
+        if self._on_ring is not None:
+            self._on_ring(topic)
 
     def _in_consumer_loop(self, fn: Any, *args: Any) -> None:
         loop = self._loop
@@ -215,7 +223,7 @@ class FetchPacer:
                 waiter.set_result(None)
 
     async def _listen(self, url: str) -> None:
-        rings = asyncio.create_task(doorbell.listen(url, self._topic_prefix, self.wake))
+        rings = asyncio.create_task(doorbell.listen(url, self._topic_prefix, self._rung))
         try:
             while True:
                 await asyncio.sleep(self._idle_poll_s)

@@ -2,9 +2,11 @@
 token streams, the output moderation job on the embedded broker, where a faust agent cannot
 follow topics that come and go (faust subscribes to a fixed list of names).
 
-The reader lists the broker's topics every ``DISCOVER_EVERY_S`` and reads each new rolled log
+The reader lists the broker's topics every ``DISCOVER_EVERY_S``, and at once when the doorbell
+(topics/doorbell.py) rings for a rolled log it does not read, and reads each new rolled log
 from its group's committed position, or from its start (a router makes each log a rotation
-before it writes to it, so the reader is there from its first record). Positions are committed without joining
+before it writes to it, so the reader is there from its first record; the ring covers the logs a
+router makes at its start, used at once). Positions are committed without joining
 the group, so logs coming and going cause no rebalance. A log is let go once a newer log of the
 same router exists and nothing arrived on it for ``LET_GO_AFTER_S``, well before its router
 deletes it (``keep_s``, minutes): a fetch of a deleted log would make the embedded broker create
@@ -14,6 +16,7 @@ it again. One reader per stack and group: a second one would read every log agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -47,7 +50,8 @@ class RolledLogReader:
         self._name = name
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._pacer = FetchPacer(settings)
+        self._pacer = FetchPacer(settings, on_ring=self._rung)
+        self._unread_log_rung = asyncio.Event()  # a writer rang for a rolled log this reader does not read
         self._positions: dict[TopicPartition, int] = {}  # the logs read now: next offset to handle
         self._last_record: dict[str, float] = {}  # log -> when a record last arrived on it (or it was found)
         self._let_go: set[str] = set()  # logs done with that the broker still lists
@@ -77,7 +81,8 @@ class RolledLogReader:
         loop = asyncio.get_running_loop()
         discover_at = commit_at = loop.time()
         while True:
-            if loop.time() >= discover_at:
+            if loop.time() >= discover_at or self._unread_log_rung.is_set():
+                self._unread_log_rung.clear()
                 discover_at = loop.time() + DISCOVER_EVERY_S
                 try:
                     await self._discover()
@@ -85,6 +90,11 @@ class RolledLogReader:
                     log.warning("%s: listing topics failed (%s)", self._name, type(exc).__name__)
                 for tp in await rewind_recreated(self._consumer):
                     self._positions[tp] = 0
+            if not self._positions:  # no log yet: aiokafka's getmany would wait for an assignment for ever
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, discover_at - loop.time())):
+                        await self._unread_log_rung.wait()
+                continue
             batches = await self._consumer.getmany(timeout_ms=500)
             self._pacer.observed(sum(map(len, batches.values())))
             for tp, records in batches.items():
@@ -97,6 +107,11 @@ class RolledLogReader:
             if loop.time() >= commit_at:
                 commit_at = loop.time() + COMMIT_EVERY_S
                 await self._commit()
+
+    def _rung(self, topic: str) -> None:
+        if (self._catalog.parse_rolled_reply_log(topic) is not None and topic not in self._let_go
+                and TopicPartition(topic, 0) not in self._positions):
+            self._unread_log_rung.set()
 
     async def _discover(self) -> None:
         """Start reading rolled logs that appeared, let go of those done with."""

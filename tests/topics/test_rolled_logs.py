@@ -155,6 +155,65 @@ async def test_a_producer_forgets_old_topics_so_a_deleted_log_stays_deleted(bus,
         await admin.close()
 
 
+async def test_a_reader_started_before_any_log_reads_the_first_one(bus, monkeypatch):
+    """The processors may start before any edge made a log (aiokafka's getmany, with nothing
+    assigned to a consumer of a group, waits for an assignment for ever)."""
+    monkeypatch.setattr(rolled_logs, "DISCOVER_EVERY_S", 0.2)
+    got: list[str] = []
+
+    async def on_record(record) -> None:
+        got.append(codec.decode(record.value, TokenEvent).text)
+
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record)
+    await reader.start()
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    producer = make_producer(bus)
+    await producer.start()
+    try:
+        await asyncio.sleep(0.5)  # the reader found nothing, and looks again
+        first = TopicCatalog(bus).rolled_reply_log("r1", int(time.time() * 1000))
+        await admin.create(first, partitions=1)
+        await send(producer, first, "a", 0, final=True)
+        await wait_for(lambda: got == ["a:0"])
+    finally:
+        await reader.stop()
+        await producer.stop()
+        await admin.close()
+
+
+async def test_a_ring_for_a_log_the_reader_does_not_read_makes_it_look_at_once(bus, monkeypatch):
+    """A router makes its first logs at its start and writes to one at once: the reader learns of
+    it from the writer's ring (the stack's doorbell), not from its next listing."""
+    assert bus.doorbell_url
+    monkeypatch.setattr(rolled_logs, "DISCOVER_EVERY_S", 3600.0)  # only the start's listing, and rings
+    got: list[str] = []
+
+    async def on_record(record) -> None:
+        got.append(codec.decode(record.value, TokenEvent).text)
+
+    catalog = TopicCatalog(bus)
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    earlier = catalog.rolled_reply_log("r1", int(time.time() * 1000))
+    await admin.create(earlier, partitions=1)  # so that the reader reads one log when the ring comes
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record)
+    await reader.start()
+    producer = make_producer(bus)  # rings as it writes
+    await producer.start()
+    try:
+        assert reader.reading == [earlier]
+        later = catalog.rolled_reply_log("r1", int(time.time() * 1000) + 1)
+        await admin.create(later, partitions=1)
+        await send(producer, later, "b", 0, final=True)
+        await wait_for(lambda: got == ["b:0"])
+        assert reader.reading == sorted([earlier, later])
+    finally:
+        await reader.stop()
+        await producer.stop()
+        await admin.close()
+
+
 async def test_a_reader_follows_logs_as_they_come_and_resumes_where_it_committed(bus, monkeypatch):
     monkeypatch.setattr(rolled_logs, "LET_GO_AFTER_S", 0.5)
     monkeypatch.setattr(rolled_logs, "DISCOVER_EVERY_S", 0.2)
