@@ -185,6 +185,10 @@ def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:
     sink = ClickHouseSink(ctx, writer)
     size, within = settings.billing_batch_size, settings.billing_batch_s
 
+    @app.task
+    async def warm_billing() -> None:
+        await sink.warm()
+
     @app.agent(topic(app, ctx.catalog.completions), name="bill-usage")
     async def bill_usage(stream: faust.StreamT) -> None:
         async for events in stream.take_events(size, within=within):  # type: ignore[attr-defined]  # not in StreamT
@@ -201,6 +205,8 @@ def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:
 def add_pages(app: faust.App, ctx: ProcessorContext, sink: ClickHouseSink | None) -> None:
     @app.page("/healthz")
     async def healthz(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        if sink is not None and not sink.warmed.is_set():  # ready once billing has its ClickHouse (or gave up)
+            return self.json({"status": "starting", "jobs": ctx.settings.jobs}, status=503)
         return self.json({"status": "ok", "jobs": ctx.settings.jobs})
 
     @app.page("/metrics")

@@ -29,6 +29,7 @@ class ClickHouseSink:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
         self._writer_factory = writer_factory
         self._writer: UsageWriter | None = None
+        self.warmed = asyncio.Event()  # set once ``warm`` has connected (or given up till the first batch)
 
     async def call(self, fn: Callable[[UsageWriter], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(self.writer()))
@@ -41,6 +42,18 @@ class ClickHouseSink:
 
     def reset(self) -> None:
         self._writer = None
+
+    async def warm(self) -> None:
+        """Connect at start rather than on the first batch: opening chDB, applying the schema and
+        loading the prices take a few hundred milliseconds of CPU, which the first completions'
+        billing, and whatever shares the machine with it, would otherwise pay."""
+        try:
+            await self.call(lambda writer: None)
+        except Exception as exc:  # ClickHouse away: the first batch connects, and retries
+            log.warning("billing: ClickHouse not connected at start (%s); the first batch tries again", exc)
+            self.reset()
+        finally:
+            self.warmed.set()
 
     async def write_batch(self, processor: str, messages: Sequence[Any], record_type: type[R],
                           write: Callable[[UsageWriter, list[R]], int]) -> tuple[int, int]:
