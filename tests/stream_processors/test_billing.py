@@ -204,3 +204,31 @@ async def test_undecodable_and_rejected_records_go_to_dlq_and_the_rest_is_billed
     reasons = sorted(dict(r.headers)["tokenbus.dlq.reason"].decode() for r in dlq)
     assert reasons == ["store_rejected", "truncated"]
     assert reconcile(writer.client, writer.database)["raw_rows"] == 3
+
+
+async def test_the_sink_connects_at_start_and_a_store_away_then_is_tried_again_on_the_first_batch(writer, bus):
+    ctx = ProcessorContext(ProcessorSettings(bus=bus))
+    made: list[UsageWriter] = []
+
+    def factory() -> UsageWriter:
+        made.append(writer)
+        if len(made) == 1:
+            raise ConnectionRefusedError("clickhouse is down")
+        return writer
+
+    sink = ClickHouseSink(ctx, factory)
+    try:
+        await sink.warm()  # the store is away: ready anyway, it connects when there is work
+        assert sink.warmed.is_set() and len(made) == 1
+        decoded, written = await sink.write_batch("bill-usage", messages_of([completion(1)]), Completion,
+                                                  lambda w, records: w.write(records))
+        assert (decoded, written, len(made)) == (1, 1, 2)
+
+        connected = ClickHouseSink(ctx, factory)
+        await connected.warm()
+        assert connected.warmed.is_set() and len(made) == 3  # connected at start, before any batch
+        await connected.write_batch("bill-usage", messages_of([completion(2)]), Completion,
+                                    lambda w, records: w.write(records))
+        assert len(made) == 3  # the batch used that connection
+    finally:
+        await ctx.stop()
