@@ -2,8 +2,8 @@
 token streams, the output moderation job on the embedded broker, where a faust agent cannot
 follow topics that come and go (faust subscribes to a fixed list of names).
 
-The reader lists the broker's topics every ``DISCOVER_EVERY_S``, and at once when the doorbell
-(topics/doorbell.py) rings for a rolled log it does not read, and reads each new rolled log
+The reader lists the broker's topics every ``DISCOVER_EVERY_S`` (and at once when the doorbell,
+topics/doorbell.py, rings for a rolled log it does not read) and reads each new rolled log
 from its group's committed position, or from its start (a router makes each log a rotation
 before it writes to it, so the reader is there from its first record; the ring covers the logs a
 router makes at its start, used at once). Positions are committed without joining
