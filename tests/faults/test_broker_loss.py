@@ -2,7 +2,8 @@
 with an error event instead of hanging, and when a broker is back (the embedded one keeps
 nothing, so its topics are created again, as `tokenbus topics` does) requests flow again: every
 request the edge takes is answered, those sent while the consumers are still rejoining too
-(the GPU consumer commits nothing once its membership is gone: topics/test_commits.py)."""
+(the GPU consumer commits nothing once its membership is gone: topics/test_commits.py), and
+billed."""
 
 from __future__ import annotations
 
@@ -95,7 +96,18 @@ async def test_broker_loss_fails_fast_ends_streams_and_recovers(own_stack: Embed
             await asyncio.sleep(0.5)
         assert response.status_code == 200, response.text
         recovered_s = time.monotonic() - back
+
+        # ... and billed: the processors' consumers rejoined and read the new completions log.
+        served = response.json()["id"]
+        rows: list = []
+        while not rows and time.monotonic() < back + 60:
+            await asyncio.sleep(0.25)
+            usage = await http.get(f"{own_stack.processors_url}/usage", params={"request_id": served})
+            rows = usage.json().get("rows", []) if usage.status_code == 200 else []
+        assert [row["request_id"] for row in rows] == [served]
+        billed_s = time.monotonic() - back
     assert all(p.alive() for p in own_stack.processes.values())  # no service died with the broker
     with capsys.disabled():  # the figures RELIABILITY.md reports
         print(f"\nbroker loss: {STREAMS} streams ended after {streams_ended_s:.1f}s, new request refused in "
-              f"{refused_s * 1000:.0f} ms, first success {recovered_s:.1f}s after the broker returned")
+              f"{refused_s * 1000:.0f} ms, first success {recovered_s:.1f}s after the broker returned, billed "
+              f"{billed_s:.1f}s after")
