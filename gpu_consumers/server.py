@@ -29,7 +29,7 @@ def health_app(worker: GpuWorker) -> Starlette:
     async def healthz(request: Request) -> Response:
         ready = worker.ready.is_set()
         body = {"status": "ok" if ready else "starting", "worker_id": worker.settings.worker_id,
-                "model": worker.settings.model, "running": worker.running, "completed": worker.completed,
+                "model": worker.settings.model, "running": worker.running, "completed": worker.completed, "pid": os.getpid(),
                 "partitions": worker.partitions}
         return JSONResponse(body, status_code=200 if ready else 503)
 

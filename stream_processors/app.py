@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import faust
@@ -205,9 +206,10 @@ def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:
 def add_pages(app: faust.App, ctx: ProcessorContext, sink: ClickHouseSink | None) -> None:
     @app.page("/healthz")
     async def healthz(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        body = {"status": "ok", "jobs": ctx.settings.jobs, "pid": os.getpid()}
         if sink is not None and not sink.warmed.is_set():  # ready once billing has its ClickHouse (or gave up)
-            return self.json({"status": "starting", "jobs": ctx.settings.jobs}, status=503)
-        return self.json({"status": "ok", "jobs": ctx.settings.jobs})
+            return self.json({**body, "status": "starting"}, status=503)
+        return self.json(body)
 
     @app.page("/metrics")
     async def metrics(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:

@@ -108,8 +108,12 @@ def wait_until(check, what: str, process: ManagedProcess | None = None, timeout:
     raise StartupError(f"timed out after {timeout:.0f}s waiting for {what}\n{tail}")
 
 
-def http_ok(url: str) -> bool:
+def serves(url: str, pid: int | None) -> bool:
+    """Whether the process ``pid`` answers 200 at ``url`` (a service's health body names its pid).
+    A port found free when a stack was planned may be taken by another server by the time its
+    service starts, and a check that any server passes would hand the caller someone else's."""
     try:
-        return httpx.get(url, timeout=1.0).status_code == 200
-    except httpx.HTTPError:
+        response = httpx.get(url, timeout=1.0)
+        return response.status_code == 200 and response.json().get("pid") == pid
+    except (httpx.HTTPError, ValueError, AttributeError):
         return False

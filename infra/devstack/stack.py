@@ -20,7 +20,7 @@ from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tokenbus.infra.devstack.broker import broker_argv
-from tokenbus.infra.devstack.processes import ManagedProcess, StartupError, free_port, http_ok, port_open, wait_until
+from tokenbus.infra.devstack.processes import ManagedProcess, StartupError, free_port, port_open, serves, wait_until
 from tokenbus.infra.devstack.redis_server import redis_answers, redis_server_argv
 from tokenbus.stores.keys import KeyStore, Limits
 from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
@@ -186,7 +186,7 @@ class EmbeddedStack:
         }
         worker = self._spawn(name, [sys.executable, "-m", "tokenbus.gpu_consumers"], worker_env)
         url = f"http://{self.settings.host}:{port}/healthz"
-        wait_until(lambda: http_ok(url), f"{name} to join its group", worker, self.settings.startup_timeout_s)
+        wait_until(lambda: serves(url, worker.pid), f"{name} to join its group", worker, self.settings.startup_timeout_s)
         return worker
 
     def start_processors(self, name: str, port: int, env: dict[str, str] | None = None) -> ManagedProcess:
@@ -200,7 +200,7 @@ class EmbeddedStack:
         }
         processors = self._spawn(name, [sys.executable, "-m", "tokenbus.stream_processors"], processors_env)
         url = f"http://{self.settings.host}:{port}/healthz"
-        wait_until(lambda: http_ok(url), f"{name} on port {port}", processors, self.settings.startup_timeout_s)
+        wait_until(lambda: serves(url, processors.pid), f"{name} on port {port}", processors, self.settings.startup_timeout_s)
         return processors
 
     def start_edge(self, name: str, port: int, reply_partitions: str = "0", env: dict[str, str] | None = None) -> ManagedProcess:
@@ -216,7 +216,7 @@ class EmbeddedStack:
         }
         edge = self._spawn(name, [sys.executable, "-m", "tokenbus.sse_edge"], edge_env)
         url = f"http://{self.settings.host}:{port}/healthz"
-        wait_until(lambda: http_ok(url), f"{name} on port {port}", edge, self.settings.startup_timeout_s)
+        wait_until(lambda: serves(url, edge.pid), f"{name} on port {port}", edge, self.settings.startup_timeout_s)
         return edge
 
     def _point_current_at_run_dir(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
@@ -16,7 +17,7 @@ from tokenbus.sse_edge.state import EdgeState
 
 async def healthz(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
-    return JSONResponse({"status": "ok", "open_streams": edge.bus.router.open_streams})
+    return JSONResponse({"status": "ok", "open_streams": edge.bus.router.open_streams, "pid": os.getpid()})
 
 
 async def readyz(request: Request) -> Response:
