@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from bench.stack import MODEL, raise_open_file_limit, sim_env
@@ -31,7 +32,7 @@ from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
 from tokenbus.infra.loadgen.metrics import percentile
 from tokenbus.infra.loadgen.results import RequestResult
-from tokenbus.infra.loadgen.sse_client import stream_chat
+from tokenbus.infra.loadgen.sse_client import client_session, stream_chat
 from tokenbus.producers import PrefixIndex
 from tokenbus.schemas import AvroCodec, CachedPrefix, CacheReport, ChatMessage, ChatRequest, Completion
 from tokenbus.topics import TopicCatalog, make_consumer, topic_partitions
@@ -86,7 +87,7 @@ async def run_round(base_url: str, key: str, round_no: int, shape: dict[str, Any
     results: list[tuple[str, RequestResult]] = []
     headers = {"Authorization": f"Bearer {key}"}
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(http: aiohttp.ClientSession) -> None:
         while work:
             conversation, system = work.pop()
             payload = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 8,
@@ -98,7 +99,7 @@ async def run_round(base_url: str, key: str, round_no: int, shape: dict[str, Any
             if not result.success:
                 print(f"  failed after {time.time() - started:.1f} s: {result.error}")
 
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as http:
+    async with client_session(64, timeout_s=120) as http:
         await asyncio.gather(*(client(http) for _ in range(shape["concurrency"])))
     return results
 

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from bench.plots import plot_soak
 from bench.stack import MODEL, bench_stack, cpu_seconds, process_rss_kib
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
-from tokenbus.infra.loadgen import RequestResult, stream_chat
+from tokenbus.infra.loadgen import RequestResult, client_session, stream_chat
 
 SIM = SimulatedEngineSettings(seed=5, ttft_ms=20, tokens_per_s=100, min_tokens=16, max_tokens=48)
 SATURATING_CLIENTS = 16
@@ -47,7 +47,7 @@ class SoakLoad:
         self.window_ttft_ms: list[float] = []
         self.sent = 0
 
-    async def one(self, http: httpx.AsyncClient) -> None:
+    async def one(self, http: aiohttp.ClientSession) -> None:
         self.sent += 1
         payload = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"soak {self.sent}"}]}
         result: RequestResult = await stream_chat(http, self.url, payload, self.headers)
@@ -58,7 +58,7 @@ class SoakLoad:
             self.failed += 1
             self.errors[result.error[:80]] = self.errors.get(result.error[:80], 0) + 1
 
-    async def steady(self, http: httpx.AsyncClient, rate: float) -> None:
+    async def steady(self, http: aiohttp.ClientSession, rate: float) -> None:
         """Open loop: one request every 1/rate s whatever the answers do (a backlog shows as latency)."""
         in_flight: set[asyncio.Task[None]] = set()
         next_at = time.monotonic()
@@ -70,7 +70,7 @@ class SoakLoad:
             next_at += 1 / rate
         await asyncio.gather(*in_flight)
 
-    async def saturating(self, http: httpx.AsyncClient) -> None:
+    async def saturating(self, http: aiohttp.ClientSession) -> None:
         async def client() -> None:
             while time.monotonic() < self.stop_at:
                 await self.one(http)
@@ -106,8 +106,7 @@ async def soak(stack, seconds: float, rate: float) -> dict[str, Any]:
             except TimeoutError:
                 pass
 
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+    async with client_session(256, timeout_s=60) as http:
         sampling = asyncio.create_task(sampler())
         await (load.steady(http, rate) if rate > 0 else load.saturating(http))
         done.set()

@@ -4,7 +4,7 @@ from tokenbus.infra.loadgen.arrivals import arrival_gaps
 from tokenbus.infra.loadgen.metrics import Slo, Summary, format_summary, percentile, summarize
 from tokenbus.infra.loadgen.results import RequestResult
 from tokenbus.infra.loadgen.runner import Progress, run_load
-from tokenbus.infra.loadgen.sse_client import stream_chat
+from tokenbus.infra.loadgen.sse_client import client_session, stream_chat
 
 __all__ = [
     "Progress",
@@ -12,6 +12,7 @@ __all__ = [
     "Slo",
     "Summary",
     "arrival_gaps",
+    "client_session",
     "format_summary",
     "percentile",
     "run_load",

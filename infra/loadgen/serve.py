@@ -19,13 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tokenbus.infra.loadgen.metrics import DEFAULT_METRICS, METRIC_HEADERS, Slo, Summary, format_summary, summarize, vllm_metrics
 from tokenbus.infra.loadgen.prompts import CHAT_BACKEND, COMPLETIONS_BACKENDS, BenchPrompt, sharegpt_prompts, synthetic_prompts
 from tokenbus.infra.loadgen.results import RequestResult
 from tokenbus.infra.loadgen.runner import Progress, run_load
-from tokenbus.infra.loadgen.sse_client import stream_chat
+from tokenbus.infra.loadgen.sse_client import client_session, stream_chat
 
 DEFAULT_PORT = 8700  # the embedded stack's edge (vLLM's own default is 8000)
 
@@ -88,10 +86,9 @@ async def run_serve(config: ServeConfig) -> tuple[Summary, list[RequestResult]]:
     warmup, measured = prompts[: config.warmup], prompts[config.warmup :]
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else None
     connections = (config.max_concurrency or len(measured)) + 8
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     urls = itertools.cycle(config.api_urls())
     model = config.served_model_name or config.model
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10), limits=limits) as http:
+    async with client_session(connections) as http:
 
         async def send(prompt: BenchPrompt) -> RequestResult:
             payload = prompt.payload(model, backend=config.backend, ignore_eos=config.ignore_eos)

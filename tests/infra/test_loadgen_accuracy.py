@@ -12,11 +12,13 @@ import json
 import subprocess
 import sys
 
+import aiohttp
 import pytest
 
 from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
 from tokenbus.infra.loadgen.prompts import sharegpt_prompts
 from tokenbus.infra.loadgen.serve import ServeConfig, run_serve
+from tokenbus.infra.loadgen.sse_client import client_session, stream_chat
 
 TTFT_MS, GAP_MS, TOKENS = 80.0, 20.0, 12
 
@@ -60,6 +62,27 @@ async def test_malformed_streams_are_failures_not_crashes(reference_url, model):
     summary, results = await run_serve(config(reference_url, model=model, num_prompts=3, warmup=0))
     assert (summary.completed, summary.failed) == (0, 3)
     assert all(r.error for r in results)
+
+
+async def test_requests_one_after_another_share_one_connection(reference_url):
+    """As OpenAI's and vLLM's clients do: a client that connected for every request (the harness
+    once did, leaving each body unread after [DONE]) adds a connect to every time to first token
+    and to the server's CPU."""
+    opened = 0
+
+    async def counted(*args) -> None:
+        nonlocal opened
+        opened += 1
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_connection_create_end.append(counted)
+    payload = {"model": "ok", "stream": True, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    async with client_session(4) as http:
+        http.trace_configs.append(tracing)
+        tracing.freeze()
+        results = [await stream_chat(http, f"{reference_url}/v1/chat/completions", payload) for _ in range(4)]
+    assert all(r.success for r in results), [r.error for r in results]
+    assert opened == 1
 
 
 def bench_serve(*flags: str) -> subprocess.CompletedProcess:
