@@ -208,7 +208,7 @@ class GpuWorker:
             for tp, records in batches.items():
                 for record in records:
                     await self._enqueue(tp, record)
-            self._pacer.observed(sum(map(len, batches.values())))
+            self._pacer.observed_by_topic(batches)  # a tier's topic is paused while it is quiet
             if batches and self._prefix_reports is not None:
                 self._prefix_reports.load_changed()
             self._admit_waiting()

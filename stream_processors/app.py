@@ -235,15 +235,18 @@ def add_pages(app: faust.App, ctx: ProcessorContext, sink: ClickHouseSink | None
 
 def add_fetch_pacing(app: faust.App, ctx: ProcessorContext, pacer: FetchPacer) -> None:
     """faust's fetch loop is its own: the pacer learns of traffic from the positions the
-    processors reached, a few times a second (once a second while the stack is at rest)."""
+    processors reached, a few times a second (once a second while the stack is at rest), topic
+    by topic (with input moderation in the edges, ingress is silent; with rolled reply logs,
+    ``tokens`` is)."""
 
     @app.task
     async def pace_fetches() -> None:
-        handled = sum(ctx.positions.values())
+        handled = dict(ctx.positions)
         while True:
             await asyncio.sleep(PAUSED_PACING_INTERVAL_S if pacer.paused else PACING_INTERVAL_S)
-            now = sum(ctx.positions.values())
-            pacer.observed(now - handled)
+            now = dict(ctx.positions)
+            moved = {key[1] for key, position in now.items() if handled.get(key) != position}
+            pacer.observed(len(moved), moved)
             handled = now
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -37,6 +37,14 @@ class FetchPacer:
     for ``STARVED_CHECK_S`` doubles its wait, up to ``MAX_WAIT_MS``, and halves it again after
     ``STARVED_RELAX_S`` without starving.
 
+    A reader that says which topics its reads returned (``observed(records, topics)``) is also paced
+    per topic: with a doorbell, the partitions of a topic it has read nothing from for
+    ``idle_after_s`` are paused while the rest are read, and resumed when a writer rings for that
+    topic (or by the periodic fetch). The embedded broker's cost of a fetch grows with the
+    partitions it names (~40 µs each at a 5 ms wait, for it checks each while it holds the fetch),
+    and a reader of several topics (the processors: ingress, tokens, completions, decisions) often
+    has one busy and the rest silent.
+
     ``observed`` and ``wake`` may be called from any thread: what touches the consumer runs in
     its own event loop (faust runs its consumer in a thread of its own)."""
 
@@ -47,6 +55,7 @@ class FetchPacer:
     STARVED_CHECK_S = 0.5
     STARVED_RELAX_S = 30.0
     MAX_WAIT_MS = 1000
+    QUIET_CHECK_S = 0.25
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
                  pauses: bool = True, on_ring: Callable[[str], None] | None = None) -> None:
@@ -69,6 +78,9 @@ class FetchPacer:
         self._listener: asyncio.Task[None] | None = None
         self._paused: set[TopicPartition] = set()  # paused by the pacer (not by anyone else)
         self._held: set[TopicPartition] = set()  # paused by the reader itself (hold)
+        self._quiet: set[TopicPartition] = set()  # paused by the pacer because their topic is quiet
+        self._topic_heard: dict[str, float] = {}  # topic -> when a read returned records of it, or a ring named it
+        self._next_quiet_check = 0.0
         self._backstop_until = 0.0
         self._last_active = time.monotonic()
         self._idle = False
@@ -80,6 +92,7 @@ class FetchPacer:
         """The consumer to pace; call it from the consumer's event loop."""
         self._consumer = consumer
         self._paused.clear()
+        self._quiet.clear()
         self._idle, self._last_active = False, time.monotonic()
         url = self._doorbell_url
         loop = asyncio.get_running_loop() if url else None
@@ -104,9 +117,15 @@ class FetchPacer:
         """Idle with the doorbell: the reader fetches only when rung (or once every ``idle_poll_s``)."""
         return bool(self._paused)
 
-    def observed(self, records: int) -> None:
-        """After each read: how many records it returned."""
+    def observed(self, records: int, topics: Iterable[str] | None = None) -> None:
+        """After each read: how many records it returned, and where the reader knows, of which topics."""
         now = time.monotonic()
+        if topics is not None:
+            for topic in topics:
+                self._topic_heard[topic] = now
+            if now >= self._next_quiet_check and self._loop is not None and self._pauses:
+                self._next_quiet_check = now + self.QUIET_CHECK_S
+                self._in_consumer_loop(self._pause_quiet_topics, now)
         if records:
             self._last_active = now
             self._in_consumer_loop(self._set, False)
@@ -115,6 +134,10 @@ class FetchPacer:
         if self._adapts_to_scans and now >= self._next_starved_check:
             self._next_starved_check = now + self.STARVED_CHECK_S
             self._in_consumer_loop(self._check_starved, now)
+
+    def observed_by_topic(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """After a ``getmany`` of a reader paced per topic: what it returned."""
+        self.observed(sum(map(len, batches.values())), {tp.topic for tp in batches})
 
     def hold(self, partitions: set[TopicPartition]) -> None:
         """The reader's own pauses (a GPU consumer's full tiers), through the pacer, so that neither
@@ -136,11 +159,16 @@ class FetchPacer:
             consumer.resume(*released)
 
     def wake(self) -> None:
-        self._last_active = time.monotonic()
+        """Records are coming, on any of the reader's topics."""
+        now = self._last_active = time.monotonic()
+        self._topic_heard = dict.fromkeys(self._topic_heard, now)
         self._in_consumer_loop(self._set, False)
+        self._in_consumer_loop(self._resume_quiet, None)
 
     def _rung(self, topic: str) -> None:
-        self.wake()
+        self._last_active = self._topic_heard[topic] = time.monotonic()
+        self._in_consumer_loop(self._set, False)
+        self._in_consumer_loop(self._resume_quiet, topic)
         if self._on_ring is not None:
             self._on_ring(topic)
 
@@ -209,12 +237,41 @@ class FetchPacer:
             self._paused.update(fresh)
 
     def _resume(self) -> None:
+        if self._paused:
+            paused, self._paused = self._paused, set()
+            self._resume_partitions(paused)
+
+    def _pause_quiet_topics(self, now: float) -> None:
+        """Pause the partitions of topics the reader has heard nothing of for ``idle_after_s``, unless
+        it is idle (then all are paused) or in its periodic fetch."""
         consumer = self._consumer
-        if consumer is None or not self._paused:
+        if consumer is None or self._idle or now < self._backstop_until:
+            return
+        paused = consumer.paused()
+        self._quiet &= paused  # a rebalance or a new assignment unpauses
+        heard = self._topic_heard
+        quiet = [tp for tp in consumer.assignment()
+                 if tp not in paused and now - heard.setdefault(tp.topic, now) >= self._idle_after_s]
+        if quiet:
+            consumer.pause(*quiet)
+            self._quiet.update(quiet)
+        if len(heard) > 256:  # rolled logs come and go
+            assigned = {tp.topic for tp in consumer.assignment()}
+            self._topic_heard = {topic: at for topic, at in heard.items() if topic in assigned}
+
+    def _resume_quiet(self, topic: str | None) -> None:
+        """Resume the quiet partitions of ``topic``, or all of them."""
+        woken = {tp for tp in self._quiet if topic is None or tp.topic == topic}
+        if woken:
+            self._quiet -= woken
+            self._resume_partitions(woken)
+
+    def _resume_partitions(self, partitions: set[TopicPartition]) -> None:
+        consumer = self._consumer
+        if consumer is None:
             return
         assigned = consumer.assignment()
-        mine = [tp for tp in self._paused if tp in assigned and tp not in self._held]
-        self._paused.clear()
+        mine = [tp for tp in partitions if tp in assigned and tp not in self._held]
         if mine:
             consumer.resume(*mine)
             # aiokafka notices resumed partitions on its next loop (up to 0.2 s): fetch now.
@@ -227,8 +284,12 @@ class FetchPacer:
         try:
             while True:
                 await asyncio.sleep(self._idle_poll_s)
-                if self._idle and self._paused:  # the periodic fetch: a lost ring costs latency only
+                # The periodic fetch, of quiet topics too: a lost ring costs latency only.
+                idle = self._idle and bool(self._paused)
+                if idle or self._quiet:
                     self._backstop_until = time.monotonic() + self.BACKSTOP_FETCH_S
+                    self._resume_quiet(None)  # a reader still busy pauses them again at its next check
+                if idle:
                     self._set_wait(self.BACKSTOP_WAIT_MS)
                     self._resume()
                     await asyncio.sleep(self.BACKSTOP_FETCH_S)

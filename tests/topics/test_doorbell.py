@@ -1,16 +1,19 @@
 """The embedded broker's doorbell (topics/doorbell.py), with the real broker and real Redis: an
 idle reader stops fetching; a producer's ring wakes it; a write nobody rings for still arrives
-with the reader's periodic fetch; rings are rate-limited per topic."""
+with the reader's periodic fetch; a reader paced per topic stops fetching a quiet topic while it
+reads a busy one; rings are rate-limited per topic."""
 
 import asyncio
 import dataclasses
+import uuid
 
 import pytest
 import redis.asyncio as redis
 from aiokafka import TopicPartition
 
 from tests.topics.test_client_profiles import counted_fetches
-from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, make_consumer, make_producer
+from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, ensure_topics, make_consumer, make_producer
+from tokenbus.topics.catalog import TopicSpec
 from tokenbus.topics.clients import PROFILES, EmbeddedProducer
 from tokenbus.topics.doorbell import Doorbell, channel
 
@@ -28,8 +31,8 @@ def with_profile(monkeypatch, **changes) -> None:
 class Reader:
     """A paced reader of one partition, as the services run theirs: read, tell the pacer, repeat."""
 
-    def __init__(self, settings: BusSettings, *tps: TopicPartition) -> None:
-        self.settings, self.tps = settings, list(tps)
+    def __init__(self, settings: BusSettings, *tps: TopicPartition, by_topic: bool = False) -> None:
+        self.settings, self.tps, self.by_topic = settings, list(tps), by_topic
         self.records: list = []
         self.consumer = make_consumer(settings)
         self.pacer = FetchPacer(settings)
@@ -48,7 +51,10 @@ class Reader:
         while True:
             batches = await self.consumer.getmany(timeout_ms=100)
             self.records += [r for batch in batches.values() for r in batch]
-            self.pacer.observed(sum(map(len, batches.values())))
+            if self.by_topic:
+                self.pacer.observed_by_topic(batches)
+            else:
+                self.pacer.observed(sum(map(len, batches.values())))
 
     async def until_paused(self) -> None:
         while not self.pacer.paused:
@@ -148,6 +154,61 @@ async def test_a_write_nobody_hears_arrives_with_the_periodic_fetch(embedded, mo
             assert await reader.until_records(1, timeout=10)
     finally:
         await producer.stop()
+
+
+async def two_fresh_topics(settings: BusSettings) -> tuple[TopicPartition, TopicPartition]:
+    names = [f"{settings.topic_prefix}pacing-{kind}-{uuid.uuid4().hex[:6]}" for kind in ("busy", "quiet")]
+    await ensure_topics(settings.bootstrap_servers, [TopicSpec(name, 1) for name in names])
+    return TopicPartition(names[0], 0), TopicPartition(names[1], 0)
+
+
+async def keep_writing(producer, tp: TopicPartition) -> None:
+    while True:
+        await producer.send_and_wait(tp.topic, b"busy", partition=tp.partition)
+        await asyncio.sleep(0.2)
+
+
+async def until_paused_alone(reader: Reader, quiet: TopicPartition, busy: TopicPartition) -> None:
+    while quiet not in reader.consumer.paused():
+        await asyncio.sleep(0.05)
+    assert busy not in reader.consumer.paused() and not reader.pacer.paused  # the reader itself is busy
+
+
+@pytest.mark.parametrize("woken_by", ["a ring", "the periodic fetch"])
+async def test_a_quiet_topic_is_not_fetched_while_a_busy_one_is_read(embedded, monkeypatch, woken_by):
+    """The embedded broker's cost of a fetch grows with the partitions it names: a reader paced per
+    topic pauses the partitions of a topic it has heard nothing of, keeps reading the busy one,
+    and reads the quiet one again when a writer rings for it or, if the ring is lost, with its
+    periodic fetch."""
+    with_profile(monkeypatch, idle_poll_s=3600.0 if woken_by == "a ring" else 0.5)
+    busy, quiet = await two_fresh_topics(embedded)
+    silent = make_producer(embedded.model_copy(update={"doorbell_url": None}))
+    ringing = make_producer(embedded)
+    await silent.start()
+    await ringing.start()
+    writing = asyncio.create_task(keep_writing(silent, busy))
+    try:
+        async with Reader(embedded, busy, quiet, by_topic=True) as reader:
+            await asyncio.wait_for(until_paused_alone(reader, quiet, busy), timeout=20)
+            await silent.send_and_wait(quiet.topic, b"unannounced", partition=0)
+            heard = lambda: [r.value for r in reader.records if r.topic == quiet.topic]  # noqa: E731
+            if woken_by == "a ring":
+                await asyncio.sleep(1.5)
+                assert heard() == []  # paused, and nobody rang
+                await ringing.send_and_wait(quiet.topic, b"announced", partition=0)
+                expected = [b"unannounced", b"announced"]
+            else:
+                expected = [b"unannounced"]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while heard() != expected and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            assert heard() == expected
+    finally:
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        await silent.stop()
+        await ringing.stop()
 
 
 async def test_rings_are_rate_limited_per_topic(embedded):
