@@ -152,7 +152,8 @@ def add_rolled_log_moderation(app: faust.App, ctx: ProcessorContext, output: Out
             del ctx.positions[key]
 
     reader = RolledLogReader(ctx.settings.bus, f"{ctx.settings.group_id}.{output.name}", moderate,
-                             name="moderate-rolled-logs", on_let_go=forget)
+                             name="moderate-rolled-logs", on_let_go=forget,
+                             fetch_wait_ms=ctx.settings.output_moderation_fetch_wait_ms)
 
     @app.task
     async def moderate_rolled_logs() -> None:

@@ -4,6 +4,7 @@ stream follows the logs as they come and go, and a late writer does not bring a 
 Embedded broker only: on Kafka, retention bounds the logs and routers rotate through partitions."""
 
 import asyncio
+import dataclasses
 import time
 
 from aiokafka import AIOKafkaProducer
@@ -255,5 +256,41 @@ async def test_a_reader_follows_logs_as_they_come_and_resumes_where_it_committed
         assert got == ["a:0", "b:0", "b:1", "c:0"]
     finally:
         await again.stop()
+        await producer.stop()
+        await admin.close()
+
+
+async def test_a_reader_given_its_own_fetch_wait_keeps_it_whenever_records_flow(bus, monkeypatch):
+    """Output moderation reads with a longer wait than the request path (stream_processors'
+    ``output_moderation_fetch_wait_ms``): its first fetches, and those after an idle spell that a
+    ring ended, ask for that wait, not the profile's."""
+    monkeypatch.setitem(bus_clients.PROFILES, "embedded",
+                        dataclasses.replace(bus_clients.PROFILES["embedded"], idle_after_s=0.3))
+    got: list[str] = []
+
+    async def on_record(record) -> None:
+        got.append(codec.decode(record.value, TokenEvent).text)
+
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    log = TopicCatalog(bus).rolled_reply_log("r1", int(time.time() * 1000))
+    await admin.create(log, partitions=1)
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record, fetch_wait_ms=37)
+    await reader.start()
+    producer = make_producer(bus)  # rings as it writes
+    await producer.start()
+    try:
+        wait_ms = lambda: reader._consumer._fetcher._fetch_max_wait_ms  # noqa: E731  # what aiokafka asks for
+        await send(producer, log, "a", 0)
+        await wait_for(lambda: got == ["a:0"])
+        assert wait_ms() == 37
+        await wait_for(lambda: reader._pacer.idle)
+        assert wait_ms() == bus_clients.PROFILES["embedded"].idle_fetch_max_wait_ms
+        await asyncio.sleep(0.6)  # past the producer's ring rate limit, so this write rings
+        await send(producer, log, "a", 1, final=True)
+        await wait_for(lambda: got == ["a:0", "a:1"])
+        assert wait_ms() == 37
+    finally:
+        await reader.stop()
         await producer.stop()
         await admin.close()
