@@ -89,11 +89,13 @@ class FetchPacer:
         self._wait_changed_at = 0.0
 
     def attach(self, consumer: AIOKafkaConsumer) -> None:
-        """The consumer to pace; call it from the consumer's event loop."""
+        """The consumer to pace; call it from the consumer's event loop. A started consumer fetches
+        with the pacer's wait from then on (one not started yet, with its own until it starts)."""
         self._consumer = consumer
         self._paused.clear()
         self._quiet.clear()
         self._idle, self._last_active = False, time.monotonic()
+        self._set_wait(self.fetch_wait_ms)
         url = self._doorbell_url
         loop = asyncio.get_running_loop() if url else None
         if url and loop is not None and loop is not self._loop:  # the first consumer, or one in a new loop

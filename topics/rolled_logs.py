@@ -20,7 +20,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
@@ -53,7 +52,6 @@ class RolledLogReader:
         self._name = name
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._fetch_wait_ms = fetch_wait_ms
         self._pacer = FetchPacer(settings, busy_wait_ms=fetch_wait_ms, on_ring=self._rung)
         self._unread_log_rung = asyncio.Event()  # a writer rang for a rolled log this reader does not read
         self._positions: dict[TopicPartition, int] = {}  # the logs read now: next offset to handle
@@ -66,10 +64,9 @@ class RolledLogReader:
         return sorted(tp.topic for tp in self._positions)
 
     async def start(self) -> None:
-        waits: dict[str, Any] = {"fetch_max_wait_ms": self._fetch_wait_ms} if self._fetch_wait_ms else {}
-        self._consumer = make_consumer(self._settings, group_id=self._group_id, **waits)
+        self._consumer = make_consumer(self._settings, group_id=self._group_id)
         await self._consumer.start()
-        self._pacer.attach(self._consumer)
+        self._pacer.attach(self._consumer)  # which gives it the pacer's fetch wait
         await self._discover()
         self._task = asyncio.create_task(self._read(), name=self._name)
 
