@@ -88,6 +88,14 @@ class StepOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def followed_by(self, later: StepOutput) -> StepOutput:
+        """This step and the next as one: what a reader that fell behind the engine takes, so that
+        it publishes one token event for the steps that waited rather than one each (vLLM's output
+        collector merges a slow reader's deltas the same way). Counts and the finish are the later's."""
+        return StepOutput(self.text_diff + later.text_diff, self.token_ids_diff + later.token_ids_diff,
+                          later.prompt_tokens, later.completion_tokens, later.finish_reason, later.error,
+                          later.cached_tokens)
+
 
 @dataclass(frozen=True, slots=True)
 class PromptLayout:

@@ -263,6 +263,10 @@ class _HfSequence:
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
         while not self.finished:
             result = await self._results.get()
+            # The manager's outputs are cumulative: a reader that fell behind takes the latest one
+            # waiting, and publishes one step for all that it holds.
+            while result is not None and self._results and self._results.first() is not None:
+                result = self._results.take()
             yield self._final(self._ending) if self._ending else self._step(result)
 
 

@@ -36,5 +36,13 @@ class Mailbox(Generic[T]):
                 self._reader = None
         return self._items.popleft()
 
+    def first(self) -> T:
+        """The next item, left in the box (``IndexError`` if it is empty)."""
+        return self._items[0]
+
+    def take(self) -> T:
+        """The next item without waiting (``IndexError`` if it is empty)."""
+        return self._items.popleft()
+
     def __len__(self) -> int:
         return len(self._items)

@@ -216,6 +216,8 @@ class _Sequence:
             out = await self.outputs.get()
             if self.aborted and not out.finished:  # the step loop ran ahead of this reader: end here
                 out = StepOutput("", (), self.prompt_tokens, given_out, FINISH_CANCELLED, None, self.cached_tokens)
+            while self.outputs and not out.finished:  # the reader fell behind: one output for what waited
+                out = out.followed_by(self.outputs.take())
             given_out += len(out.token_ids_diff)
             yield out
             if out.finished:

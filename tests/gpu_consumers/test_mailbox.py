@@ -1,5 +1,6 @@
 """The mailbox an engine hands a sequence's steps through: in order, a waiting reader woken by
-the next put, one reader at a time, and a cancelled read losing nothing."""
+the next put, one reader at a time, a cancelled read losing nothing, and what waits readable
+without waiting (a reader that fell behind takes it all at once)."""
 
 import asyncio
 
@@ -40,3 +41,14 @@ async def test_a_cancelled_read_loses_nothing():
     with pytest.raises(asyncio.CancelledError):
         await reader
     assert await asyncio.wait_for(box.get(), 5) == "kept"
+
+
+def test_what_waits_can_be_looked_at_and_taken_without_waiting():
+    box: Mailbox[int] = Mailbox()
+    with pytest.raises(IndexError):
+        box.take()
+    box.put(1)
+    box.put(2)
+    assert box.first() == 1 and len(box) == 2
+    assert [box.take(), box.take()] == [1, 2]
+    assert len(box) == 0
