@@ -25,6 +25,7 @@ from bench import (
     scale_out,
     soak,
     sse_fanout,
+    stream_interval,
     tier_fairness,
     tracing,
     turn_profile,
@@ -45,6 +46,7 @@ SCENARIOS = {
     "chat_turn": chat_turn,
     "tracing": tracing,
     "prefix_routing": prefix_routing,
+    "stream_interval": stream_interval,
     "capacity": capacity,  # the inputs and the check of docs/capacity.md: on request only
     "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run
     "soak": soak,  # 10 minutes: run by `make faults`, not by default

@@ -41,6 +41,11 @@ class WorkerSettings(BaseSettings):
     # How the model writes function calls (engines/tool_calls.py); "hermes" is <tool_call>{json}</tool_call>.
     tool_parser: Literal[tuple(TOOL_PARSERS)] = "hermes"  # type: ignore[valid-type]
     commit_interval_ms: int = 100
+    # A sequence's token events at most this often: the steps in between go out as one event with
+    # all their tokens (its first token never waits). Each event costs every reader of the stream
+    # (edge, output moderation, broker) about the same whatever it carries, so fewer events are
+    # less CPU per token everywhere, at the price of a coarser stream. 0: an event per step.
+    stream_interval_ms: int = Field(default=0, ge=0)
     # KV-cache-aware routing (TOKENBUS_PREFIX_ROUTING): what the engine caches is reported at most
     # this often, and in full (a snapshot, also the worker's heartbeat to routers) this often.
     cache_report_interval_ms: int = 100

@@ -24,6 +24,7 @@ from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_CONTENT_FILTER,
     Engine,
+    StepOutput,
 )
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
 from tokenbus.gpu_consumers.offsets import OffsetTracker
@@ -346,6 +347,8 @@ class GpuWorker:
         turn = CompletionBuilder(published.events)  # not the events: a turn holds hundreds
         deliveries: list[asyncio.Future] = []
         last_sent: float | None = None
+        interval = self.settings.stream_interval_ms / 1000
+        held: StepOutput | None = None  # steps read within the stream interval, not published yet
         assert self._batches is not None
         key = request.request_id
         steps = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
@@ -357,6 +360,11 @@ class GpuWorker:
             async for out in outputs:
                 if out.finish_reason == FINISH_CANCELLED:
                     out = dataclasses.replace(out, finish_reason=running.stop_reason)
+                if held is not None:
+                    out, held = held.followed_by(out), None
+                if interval and last_sent is not None and not out.finished and time.time() - last_sent < interval:
+                    held = out
+                    continue
                 event = steps.event(turn.count, out)
                 delivery = self._batches.publish(request.reply_topic, request.reply_partition, key, event)
                 if not deliveries or deliveries[-1] is not delivery:  # steps read in one pass share one

@@ -4,8 +4,10 @@ import asyncio
 
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, running_worker
-from tokenbus.gpu_consumers.engines import GenerationInput
+from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngine, SimulatedEngineSettings
 from tokenbus.gpu_consumers.engines.simulated import count_prompt_tokens
+from tokenbus.gpu_consumers.settings import WorkerSettings
+from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, Completion, now_ms
 from tokenbus.topics import TopicCatalog, make_producer
@@ -41,6 +43,36 @@ async def test_requests_stream_back_and_close_with_a_completion(each_bus):
         assert completion.completion_tokens == 6 and completion.tenant == "acme"
         assert completion.messages == request.messages
         assert completion.started_at_ms <= (completion.first_token_at_ms or 0) <= completion.finished_at_ms
+
+
+async def test_a_stream_interval_sends_fewer_events_with_every_token(bus):
+    """With ``stream_interval_ms`` a sequence's steps within the interval go out as one event: the
+    first token at once, then at most an event per interval, and the same tokens and text."""
+    async def served(interval_ms: int) -> tuple[list, Completion]:
+        settings = WorkerSettings(bus=bus, model=MODEL, worker_id=f"w-interval-{interval_ms}",
+                                  stream_interval_ms=interval_ms)
+        engine = SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=200, min_tokens=40, max_tokens=40))
+        worker = GpuWorker(settings, engine)
+        task = asyncio.create_task(worker.run())
+        try:
+            async with TokenbusClient(bus, idle_timeout=20) as client:
+                await asyncio.wait_for(worker.ready.wait(), 30)
+                request = client.new_request(MODEL, [ChatMessage("user", "the same question")], seed=3)
+                events = [r.event async for r in client.stream(request)]
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+        return events, request
+
+    every_step, _ = await served(0)
+    coarse, request = await served(60)  # 40 tokens at 200 a second: 200 ms, about 4 intervals
+    assert len(every_step) == 40
+    assert 2 <= len(coarse) <= 8
+    assert [e.seq for e in coarse] == list(range(len(coarse)))
+    assert len(coarse[0].token_ids) == 1  # the first token does not wait for the interval
+    assert [t for e in coarse for t in e.token_ids] == [t for e in every_step for t in e.token_ids]
+    assert "".join(e.text for e in coarse) == "".join(e.text for e in every_step)
+    assert coarse[-1].finish_reason == every_step[-1].finish_reason and coarse[-1].completion_tokens == 40
 
 
 async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(each_bus):
