@@ -105,8 +105,9 @@ def _ephemeral_low(default: int = 32768) -> int:
 def free_port(host: str = "127.0.0.1") -> int:
     """A port a service can listen on. A port is free only until something binds it: one the
     kernel hands out for ``bind(0)`` comes from the range it also gives outgoing connections,
-    and a stack makes hundreds of those before its services have bound theirs. So the port is
-    drawn from below that range, and never one this process handed out before."""
+    which the clients of a test session or a benchmark open by the hundred while a stack's
+    services start. So the port is drawn from below that range, and never one this process
+    handed out before."""
     low, high = LISTEN_PORTS_FROM, _ephemeral_low() - 1
     for _ in range(100):
         with socket.socket() as sock:
