@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -89,10 +90,36 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+LISTEN_PORTS_FROM = 20000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    """Where the kernel's range for outgoing connections' local ports begins."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port a service can listen on. A port is free only until something binds it: one the
+    kernel hands out for ``bind(0)`` comes from the range it also gives outgoing connections,
+    which the clients of a test session or a benchmark open by the hundred while a stack's
+    services start. So the port is drawn from below that range, and never one this process
+    handed out before."""
+    low, high = LISTEN_PORTS_FROM, _ephemeral_low() - 1
+    for _ in range(100):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, random.randint(low, high) if high > low else 0))
+            except OSError:  # in use
+                continue
+            port: int = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host}")
 
 
 def wait_until(check, what: str, process: ManagedProcess | None = None, timeout: float = 60.0) -> None:
