@@ -25,6 +25,9 @@ from tokenbus.stores.billing.prices import PriceTable
 from tokenbus.stores.ddl import ddl_statements
 
 BUCKETS = ("minute", "hour", "day")
+ROLLUP_KEY = ["bucket", "tenant", "model", "tier"]
+ROLLUP_SUMS = ["requests", "cancelled", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
+               "input_cost_nanousd", "output_cost_nanousd"]
 USAGE_COLUMNS = [
     "request_id", "tenant", "key_id", "model", "tier", "conversation_id", "prompt_tokens", "completion_tokens",
     "cached_prompt_tokens", "input_cost_nanousd", "output_cost_nanousd", "finish_reason", "cancelled", "error", "worker_id",
@@ -81,7 +84,7 @@ def _without_pandas() -> None:
         vars(options).setdefault("pd_time_test", None)
 
 
-MATERIALIZED_VIEW = re.compile(r"CREATE MATERIALIZED VIEW IF NOT EXISTS (\S+) TO \S+ AS\s+(.*)", re.DOTALL)
+MATERIALIZED_VIEW = re.compile(r"CREATE MATERIALIZED VIEW IF NOT EXISTS (\S+) TO (\S+) AS\s+(.*)", re.DOTALL)
 
 
 def schema_statements(database: str) -> list[str]:
@@ -96,13 +99,55 @@ def schema_statements(database: str) -> list[str]:
             out.append(variant.replace("{db}", database))
             view = MATERIALIZED_VIEW.match(out[-1])
             if view is not None:
-                out.append(f"ALTER TABLE {view[1]} MODIFY QUERY {view[2]}")
+                out.append(f"ALTER TABLE {view[1]} MODIFY QUERY {view[3]}")
     return out
 
 
 def apply_schema(client: Any, database: str) -> None:
     for statement in schema_statements(database):
         client.command(statement)
+
+
+def rollup_views(database: str) -> dict[str, str]:
+    """Each rollup table and the query its view sums the raw rows with (schema.sql is their home)."""
+    views = (MATERIALIZED_VIEW.match(statement) for statement in schema_statements(database))
+    return {view[2]: view[3] for view in views if view is not None}
+
+
+def mend_rollups(client: Any, database: str) -> dict[str, int]:
+    """Add to each rollup the requests of raw rows it lacks; returns how many per rollup.
+
+    A materialized view is ClickHouse's insert trigger, not a transaction: an insert stopped
+    between ``usage_events`` and its views (the ClickHouse process killed, which for chDB is
+    this process) keeps the raw rows and loses their rollups, and the replay after it finds the
+    request ids stored and adds nothing. Such an insert is the last one before the stop, so the
+    buckets to compare are those of the rows inserted in the hour before the newest one; each is
+    compared whole (a day of raw rows at most per bucket) and given the difference. A bucket
+    whose rollup holds more than the raw rows is left alone (a sum cannot be taken back).
+
+    Only for a writer that is ClickHouse's only one, as chDB's process is: with other writers
+    inserting, their rows between table and view would be added twice."""
+    recent = (f"FROM {database}.usage_events WHERE inserted_at >= "
+              f"(SELECT max(inserted_at) FROM {database}.usage_events) - INTERVAL 1 HOUR")
+    span = (f"WITH (SELECT toStartOfDay(min(finished_at)) {recent}) AS lo, "  # whole days: whole buckets
+            f"(SELECT toStartOfDay(max(finished_at)) + INTERVAL 1 DAY {recent}) AS hi ")
+    raw = f"(SELECT * FROM {database}.usage_events FINAL WHERE finished_at >= lo AND finished_at < hi)"
+    mended = {}
+    for table, view in rollup_views(database).items():
+        summed = view.replace(f"FROM {database}.usage_events", f"FROM {raw}")
+        assert summed != view, f"the view of {table} no longer reads {database}.usage_events"
+        from_raw = f"SELECT * REPLACE (toDateTime(bucket, 'UTC') AS bucket) FROM ({summed})"  # the table's type
+        in_rollup = (f"SELECT {', '.join(ROLLUP_KEY)}, {', '.join(f'sum({c}) AS {c}' for c in ROLLUP_SUMS)} "
+                     f"FROM {table} WHERE bucket >= lo AND bucket < hi GROUP BY {', '.join(ROLLUP_KEY)}")
+        rows = client.query(
+            f"{span} SELECT {', '.join(f'r.{c}' for c in ROLLUP_KEY)}, {', '.join(f'r.{c} - s.{c}' for c in ROLLUP_SUMS)} "
+            f"FROM ({from_raw}) AS r LEFT JOIN ({in_rollup}) AS s USING ({', '.join(ROLLUP_KEY)}) "
+            f"WHERE r.requests > s.requests AND {' AND '.join(f'r.{c} >= s.{c}' for c in ROLLUP_SUMS)}"
+        ).result_rows
+        if rows:
+            client.insert(table, rows, column_names=ROLLUP_KEY + ROLLUP_SUMS)
+        mended[table] = sum(row[len(ROLLUP_KEY)] for row in rows)
+    return mended
 
 
 def _time(ms: int | None) -> dt.datetime | None:

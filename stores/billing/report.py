@@ -6,11 +6,8 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tokenbus.stores.billing.clickhouse import BUCKETS
+from tokenbus.stores.billing.clickhouse import BUCKETS, ROLLUP_SUMS
 from tokenbus.stores.billing.prices import NANO_USD_PER_USD
-
-SUMS = ["requests", "cancelled", "prompt_tokens", "completion_tokens", "cached_prompt_tokens", "input_cost_nanousd",
-        "output_cost_nanousd"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +66,7 @@ def parse_time(value: str | None) -> dt.datetime | None:
 
 def usage_report(client: Any, database: str, query: UsageQuery) -> dict[str, Any]:
     where, params = query.where()
-    sums = ", ".join(f"sum({c}) AS {c}" for c in SUMS)
+    sums = ", ".join(f"sum({c}) AS {c}" for c in ROLLUP_SUMS)
     result = client.query(
         f"SELECT bucket, tenant, model, tier, {sums} FROM {database}.usage_{query.bucket}{where} "
         "GROUP BY bucket, tenant, model, tier ORDER BY bucket, tenant, model, tier",
@@ -78,7 +75,7 @@ def usage_report(client: Any, database: str, query: UsageQuery) -> dict[str, Any
     rows = []
     for bucket, tenant, model, tier, *values in result.result_rows:
         row = {"bucket": bucket.replace(tzinfo=dt.UTC).isoformat(), "tenant": tenant, "model": model,
-               "tier": tier, **{c: int(v) for c, v in zip(SUMS, values)}}
+               "tier": tier, **{c: int(v) for c, v in zip(ROLLUP_SUMS, values)}}
         row["cost_usd"] = (row["input_cost_nanousd"] + row["output_cost_nanousd"]) / NANO_USD_PER_USD
         rows.append(row)
     return {"query": query.to_params(), "rows": rows}
@@ -90,13 +87,13 @@ def reconcile(client: Any, database: str) -> dict[str, Any]:
                 "sum(cached_prompt_tokens), sum(input_cost_nanousd), sum(output_cost_nanousd)")
     sources = {"raw": f"SELECT tenant, model, tier, {raw_sums} FROM {database}.usage_events FINAL "
                       "GROUP BY tenant, model, tier"}
-    sums = ", ".join(f"sum({c})" for c in SUMS)
+    sums = ", ".join(f"sum({c})" for c in ROLLUP_SUMS)
     for bucket in BUCKETS:
         sources[bucket] = f"SELECT tenant, model, tier, {sums} FROM {database}.usage_{bucket} GROUP BY tenant, model, tier"
     totals: dict[str, Any] = {}
     for name, sql in sources.items():
         totals[name] = sorted(
-            ({"tenant": t, "model": m, "tier": r, **{c: int(v) for c, v in zip(SUMS, values)}}
+            ({"tenant": t, "model": m, "tier": r, **{c: int(v) for c, v in zip(ROLLUP_SUMS, values)}}
              for t, m, r, *values in client.query(sql).result_rows),
             key=lambda row: (row["tenant"], row["model"], row["tier"]),
         )

@@ -12,10 +12,12 @@ import pytest
 from tests.stream_processors.helpers import read_topic
 from tokenbus.schemas import AvroCodec, Completion, ModerationDecision
 from tokenbus.stores.billing.clickhouse import (
+    BUCKETS,
     ClickHouseSettings,
     UsageWriter,
     apply_schema,
     connect,
+    mend_rollups,
     schema_statements,
 )
 from tokenbus.stores.billing.prices import Price, PriceTable
@@ -129,6 +131,33 @@ def test_rollups_equal_the_raw_rows_per_bucket(writer):
     minutes = usage_report(writer.client, writer.database, UsageQuery(bucket="minute", tenant="b"))["rows"]
     assert {r["tenant"] for r in minutes} == {"b"} and len(minutes) > 1
     assert sum(r["requests"] for r in minutes) == sum(r["requests"] for r in totals["raw"] if r["tenant"] == "b")
+
+
+def test_rollups_that_lost_an_insert_cut_short_are_mended_from_the_raw_rows(writer):
+    """A stop between ``usage_events`` and its views is made here by detaching the views for
+    one insert: the raw rows land, their rollups do not (as after a SIGKILL of chDB's process)."""
+    db = writer.database
+    writer.write([completion(i) for i in range(10)])
+    for bucket in BUCKETS:
+        writer.client.command(f"DETACH TABLE {db}.usage_{bucket}_mv")
+    writer.write([completion(i) for i in range(10, 16)] + [completion(i, tenant="new") for i in range(16, 20)])
+    for bucket in BUCKETS:
+        writer.client.command(f"ATTACH TABLE {db}.usage_{bucket}_mv")
+    assert not reconcile(writer.client, db)["consistent"]
+
+    assert mend_rollups(writer.client, db) == {f"{db}.usage_{bucket}": 10 for bucket in BUCKETS}
+    totals = reconcile(writer.client, db)
+    assert totals["consistent"] and sum(row["requests"] for row in totals["raw"]) == 20
+    assert mend_rollups(writer.client, db) == {f"{db}.usage_{bucket}": 0 for bucket in BUCKETS}  # nothing twice
+    writer.write([completion(20)])  # and the views go on as before
+    assert reconcile(writer.client, db)["consistent"]
+
+
+def test_a_rollup_holding_more_than_the_raw_rows_is_left_alone(writer):
+    writer.write([completion(0)])
+    writer.client.command(f"INSERT INTO {writer.database}.usage_minute (bucket, tenant, model, tier, requests) "
+                          "SELECT now(), 'acme', 'm', 'standard', 1")
+    assert mend_rollups(writer.client, writer.database)[f"{writer.database}.usage_minute"] == 0
 
 
 def test_report_filters(writer):
