@@ -135,7 +135,8 @@ def mend_rollups(client: Any, database: str) -> dict[str, int]:
     mended = {}
     for table, view in rollup_views(database).items():
         summed = view.replace(f"FROM {database}.usage_events", f"FROM {raw}")
-        assert summed != view, f"the view of {table} no longer reads {database}.usage_events"
+        if summed == view:  # schema.sql changed how its views read the raw rows
+            raise RuntimeError(f"the view of {table} does not read FROM {database}.usage_events")
         from_raw = f"SELECT * REPLACE (toDateTime(bucket, 'UTC') AS bucket) FROM ({summed})"  # the table's type
         in_rollup = (f"SELECT {', '.join(ROLLUP_KEY)}, {', '.join(f'sum({c}) AS {c}' for c in ROLLUP_SUMS)} "
                      f"FROM {table} WHERE bucket >= lo AND bucket < hi GROUP BY {', '.join(ROLLUP_KEY)}")
