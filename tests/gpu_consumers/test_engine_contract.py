@@ -173,16 +173,17 @@ async def test_an_abort_ends_the_stream_at_its_next_read_however_far_the_engine_
 async def test_a_reader_that_fell_behind_gets_the_steps_that_waited_as_one(engine):
     """A worker behind its engine publishes one token event for the steps that waited (vLLM's
     output collector merges a slow reader's deltas the same way): fewer events to encode and relay
-    just when it needs to catch up, and the same tokens and text."""
-    if engine.name == "trtllm":
-        pytest.skip("TensorRT-LLM's own stream hands out every step; its adapter cannot see what waits")
+    just when it needs to catch up, and the same tokens and text. TensorRT-LLM's own stream hands
+    its adapter every step, so there only the sameness holds."""
     full = await collect(engine, request(9, "tell me a story", max_tokens=24))
     outs = []
     async for out in engine.generate(request(9, "tell me a story", max_tokens=24)):
         outs.append(out)
         if len(outs) == 1:
             await asyncio.sleep(0.5)  # the engine goes on stepping meanwhile
-    assert len(full) > 2 and len(outs) < len(full)
+    assert len(full) > 2
+    if engine.name != "trtllm":
+        assert len(outs) < len(full)
     assert [t for o in outs for t in o.token_ids_diff] == [t for o in full for t in o.token_ids_diff]
     assert text_of(outs) == text_of(full)
     assert (outs[-1].completion_tokens, outs[-1].finish_reason) == (full[-1].completion_tokens, full[-1].finish_reason)

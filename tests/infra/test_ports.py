@@ -15,36 +15,19 @@ def test_ports_come_from_below_the_outgoing_range_and_never_twice():
     assert all(processes.LISTEN_PORTS_FROM <= p < processes._ephemeral_low() for p in ports)
 
 
-def bind_run(low: int, count: int) -> list[socket.socket] | None:
-    """Sockets bound to ``count`` ports in a row from ``low``; None if one of them is in use."""
-    bound = []
-    for port in range(low, low + count):
-        sock = socket.socket()
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            sock.close()
-            for held in bound:
-                held.close()
-            return None
-        bound.append(sock)
-    return bound
-
-
 def test_a_port_in_use_is_not_handed_out(monkeypatch):
-    """Eight ports to draw from, seven of them held by other sockets: the eighth comes out, and
-    after it none."""
-    low, held = next(((low, run) for low in range(21000, 30000, 8) if (run := bind_run(low, 8))), (0, None))
-    if held is None:
-        pytest.skip("no eight free ports in a row")
-    held.pop().close()  # the one left free
-    try:
-        monkeypatch.setattr(processes, "LISTEN_PORTS_FROM", low)
-        monkeypatch.setattr(processes, "_ephemeral_low", lambda: low + 8)
+    """The draw lands on a port another socket holds, then on a free one: the free one comes out.
+    A draw that only ever finds ports in use gives up with an error."""
+    with socket.socket() as held, socket.socket() as probe:
+        held.bind(("127.0.0.1", 0))
+        probe.bind(("127.0.0.1", 0))
+        in_use, free = held.getsockname()[1], probe.getsockname()[1]
+        probe.close()  # free again: the port the draw should come back with
+        draws = iter([in_use, in_use, free])
+        monkeypatch.setattr(processes.random, "randint", lambda low, high: next(draws))
         monkeypatch.setattr(processes, "_handed_out", set())
-        assert free_port() == low + 7
+        assert free_port() == free
+
+        monkeypatch.setattr(processes.random, "randint", lambda low, high: in_use)
         with pytest.raises(RuntimeError, match="no free port"):
             free_port()
-    finally:
-        for sock in held:
-            sock.close()
