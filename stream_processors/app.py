@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenbus.moderation import Policy
 from tokenbus.schemas import ChatRequest, Completion, TokenEvent
-from tokenbus.stores.billing.clickhouse import UsageWriter, apply_schema, connect, mend_rollups
+from tokenbus.stores.billing.clickhouse import UsageWriter
 from tokenbus.stores.billing.prices import PriceTable
 from tokenbus.stores.billing.report import UsageQuery, reconcile, request_usage, usage_report
 from tokenbus.stores.transcripts import open_store
@@ -177,18 +177,7 @@ def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:
     settings = ctx.settings
     prices = PriceTable.load(settings.prices_file)
 
-    def writer() -> UsageWriter:
-        client = connect(settings.clickhouse)
-        apply_schema(client, settings.clickhouse.database)
-        if settings.clickhouse.embedded_path is not None:  # chDB: this process is its only writer
-            mended = mend_rollups(client, settings.clickhouse.database)
-            if any(mended.values()):
-                log.warning("billing: rollups lacked requests of an insert cut short by a stop; added %s", mended)
-        usage = UsageWriter(client, settings.clickhouse.database, prices)
-        usage.load_prices()
-        return usage
-
-    sink = ClickHouseSink(ctx, writer)
+    sink = ClickHouseSink(ctx, lambda: UsageWriter.open(settings.clickhouse, prices))
     size, within = settings.billing_batch_size, settings.billing_batch_s
 
     @app.task

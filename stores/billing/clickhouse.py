@@ -12,6 +12,7 @@ each request once too.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from tokenbus.schemas import Completion, ModerationDecision
 from tokenbus.stores.billing.prices import PriceTable
 from tokenbus.stores.ddl import ddl_statements
+
+log = logging.getLogger(__name__)
 
 BUCKETS = ("minute", "hour", "day")
 ROLLUP_KEY = ["bucket", "tenant", "model", "tier"]
@@ -172,6 +175,20 @@ class UsageWriter:
         self.client = client
         self.database = database
         self.prices = prices
+
+    @classmethod
+    def open(cls, settings: ClickHouseSettings, prices: PriceTable) -> UsageWriter:
+        """Connected, the schema applied, the prices loaded; with chDB, whose only writer this
+        process is, the rollups are mended first (``mend_rollups``)."""
+        client = connect(settings)
+        apply_schema(client, settings.database)
+        if settings.embedded_path is not None:
+            mended = mend_rollups(client, settings.database)
+            if any(mended.values()):
+                log.warning("billing: rollups lacked requests of an insert cut short by a stop; added %s", mended)
+        writer = cls(client, settings.database, prices)
+        writer.load_prices()
+        return writer
 
     def load_prices(self) -> None:
         rows = [[p.model, p.tier, p.input_usd_per_mtok, p.output_usd_per_mtok, p.cached_input_usd]
