@@ -30,6 +30,7 @@ from tokenbus.stream_processors.moderation.output import OutputModeration
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.stream_processors.transcripts import TranscriptWriter
 from tokenbus.topics.clients import profile
+from tokenbus.topics.holes import wait_at_holes
 from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.rolled_logs import RolledLogReader
 
@@ -96,6 +97,8 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
     fetch_max_wait_ms = settings.fetch_max_wait_ms or tuned.fetch_max_wait_ms
     pacer = FetchPacer(settings.bus, fetch_max_wait_ms)
     transport = tuned_transport(fetch_max_wait_ms, pacer, tuned.fetcher_timeout_ms)
+    if tuned.wait_at_holes:
+        wait_at_holes()  # faust's consumers are not made by make_consumer
     app.transport = transport(app.conf.broker_consumer, app, loop=app.loop)
     ctx = ProcessorContext(settings)
     app.tokenbus = ctx  # type: ignore[attr-defined]

@@ -4,7 +4,8 @@ and the two ways every service talks to the bus: sending a record
 reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log);
 ``TopicTail`` to follow a topic from now on; and
 ``tracing``, a turn's trace carried across the bus in record headers; ``event_loops`` and
-``collector``, the event loop every service process runs on and how often it collects garbage."""
+``collector``, the event loop every service process runs on and how often it collects garbage;
+``holes``, how readers on the embedded broker wait for a batch numbered but not stored yet."""
 
 from tokenbus.topics.batching import BatchingPublisher
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe

@@ -24,6 +24,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.doorbell import Doorbell
+from tokenbus.topics.holes import wait_at_holes
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,10 @@ class ClientProfile:
     # (topics/replies.py): the embedded broker scans a partition's whole log on every fetch and
     # only gives memory back when a topic is deleted. On Kafka, retention bounds the logs.
     roll_reply_logs: bool = False
+    # The embedded broker can show a reader a partition's later batch before an earlier one,
+    # written at the same moment by another producer, is stored: its readers wait at such a hole
+    # rather than pass it (topics/holes.py). Kafka shows no such hole.
+    wait_at_holes: bool = False
 
 
 PROFILES = {
@@ -71,7 +76,8 @@ PROFILES = {
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
                               idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=10.0, ring_every_s=0.5,
-                              raise_wait_when_starved=True, fetcher_timeout_ms=1000, roll_reply_logs=True),
+                              raise_wait_when_starved=True, fetcher_timeout_ms=1000, roll_reply_logs=True,
+                              wait_at_holes=True),
 }
 
 
@@ -168,6 +174,8 @@ def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = No
                   **overrides: Any) -> AIOKafkaConsumer:
     """A consumer tuned for ``settings.broker``; ``background`` for a reader that may lag a little."""
     tuned = profile(settings)
+    if tuned.wait_at_holes:
+        wait_at_holes()
     options: dict[str, Any] = dict(
         bootstrap_servers=settings.bootstrap_servers,
         group_id=group_id,
