@@ -8,8 +8,8 @@ earlier one not yet, answers with the later, and the reader's position moves pas
 which it never reads. A probe of four producers writing 3,000 records each into one partition
 left a tailing reader 5 to 10 records short in every run, while a read from the start found all
 12,000. On Kafka a partition's offsets are given and its batch appended in one step, and a fetch
-never reads past the high-water mark, so a reader finds no hole there but those left by
-compaction or transaction markers; so only the embedded profile installs this.
+never reads past the high-water mark, so a reader finds no hole there but those compaction
+leaves, which never fill; so only the embedded profile installs this.
 
 Installed, a fetched batch that starts past the reader's position ends what the fetch yields:
 the position stays at the hole and the next fetch asks from there, by when the batch is stored.
