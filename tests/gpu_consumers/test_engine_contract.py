@@ -211,7 +211,8 @@ async def test_a_continuation_gives_out_what_the_previous_worker_held_back(engin
     sent = prefix_text[:-3]  # the last three characters were held back, never published
     rest = await collect(engine, GenerationInput("contract-8", (ChatMessage("user", "tell me a story"),),
                                                  SamplingParams(max_tokens=16), tuple(ids[:6]), sent))
-    assert sent + text_of(rest) == text_of(full)
+    assert sent + text_of(rest) == text_of(full), \
+        f"token ids: uninterrupted {ids}, continued {ids[:6]} + {[t for o in rest for t in o.token_ids_diff]}"
 
 
 async def test_stop_sequences_never_leak_into_the_text(engine):
