@@ -18,18 +18,34 @@ class IncrementalDetokenizer:
     was not sent: it comes out with the first push."""
 
     CONTEXT_TOKENS = 5  # emitted tokens decoded again as context for the first new one
+    MAX_SPLIT_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so is split over at most 4 tokens
 
     def __init__(self, tokenizer: Any, token_ids: tuple[int, ...] = (), emitted: str = "") -> None:
         self._tokenizer = tokenizer
         self.token_ids = list(token_ids)
         self.emitted = emitted  # text given out so far
         self._read = len(self.token_ids)  # tokens whose text is in ``emitted``
-        self._context = max(0, self._read - self.CONTEXT_TOKENS)  # where the decoded window starts
         self._unsent = ""
         if self.token_ids:
-            whole = tokenizer.decode(self.token_ids, skip_special_tokens=True)
-            if whole.startswith(emitted) and not whole.endswith(REPLACEMENT_CHAR):
-                self._unsent, self.emitted = whole[len(emitted):], whole
+            self._take_over(emitted)
+        self._context = max(0, self._read - self.CONTEXT_TOKENS)  # where the decoded window starts
+
+    def _take_over(self, emitted: str) -> None:
+        """Continue after a previous worker's tokens. Tokens that end inside a character gave out
+        no text: they stay unread, to be decoded again with the tokens that complete the character
+        (counted as read, that character would never come out). Text of the read tokens beyond
+        ``emitted`` was held back: it goes out with the first push."""
+        decode = self._tokenizer.decode
+        whole = decode(self.token_ids, skip_special_tokens=True)
+        read = len(self.token_ids)
+        while whole.endswith(REPLACEMENT_CHAR) and read > len(self.token_ids) - self.MAX_SPLIT_TOKENS:
+            read -= 1
+            whole = decode(self.token_ids[:read], skip_special_tokens=True)
+        if whole.endswith(REPLACEMENT_CHAR):
+            return  # not a split character but bytes that never make one: read them as they are
+        self._read = read
+        if whole.startswith(emitted):
+            self._unsent, self.emitted = whole[len(emitted):], whole
 
     def push(self, new_ids: list[int]) -> str:
         """Add tokens; return the text they complete (empty while a character is still split)."""
@@ -45,6 +61,12 @@ class IncrementalDetokenizer:
         self._context, self._read = self._read, len(self.token_ids)
         self.emitted += delta
         return unsent + delta
+
+    def flush(self) -> str:
+        """Text a previous worker held back, when no push is coming to carry it: the sequence was
+        taken over at its token limit."""
+        unsent, self._unsent = self._unsent, ""
+        return unsent
 
 
 class StopFilter:
@@ -71,3 +93,10 @@ class StopFilter:
         """At the end of the sequence nothing can become a stop any more."""
         held, self._held = self._held, ""
         return held
+
+
+def held_back_text(detokenizer: IncrementalDetokenizer, stops: StopFilter) -> str:
+    """The whole text of a sequence taken over at its token limit: what its previous worker held
+    back (the start of a possible stop sequence), which no later token can turn into one now."""
+    text, _ = stops.feed(detokenizer.flush())
+    return text + stops.flush()

@@ -41,7 +41,7 @@ from tokenbus.gpu_consumers.engines.base import (
     StepOutput,
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
-from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,7 @@ class _HfSequence:
         self._internal_id = internal_id
         self._results: Mailbox[Any] = Mailbox()  # the manager's outputs; None wakes a reader
         self._ending: str | None = None  # a finish decided here, not by the manager: cancelled, or length
+        self._ending_text = ""
         self._manager_done = False
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
         self._stops = StopFilter(inp.sampling.stop)
@@ -226,11 +227,14 @@ class _HfSequence:
         self._manager_done = self._manager_done or result.is_finished()
         self._results.put(result)
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, text: str = "") -> None:
         """Finish at the next read, whatever the manager has queued."""
         if self._ending is None and not self.finished:
-            self._ending = reason
+            self._ending, self._ending_text = reason, text
             self._results.put(None)
+
+    def held_back_text(self) -> str:
+        return held_back_text(self._detokenizer, self._stops)
 
     def abort(self) -> None:
         if self._ending is None and not self.finished:
@@ -267,7 +271,7 @@ class _HfSequence:
             # waiting, and publishes one step for all that it holds.
             while result is not None and self._results and self._results.first() is not None:
                 result = self._results.take()
-            yield self._final(self._ending) if self._ending else self._step(result)
+            yield self._final(self._ending, self._ending_text) if self._ending else self._step(result)
 
 
 class HfEngine:
@@ -332,8 +336,8 @@ class HfEngine:
         prompt = self.prompt_ids(inp)
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
         sequence = _HfSequence(self, inp, internal_id, prompt)
-        if sequence.max_new_tokens == 0:
-            sequence.end(FINISH_LENGTH)
+        if sequence.max_new_tokens == 0:  # taken over at its limit
+            sequence.end(FINISH_LENGTH, sequence.held_back_text())
             return sequence
         sampling = {}
         if self.settings.do_sample:

@@ -233,6 +233,10 @@ class _Sequence:
             return self._emit("", (), FINISH_CANCELLED)
         if self.fails_at is not None and self.generated >= self.fails_at:
             return self._emit("", (), FINISH_ERROR, "injected engine failure")
+        limit = self.inp.sampling.max_tokens
+        if limit is not None and self.generated >= limit:  # taken over at its limit: only what was held back
+            text = self.unsent if self.markup else self.stops.feed(self.unsent)[0] + self.stops.flush()
+            return self._emit(text, (), FINISH_LENGTH)
         if self.markup:
             return self._step_markup()
         token_id = self.rng.randrange(len(VOCABULARY))
@@ -242,7 +246,6 @@ class _Sequence:
         self.unsent = ""
         if stopped:
             return self._emit(text, (token_id,), FINISH_STOP)
-        limit = self.inp.sampling.max_tokens
         if limit is not None and self.generated >= limit:
             return self._emit(text + self.stops.flush(), (token_id,), FINISH_LENGTH)
         if self.generated >= self.natural_length:

@@ -31,7 +31,7 @@ from tokenbus.gpu_consumers.engines.base import (
     StepOutput,
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, chain_hash, leading_held
-from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
@@ -116,9 +116,10 @@ class TrtPrefixCache:
 class _TrtStream:
     """Adapts a streaming ``RequestOutput``. Text comes from our own detokenizer over prefix and
     new tokens, not TensorRT-LLM's ``text_diff``: after a takeover the engine sees the prefix as
-    prompt and would decode the new tokens on their own, which can differ at the boundary."""
+    prompt and would decode the new tokens on their own, which can differ at the boundary.
+    ``output`` is None for a sequence taken over at its token limit: it only ends."""
 
-    def __init__(self, output: Any, inp: GenerationInput, tokenizer: Any, prompt_tokens: int,
+    def __init__(self, output: Any | None, inp: GenerationInput, tokenizer: Any, prompt_tokens: int,
                  cached_tokens: int = 0) -> None:
         self._output = output
         self._prompt_tokens = prompt_tokens
@@ -128,7 +129,7 @@ class _TrtStream:
         self._aborted = False
 
     def abort(self) -> None:
-        if not self._aborted and not self._output.finished:
+        if not self._aborted and self._output is not None and not self._output.finished:
             self._aborted = True
             self._output.abort()
 
@@ -137,6 +138,9 @@ class _TrtStream:
                           self._cached_tokens)
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
+        if self._output is None:  # taken over at its limit: nothing to generate
+            yield self._step(held_back_text(self._detokenizer, self._stops), (), FINISH_LENGTH)
+            return
         try:
             async for out in self._output:
                 if self._aborted:
@@ -238,9 +242,12 @@ class TrtLlmEngine:
     def generate(self, inp: GenerationInput) -> _TrtStream:
         prompt = self.prompt_ids(inp)
         s = inp.sampling
-        limit = s.max_tokens or self.settings.default_max_tokens
+        remaining = (s.max_tokens or self.settings.default_max_tokens) - len(inp.prefix_token_ids)
+        cached = self.prefix_cache.cached_tokens(prompt) if self.prefix_cache is not None else 0
+        if remaining <= 0:
+            return _TrtStream(None, inp, self._llm.tokenizer, len(prompt), cached)
         params = self._sampling_params(
-            max_tokens=max(limit - len(inp.prefix_token_ids), 1),
+            max_tokens=remaining,
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed,
@@ -248,5 +255,4 @@ class TrtLlmEngine:
         )
         # A taken-over sequence continues after the tokens already published.
         output = self._llm.generate_async(prompt + list(inp.prefix_token_ids), params, streaming=True)
-        cached = self.prefix_cache.cached_tokens(prompt) if self.prefix_cache is not None else 0
         return _TrtStream(output, inp, self._llm.tokenizer, len(prompt), cached)

@@ -75,15 +75,17 @@ def text_of(outs) -> str:
     return "".join(o.text_diff for o in outs)
 
 
-def text_of_first_tokens(outs, count: int) -> str:
-    """The text the outputs carrying the first ``count`` tokens gave out."""
-    taken, text = 0, ""
+def published(outs, count: int) -> tuple[tuple[int, ...], str]:
+    """The token ids and text a worker had published once its outputs carried ``count`` tokens:
+    whole outputs, so more than ``count`` ids where an output carried several."""
+    ids: list[int] = []
+    text = ""
     for out in outs:
-        if taken >= count:
+        if len(ids) >= count:
             break
-        taken += len(out.token_ids_diff)
+        ids += out.token_ids_diff
         text += out.text_diff
-    return text
+    return tuple(ids), text
 
 
 async def test_streams_deltas_and_ends_with_a_finish_reason(engine):
@@ -191,10 +193,7 @@ async def test_a_reader_that_fell_behind_gets_the_steps_that_waited_as_one(engin
 
 async def test_continuing_after_a_prefix_equals_the_uninterrupted_output(engine):
     full = await collect(engine, request(7, "tell me a story", max_tokens=16))
-    ids = [t for o in full for t in o.token_ids_diff]
-    cut = 6
-    prefix_ids = tuple(ids[:cut])
-    prefix_text = text_of_first_tokens(full, cut)
+    prefix_ids, prefix_text = published(full, 6)
     rest = await collect(engine, GenerationInput("contract-7", (ChatMessage("user", "tell me a story"),),
                                                  SamplingParams(max_tokens=16), prefix_ids, prefix_text))
     assert prefix_text + text_of(rest) == text_of(full)
@@ -207,12 +206,25 @@ async def test_a_continuation_gives_out_what_the_previous_worker_held_back(engin
     there, its successor must still give that text out."""
     full = await collect(engine, request(8, "tell me a story", max_tokens=16))
     ids = [t for o in full for t in o.token_ids_diff]
-    prefix_text = text_of_first_tokens(full, 6)
+    prefix_ids, prefix_text = published(full, 6)
     sent = prefix_text[:-3]  # the last three characters were held back, never published
     rest = await collect(engine, GenerationInput("contract-8", (ChatMessage("user", "tell me a story"),),
-                                                 SamplingParams(max_tokens=16), tuple(ids[:6]), sent))
+                                                 SamplingParams(max_tokens=16), prefix_ids, sent))
     assert sent + text_of(rest) == text_of(full), \
-        f"token ids: uninterrupted {ids}, continued {ids[:6]} + {[t for o in rest for t in o.token_ids_diff]}"
+        f"token ids: uninterrupted {ids}, continued {list(prefix_ids)} + {[t for o in rest for t in o.token_ids_diff]}"
+
+
+async def test_a_continuation_at_its_token_limit_only_ends(engine):
+    """A worker that published a sequence's last token but not its end: the successor generates
+    nothing more, gives out the text held back, and ends it for its length."""
+    full = await collect(engine, request(10, "tell me a story", max_tokens=12))
+    ids = tuple(t for o in full for t in o.token_ids_diff)
+    assert len(ids) == 12, "the contract's engines run to max_tokens on this prompt"
+    sent = text_of(full)[:-3]
+    rest = await collect(engine, GenerationInput("contract-10", (ChatMessage("user", "tell me a story"),),
+                                                 SamplingParams(max_tokens=12), ids, sent))
+    assert [(o.token_ids_diff, o.finish_reason, o.completion_tokens) for o in rest] == [((), FINISH_LENGTH, 12)]
+    assert sent + text_of(rest) == text_of(full)
 
 
 async def test_stop_sequences_never_leak_into_the_text(engine):
