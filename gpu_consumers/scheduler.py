@@ -32,6 +32,7 @@ class Pending:
     # it already published, looked up as soon as the request is fetched.
     published: asyncio.Future | None = None
     trace: tracing.Context | None = None  # the trace context the request record carried
+    failures: int = 0  # times serving it failed in this worker (it is then served again)
 
     @property
     def tenant(self) -> str:

@@ -199,26 +199,36 @@ class TokenLog:
             return int(found.offset)
         low = (await consumer.beginning_offsets([tp]))[tp]
         high = (await consumer.end_offsets([tp]))[tp]
-        if high <= low or await self._timestamp_at(tp, high - 1) < since_ms:
+        if high <= low or await self._older(tp, high - 1, since_ms):
             return None
         while low < high - 1:  # the record at high - 1 is at or after since_ms
             middle = (low + high - 1) // 2
-            if await self._timestamp_at(tp, middle) < since_ms:
+            if await self._older(tp, middle, since_ms):
                 low = middle + 1
             else:
                 high = middle + 1
         return int(low)
 
-    async def _timestamp_at(self, tp: TopicPartition, offset: int) -> int:
-        """The timestamp of the first record at or after ``offset`` (``tp`` is assigned)."""
-        return (await self._key_and_time_at(tp, offset))[1]
+    async def _older(self, tp: TopicPartition, offset: int, since_ms: int) -> bool:
+        """Whether the first record at or after ``offset`` was written before ``since_ms``. With no
+        record there (the log was re-created shorter meanwhile) it is not: the scan starts earlier,
+        which costs time, where starting too late would miss what was published."""
+        found = await self._key_and_time_at(tp, offset)
+        return found is not None and found[1] < since_ms
 
-    async def _key_and_time_at(self, tp: TopicPartition, offset: int) -> tuple[bytes, int]:
-        """The key and timestamp of the first record at or after ``offset`` (``tp`` is assigned)."""
+    async def _key_and_time_at(self, tp: TopicPartition, offset: int) -> tuple[bytes, int] | None:
+        """The key and timestamp of the first record at or after ``offset`` (``tp`` is assigned);
+        None if the log ends before it, as a fetch answered after the seek says. The offsets
+        the broker lists are not trusted for that: the embedded broker's log end is the last
+        batch's first offset + 1, and a log re-created since it was listed may be shorter."""
         consumer = self._consumer
         assert consumer is not None
         consumer.seek(tp, offset)
+        sought_ms = int(time.time() * 1000)
         while True:
             records = (await consumer.getmany(tp, timeout_ms=200, max_records=1)).get(tp, [])
             if records:
                 return records[0].key or b"", int(records[0].timestamp)
+            highwater, answered_ms = consumer.highwater(tp), consumer.last_poll_timestamp(tp)
+            if highwater is not None and highwater <= offset and answered_ms is not None and answered_ms >= sought_ms:
+                return None

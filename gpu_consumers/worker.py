@@ -6,7 +6,7 @@ a tier's buffer is full its partitions pause, so the backlog stays in the log
 (consumer lag is the queue depth). Offsets are committed at the low-water mark of
 finished requests. A request that may have been started elsewhere (fetched from
 before this worker's assignment) is first looked up in the token log and continued
-after what was already published.
+after what was already published; so is one whose serving failed here, served again.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 CANCELLED_MEMORY = 100_000  # cancels remembered for requests not fetched yet
 CANCELLED_REASONS = (FINISH_CANCELLED, FINISH_CONTENT_FILTER)
+SERVE_AGAIN_FIRST_S = 0.5  # a failed request is served again after this, then after twice as long...
+SERVE_AGAIN_TIMES = 5  # ...this many times (15.5 s in all); then it waits for redelivery
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -91,6 +93,7 @@ class GpuWorker:
         self._batches: BatchingPublisher | None = None
         self._prefix_reports: PrefixReports | None = None
         self._stopping = asyncio.Event()
+        self._serving_again: dict[str, tuple[asyncio.TimerHandle, Pending]] = {}
         self.completed = 0
 
     @property
@@ -164,6 +167,10 @@ class GpuWorker:
         for pending in self.scheduler.remove_partitions(partitions):
             if pending.published is not None:
                 pending.published.cancel()
+        for request_id, (timer, pending) in list(self._serving_again.items()):
+            if pending.tp in partitions:  # uncommitted: the next owner serves it
+                timer.cancel()
+                del self._serving_again[request_id]
         stopping = [r.task for r in self._running.values() if r.pending.tp in partitions and r.task is not None]
         for task in stopping:
             task.cancel()
@@ -321,12 +328,39 @@ class GpuWorker:
         except asyncio.CancelledError:
             raise  # partition released or shutting down: no final event; the next owner continues
         except Exception:
-            log.exception("request %s failed; it stays uncommitted and is redelivered", request.request_id)
+            if pending.failures >= SERVE_AGAIN_TIMES:
+                log.exception("request %s failed %d times; it stays uncommitted until it is redelivered",
+                              request.request_id, pending.failures + 1)
+            else:
+                delay = SERVE_AGAIN_FIRST_S * 2 ** pending.failures
+                log.exception("request %s failed; served again in %.1f s, after what the log holds of it",
+                              request.request_id, delay)
+                self._serve_again_later(pending, delay)
         else:
             self.offsets.finished(pending.tp, pending.offset)
             self.completed += 1
         finally:
             self._release_slot(running)
+
+    def _serve_again_later(self, pending: Pending, delay: float) -> None:
+        """A request whose serving failed (a write the broker refused, a token-log scan that timed
+        out) is served again here, as a takeover of itself: what it published is read back and it
+        goes on after that. Left uncommitted for redelivery, it would wait for the next rebalance,
+        and its completion, which bills it, with it. A request that keeps failing (its reply log
+        deleted, say: the embedded broker refuses writes to it) is left to redelivery after a few
+        tries; each try may write its completion again, which billing counts once."""
+        request_id = pending.request.request_id
+        again = dataclasses.replace(pending, published=None, failures=pending.failures + 1)
+        timer = asyncio.get_running_loop().call_later(delay, self._serve_again, again)
+        self._serving_again[request_id] = (timer, again)
+
+    def _serve_again(self, pending: Pending) -> None:
+        self._serving_again.pop(pending.request.request_id, None)
+        if self._stopping.is_set():
+            return
+        pending.published = asyncio.ensure_future(self.token_log.published(pending.request))
+        self.scheduler.add(pending)
+        self._admit_waiting()
 
     def _release_slot(self, running: RunningSequence) -> None:
         request_id = running.pending.request.request_id

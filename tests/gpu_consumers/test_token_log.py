@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from tests.conftest import MODEL
+from tokenbus.gpu_consumers import token_log
 from tokenbus.gpu_consumers.token_log import TokenLog
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, TokenEvent, now_ms
 from tokenbus.topics import RecordSender, TopicCatalog, delete_topics, ensure_topics, make_producer
@@ -87,3 +88,25 @@ async def test_a_log_recreated_since_the_last_scan_is_read_again(bus):
         await publish(sender, catalog, "after", range(3))  # the new log ends past the old one
         found = await log.published(request(catalog, "x", started))
         assert [e.text for e in found.events] == ["x:0", "x:1"]
+
+
+async def test_a_log_emptied_between_listing_and_reading_is_found_empty(bus, monkeypatch):
+    """A reply router deletes a rolled log, and this reader's own metadata request creates it
+    again, empty, between the broker listing the log's end and the scan reading the record
+    before it (seen after a broker restart). The lookup finds nothing published; it used to wait
+    for that record until the scan's timeout, holding up every lookup behind it."""
+    catalog = TopicCatalog(bus)
+    started = now_ms()
+    monkeypatch.setattr(token_log, "SCAN_TIMEOUT_S", 10.0)
+    async with log_and_sender(bus) as (log, sender):
+        await publish(sender, catalog, "before", range(3))
+        assert (await log.published(request(catalog, "x", started))).events == []
+
+        await delete_topics(bus.bootstrap_servers, [catalog.tokens])
+        await ensure_topics(bus.bootstrap_servers, [t for t in catalog.all_topics() if t.name == catalog.tokens])
+
+        async def listed_before_the_deletion(partitions):
+            return {tp: 3 for tp in partitions}
+
+        monkeypatch.setattr(log._consumer, "end_offsets", listed_before_the_deletion)
+        assert (await log.published(request(catalog, "x", started))).events == []

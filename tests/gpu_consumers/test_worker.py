@@ -2,6 +2,8 @@
 
 import asyncio
 
+from aiokafka.errors import UnknownError
+
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, running_worker
 from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngine, SimulatedEngineSettings
@@ -10,7 +12,7 @@ from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, Completion, now_ms
-from tokenbus.topics import TopicCatalog, make_producer
+from tokenbus.topics import RecordSender, TopicCatalog, make_producer
 from tokenbus.topics.dead_letters import HEADER_REASON, HEADER_SOURCE
 
 codec = AvroCodec()
@@ -93,6 +95,40 @@ async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(each_bus
     assert dead.value == b"\x00garbage, not an avro record"
     assert headers[HEADER_REASON] == b"bad_magic"
     assert headers[HEADER_SOURCE].startswith(catalog.requests(MODEL, "standard").encode())
+
+
+async def test_a_request_whose_completion_was_refused_is_served_again_and_billed_once(bus, monkeypatch):
+    """The broker refuses the completion's write (as the embedded broker did with an unknown error
+    just after a restart): the worker serves the request again, finds its stream finished in the
+    token log, and writes the completion then, once, without generating anything again. Left for
+    redelivery it would have waited for the next rebalance, unbilled."""
+    refused: list[str] = []
+    send = RecordSender.send
+
+    async def refuse_the_first_completion(self, topic, record, key, *args, **kwargs):
+        if topic == TopicCatalog(bus).completions and not refused:
+            refused.append(key)
+            raise UnknownError("refused by the test")
+        return await send(self, topic, record, key, *args, **kwargs)
+
+    monkeypatch.setattr(RecordSender, "send", refuse_the_first_completion)
+    async with (running_worker(bus, min_tokens=5, max_tokens=5, worker_id="w-refused") as worker,
+                TokenbusClient(bus, idle_timeout=20) as client):
+        request = client.new_request(MODEL, [ChatMessage("user", "bill me once")])
+        events = [r.event async for r in client.stream(request)]
+        deadline = asyncio.get_running_loop().time() + 20
+        while worker.completed == 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        assert worker.completed == 1
+
+    assert refused == [request.request_id]
+    assert [e.seq for e in events] == list(range(5))
+    records = await read_all(bus, TopicCatalog(bus).completions, expected=1_000_000, timeout=2)
+    completions = [c for c in (codec.decode(r.value, Completion) for r in records) if c.request_id == request.request_id]
+    assert len(completions) == 1
+    assert completions[0].text == "".join(e.text for e in events) and completions[0].completion_tokens == 5
+    replies = await read_all(bus, request.reply_topic, expected=1_000_000, timeout=2)
+    assert sum(r.key == request.request_id.encode() for r in replies) == 5  # generated once
 
 
 async def test_request_past_its_deadline_is_not_generated(each_bus):
