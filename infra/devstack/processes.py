@@ -2,7 +2,8 @@
 
 Each child runs in its own session (so a terminal's Ctrl-C reaches only the
 supervisor, which stops children in order) and asks the kernel to send it SIGTERM
-if the supervisor dies, so even a killed supervisor leaves no orphans.
+if the supervisor dies, so even a killed supervisor leaves no orphans. A child may
+start at a lower scheduling priority (``nice``); every thread it starts inherits it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,12 +31,23 @@ def _die_with_parent() -> None:
         pass  # not Linux: `tokenbus down` still stops everything
 
 
+def _before_exec(nice: int) -> Callable[[], None]:
+    """What the child does between fork and exec: die with its parent, and lower its priority."""
+    def prepare() -> None:
+        _die_with_parent()
+        if nice:
+            os.nice(nice)
+
+    return prepare
+
+
 @dataclass
 class ManagedProcess:
     name: str
     argv: list[str]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    nice: int = 0  # added to the child's niceness: a lower priority when the machine's cores are busy
     popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -51,7 +64,7 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env},
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_before_exec(self.nice),
             )
 
     def alive(self) -> bool:
