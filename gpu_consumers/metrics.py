@@ -2,49 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterator
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+
+from tokenbus.topics.per_event_metrics import LoopCounter, LoopHistogram
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 LABELS = ["model_name"]
 TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000)
-
-
-class PerTokenSeries(Collector):
-    """The two series updated for every token: generated tokens and the gap between a sequence's
-    token events. prometheus_client's counter and histogram take a lock per update (~1.3 µs a
-    token together, ~5 % of a consumer's CPU at 50,000 tokens/s); these are plain numbers updated
-    on the event loop, which also serves /metrics, and read when it is scraped."""
-
-    def __init__(self, model: str, registry: CollectorRegistry) -> None:
-        self._model = model
-        self.tokens = 0
-        self._gap_bounds = LATENCY_BUCKETS
-        self._gap_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last: above every bound
-        self._gap_sum = 0.0
-        registry.register(self)
-
-    def observe_gap(self, seconds: float) -> None:
-        self._gap_counts[bisect.bisect_left(self._gap_bounds, seconds)] += 1
-        self._gap_sum += seconds
-
-    def collect(self) -> Iterator[Metric]:
-        tokens = CounterMetricFamily("tokenbus:generation_tokens", "Tokens generated and published.",
-                                     labels=LABELS)
-        tokens.add_metric([self._model], self.tokens)
-        yield tokens
-        gaps = HistogramMetricFamily("tokenbus:inter_token_latency_seconds", "Gap between a sequence's token events.",
-                                     labels=LABELS)
-        cumulative, buckets = 0, []
-        for bound, count in zip((*self._gap_bounds, float("inf")), self._gap_counts):
-            cumulative += count
-            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-        gaps.add_metric([self._model], buckets, self._gap_sum)
-        yield gaps
 
 
 class WorkerMetrics:
@@ -72,7 +36,11 @@ class WorkerMetrics:
         self._kv_cache = gauge("tokenbus:kv_cache_usage_perc", "Share of the engine's KV cache in use, 0 to 1.")
         self._prompt_tokens = Histogram("tokenbus:request_prompt_tokens", "Prompt tokens of each request generated.",
                                         LABELS, buckets=TOKEN_COUNT_BUCKETS, registry=r).labels(model)
-        self._per_token = PerTokenSeries(model, r)
+        # Updated for every token: plain numbers on the event loop (topics/per_event_metrics.py).
+        labels = dict(zip(LABELS, (model,), strict=True))
+        self._generated = LoopCounter("tokenbus:generation_tokens", "Tokens generated and published.", r, labels)
+        self._token_gaps = LoopHistogram("tokenbus:inter_token_latency_seconds", "Gap between a sequence's token "
+                                         "events.", LATENCY_BUCKETS, r, labels)
         self._cached = counter("tokenbus:prompt_tokens_cached", "Prompt tokens the engine served from its prefix cache.")
         self._aborted = counter("tokenbus:requests_aborted", "Requests cancelled while waiting or running.")
         self._taken_over = counter("tokenbus:requests_taken_over", "Requests continued from another worker's tokens.")
@@ -88,10 +56,10 @@ class WorkerMetrics:
         self._ttft.observe(max(seconds, 0.0))
 
     def token_gap(self, seconds: float) -> None:
-        self._per_token.observe_gap(max(seconds, 0.0))
+        self._token_gaps.observe(max(seconds, 0.0))
 
     def tokens(self, count: int) -> None:
-        self._per_token.tokens += count
+        self._generated.value += count
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self.model, reason).inc()

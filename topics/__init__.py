@@ -5,6 +5,7 @@ reading one request's token stream (``ReplyRouter`` live, ``replay`` from the lo
 ``TopicTail`` to follow a topic from now on; and
 ``tracing``, a turn's trace carried across the bus in record headers; ``event_loops`` and
 ``collector``, the event loop every service process runs on and how often it collects garbage;
+``per_event_metrics``, the Prometheus series a service updates for every token event;
 ``holes``, how readers on the embedded broker wait for a batch numbered but not stored yet."""
 
 from tokenbus.topics.batching import BatchingPublisher

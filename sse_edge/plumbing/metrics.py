@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from tokenbus.topics.per_event_metrics import LoopHistogram
 
 # Seconds. The edge sees whole requests, so the range runs past a minute.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -11,12 +13,14 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1
 class EdgeMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.ttft = Histogram("tokenbus:edge_time_to_first_token_seconds", "Request received to first content chunk.",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("tokenbus:edge_inter_token_latency_seconds", "Gap between content chunks sent.",
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("tokenbus:e2e_request_latency_seconds", "Request received to last byte.",
-                             buckets=LATENCY_BUCKETS, registry=r)
+        # Observed by the relay (the inter-token gap for every event it writes): plain numbers on the
+        # edge's event loop (topics/per_event_metrics.py).
+        self.ttft = LoopHistogram("tokenbus:edge_time_to_first_token_seconds", "Request received to first content "
+                                  "chunk.", LATENCY_BUCKETS, r)
+        self.itl = LoopHistogram("tokenbus:edge_inter_token_latency_seconds", "Gap between content chunks sent.",
+                                 LATENCY_BUCKETS, r)
+        self.e2e = LoopHistogram("tokenbus:e2e_request_latency_seconds", "Request received to last byte.",
+                                 LATENCY_BUCKETS, r)
         self.open_streams = Gauge("tokenbus:open_streams", "SSE streams open on this edge.", registry=r)
         self.responses = Counter("tokenbus:http_responses", "Responses by status code.", ["status"], registry=r)
         self.rate_limited = Counter("tokenbus:rate_limited", "Requests refused with 429.", ["limit"], registry=r)

@@ -1,5 +1,5 @@
-"""The per-token series the worker keeps as plain numbers read exactly as prometheus_client's own
-counter and histogram would for the same updates."""
+"""The per-token series the worker keeps as plain numbers (topics/per_event_metrics.py) read
+exactly as prometheus_client's own counter and histogram would for the same updates."""
 
 from hypothesis import given
 from hypothesis import strategies as st

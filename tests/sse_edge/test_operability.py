@@ -8,6 +8,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from prometheus_client.parser import text_string_to_metric_families
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -29,13 +30,21 @@ async def test_readyz_checks_broker_and_redis(edge_url):
 
 async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
     async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers=auth) as http:
-        await http.post(CHAT, json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "m"}]})
+        streamed = await http.post(CHAT, json={"model": MODEL, "stream": True,
+                                               "messages": [{"role": "user", "content": "m"}]})
         await http.post(CHAT, content=b"{broken")
         text = (await http.get("/metrics")).text
     for name in ("tokenbus:edge_time_to_first_token_seconds_bucket", "tokenbus:edge_inter_token_latency_seconds_bucket",
                  "tokenbus:e2e_request_latency_seconds_bucket", "tokenbus:open_streams",
                  'tokenbus:http_responses_total{status="400"}', 'tokenbus:http_responses_total{status="200"}'):
         assert name in text
+    # The relay observed the stream it wrote: a first token, a gap before each later content chunk, an end.
+    chunks = [line for line in streamed.text.splitlines() if '"content":"' in line and '"role"' not in line]
+    counts = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+              if s.name.endswith("_count")}
+    assert counts["tokenbus:edge_time_to_first_token_seconds_count"] >= 1
+    assert counts["tokenbus:edge_inter_token_latency_seconds_count"] >= len(chunks) - 1 >= 1
+    assert counts["tokenbus:e2e_request_latency_seconds_count"] >= 1
 
 
 @pytest.mark.parametrize(
