@@ -12,6 +12,12 @@ A worker that starts with a backlog looks its requests up in waves, as it fetche
 them, all created before it started: each scan remembers the keys it passed
 (``_Scanned``), so that the next wave, when none of its requests was among them,
 reads on from where the last scan ended rather than from the backlog's start again.
+
+A lookup may say when everything it needs was written by: a backlog request's earlier tokens
+were written by its partition's previous owner, which flushes before the partition moves
+(or crashed), so all of them precede the partition's assignment to this worker. A wave whose
+requests' tokens all precede a scan already made, and none of whose keys that scan passed, is
+answered without reading at all: what a busy worker wrote since is its own output.
 """
 
 from __future__ import annotations
@@ -79,14 +85,20 @@ class _Scanned:
     margin) whose key is not among them has no event before ``end``."""
 
     since_ms: int
-    end: int
+    end: int | None  # None: nothing was written since ``since_ms`` when it was looked at
     keys: set[bytes]
-    last: tuple[bytes, int]  # the key and timestamp of the record at end - 1: the same log still?
+    last: tuple[bytes, int] | None  # the key and timestamp of the record at end - 1: the same log still?
     used_at: float
+    as_of: float  # monotonic time: every record written before it lies before ``end``
 
     def covers(self, since_ms: int, keys: list[bytes]) -> bool:
         return (since_ms >= self.since_ms and time.monotonic() - self.used_at < SCANNED_FOR_S
                 and not any(k in self.keys for k in keys))
+
+    def answers(self, since_ms: int, keys: list[bytes], written_before: float | None) -> bool:
+        """Whether requests whose events were all written before ``written_before`` are known to
+        have none: everything written since ``since_ms`` up to then was scanned, their keys not in it."""
+        return written_before is not None and written_before <= self.as_of and self.covers(since_ms, keys)
 
 
 class TokenLog:
@@ -96,7 +108,7 @@ class TokenLog:
         self._clock_skew_ms = clock_skew_ms
         self._scanned: dict[TopicPartition, _Scanned] = {}
         self.records_scanned = 0  # records read by scans, all told
-        self._lookups: asyncio.Queue[tuple[ChatRequest, asyncio.Future[Published]]] = asyncio.Queue()
+        self._lookups: asyncio.Queue[tuple[ChatRequest, float | None, asyncio.Future[Published]]] = asyncio.Queue()
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -108,9 +120,11 @@ class TokenLog:
     async def stop(self) -> None:
         await stop_reader(self._task, self._consumer)
 
-    async def published(self, request: ChatRequest) -> Published:
+    async def published(self, request: ChatRequest, written_before: float | None = None) -> Published:
+        """What the log holds of ``request``'s events. ``written_before`` (``time.monotonic()``): when
+        every event wanted had been written by, if known (None: they may have been written until now)."""
         future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
-        await self._lookups.put((request, future))
+        await self._lookups.put((request, written_before, future))
         return await future
 
     async def _serve_lookups(self) -> None:
@@ -118,33 +132,44 @@ class TokenLog:
             batch = [await self._lookups.get()]
             while not self._lookups.empty():
                 batch.append(self._lookups.get_nowait())
-            by_partition: dict[TopicPartition, list[tuple[ChatRequest, asyncio.Future[Published]]]] = defaultdict(list)
-            for request, future in batch:
-                by_partition[TopicPartition(request.reply_topic, request.reply_partition)].append((request, future))
+            by_partition: dict[TopicPartition, list[tuple[ChatRequest, float | None, asyncio.Future[Published]]]]
+            by_partition = defaultdict(list)
+            for request, written_before, future in batch:
+                by_partition[TopicPartition(request.reply_topic, request.reply_partition)].append(
+                    (request, written_before, future))
             for tp, items in by_partition.items():
+                bounds = [written_before for _, written_before, _ in items]
+                written_before = None if None in bounds else max(b for b in bounds if b is not None)
                 try:
                     started = time.monotonic()
                     async with asyncio.timeout(SCAN_TIMEOUT_S):  # wait_for can swallow a cancellation on 3.11
-                        found = await self._scan(tp, [request for request, _ in items])
+                        found = await self._scan(tp, [request for request, _, _ in items], written_before)
                     log.info("token log scan of %s-%s for %d requests: %.0f ms", tp.topic, tp.partition, len(items),
                              (time.monotonic() - started) * 1000)
                 except Exception as exc:  # the lookups fail; their requests are redelivered later
-                    for _, future in items:
+                    for _, _, future in items:
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                for request, future in items:
+                for request, _, future in items:
                     if not future.done():
                         future.set_result(found.get(request.request_id, Published()))
 
-    async def _scan(self, tp: TopicPartition, requests: list[ChatRequest]) -> dict[str, Published]:
+    async def _scan(self, tp: TopicPartition, requests: list[ChatRequest],
+                    written_before: float | None = None) -> dict[str, Published]:
         consumer = self._consumer
         assert consumer is not None
+        as_of = time.monotonic()  # whatever was written before now, this scan reads (or finds absent)
         since = max(0, min(r.created_at_ms for r in requests) - self._clock_skew_ms)
         wanted = {r.request_id.encode(): r.request_id for r in requests}
+        scanned = self._scanned.get(tp)
+        if scanned is not None and scanned.answers(since, list(wanted), written_before):
+            scanned.used_at = as_of
+            return {}  # all of their events would be in what was scanned before, and none is
         consumer.assign([tp])
         scanned = self._scanned.pop(tp, None)
-        if (scanned is not None and scanned.covers(since, list(wanted))
+        if (scanned is not None and scanned.end is not None and scanned.last is not None
+                and scanned.covers(since, list(wanted))
                 and (await consumer.end_offsets([tp]))[tp] >= scanned.end  # the same log still, not one
                 and scanned.last == await self._key_and_time_at(tp, scanned.end - 1)):  # re-created since
             start: int | None = scanned.end  # none of them is in what was scanned before
@@ -152,17 +177,28 @@ class TokenLog:
             scanned, start = None, await self._first_offset_since(tp, since)
         if start is None:  # nothing written since the requests were made
             consumer.assign([])
+            self._scanned[tp] = _Scanned(since, None, set(), None, as_of, as_of)
             return {}
         consumer.seek(tp, start)
         passed: set[bytes] = set()
         last = scanned.last if scanned is not None else None
         by_request: dict[str, dict[int, TokenEvent]] = defaultdict(dict)
+        # The scan reads to the log end its first fetch finds, not on to an end that moves: what a
+        # request has from before (its previous owner's tokens, or this worker's own before its
+        # serving failed) is durable by then, as a worker flushes before its partitions move; what
+        # comes after is new output of running requests, which a busy log adds while the scan
+        # reads. The fetch's high-water mark, not ``end_offsets``, which the embedded broker
+        # answers with the last batch's first offset + 1.
+        log_end: int | None = None
         while True:
             records = (await consumer.getmany(tp, timeout_ms=200)).get(tp, [])
-            self.records_scanned += len(records)
-            if records:
-                last = (records[-1].key or b"", records[-1].timestamp)
+            if log_end is None:
+                log_end = consumer.highwater(tp)
             for record in records:
+                if log_end is not None and record.offset >= log_end:
+                    break
+                last = (record.key or b"", record.timestamp)
+                self.records_scanned += 1
                 if len(passed) <= SCANNED_KEYS:  # past that, this scan is not remembered
                     passed.add(record.key or b"")
                 request_id = wanted.get(record.key or b"")
@@ -173,15 +209,16 @@ class TokenLog:
                 except DecodeError:
                     continue
                 by_request[request_id].setdefault(event.seq, event)
-            highwater = consumer.highwater(tp)
-            if highwater is not None and await consumer.position(tp) >= highwater:
+            position, highwater = await consumer.position(tp), consumer.highwater(tp)
+            if (log_end is not None and position >= log_end) or (highwater is not None and position >= highwater):
                 break
-        end = await consumer.position(tp)
+        end = position if log_end is None else min(position, log_end)
         consumer.assign([])  # an assigned partition would be fetched in the background forever
         if scanned is not None:
             passed |= scanned.keys
         if last is not None and len(passed) <= SCANNED_KEYS:
-            self._scanned[tp] = _Scanned(scanned.since_ms if scanned else since, end, passed, last, time.monotonic())
+            self._scanned[tp] = _Scanned(scanned.since_ms if scanned else since, end, passed, last, time.monotonic(),
+                                         as_of)
         return {request_id: Published.contiguous(events) for request_id, events in by_request.items()}
 
     async def _first_offset_since(self, tp: TopicPartition, since_ms: int) -> int | None:

@@ -84,6 +84,9 @@ class GpuWorker:
         self._running: dict[str, RunningSequence] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
         self._fresh_from: dict[TopicPartition, int | None] = {}
+        # When each partition became this worker's (time.monotonic()): its previous owner wrote
+        # every token of its requests before then (it flushes before letting a partition go).
+        self._assigned_at: dict[TopicPartition, float] = {}
         self._tokens_in_flight = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -156,6 +159,7 @@ class GpuWorker:
     def assigned(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             self._fresh_from[tp] = None  # learnt from the first fetch's high-water mark
+            self._assigned_at[tp] = time.monotonic()
         self._pacer.wake()  # what they hold (another worker's requests, maybe) was announced to no one
         if self._prefix_reports is not None and self._consumer is not None:
             self._prefix_reports.owned(self._consumer.assignment() | partitions)
@@ -183,6 +187,7 @@ class GpuWorker:
         self.offsets.forget(partitions)
         for tp in partitions:
             self._fresh_from.pop(tp, None)
+            self._assigned_at.pop(tp, None)
         if self._prefix_reports is not None and self._consumer is not None:
             self._prefix_reports.owned(self._consumer.assignment() - partitions)
 
@@ -253,7 +258,8 @@ class GpuWorker:
             fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
         maybe_seen = record.offset < fresh_from
         # Look up now, not at admission: the lookups of one fetch then share one scan of the log.
-        published = asyncio.ensure_future(self.token_log.published(request)) if maybe_seen else None
+        published = (asyncio.ensure_future(self.token_log.published(request, self._assigned_at.get(tp)))
+                     if maybe_seen else None)
         self.scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
                   record.offset, maybe_seen)

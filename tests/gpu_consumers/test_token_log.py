@@ -3,6 +3,7 @@ how much of the reply log it reads to find it."""
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from tests.conftest import MODEL
@@ -110,3 +111,81 @@ async def test_a_log_emptied_between_listing_and_reading_is_found_empty(bus, mon
 
         monkeypatch.setattr(log._consumer, "end_offsets", listed_before_the_deletion)
         assert (await log.published(request(catalog, "x", started))).events == []
+
+
+async def test_a_scan_reads_the_log_as_its_first_fetch_found_it(bus, monkeypatch):
+    """What is written while a scan reads (running requests' new tokens) is not read: a busy log
+    grows as fast as a scan reads it. Seven records are in the log; the scan's first fetch said it
+    ended after four (what it would say had the last three been written after that fetch), and
+    later fetches say seven. The scan reads four; the next wave reads on from there."""
+    catalog = TopicCatalog(bus)
+    started = now_ms()
+    async with log_and_sender(bus) as (log, sender):
+        for request_id, count in (("a", 2), ("noise-1", 2), ("a-later", 3)):
+            await publish(sender, catalog, request_id, range(count))
+        consumer = log._consumer
+        highwater = consumer.highwater
+        answers = 0
+
+        def growing(tp):
+            nonlocal answers
+            known = highwater(tp)
+            if known is None:
+                return None
+            answers += 1
+            return 4 if answers == 1 else known
+
+        monkeypatch.setattr(consumer, "highwater", growing)
+        found = await log.published(request(catalog, "a", started))
+        assert [e.text for e in found.events] == ["a:0", "a:1"]
+        assert log.records_scanned == 4
+
+        monkeypatch.setattr(consumer, "highwater", highwater)
+        later = await log.published(request(catalog, "a-later", started))  # not passed: reads on from 4
+        assert [e.text for e in later.events] == ["a-later:0", "a-later:1", "a-later:2"]
+        assert log.records_scanned == 7
+
+
+async def test_a_wave_whose_events_precede_an_earlier_scan_is_answered_without_reading(bus):
+    """A backlog's requests were served, if at all, before their partition became this worker's.
+    Once a scan made after that has passed none of a wave's keys, the wave is answered without
+    reading what was written since (the worker's own output). A wave with a key that scan passed
+    is read; a lookup that cannot say when its events were written (a request served again) reads on."""
+    catalog = TopicCatalog(bus)
+    started = now_ms()
+    async with log_and_sender(bus) as (log, sender):
+        await publish(sender, catalog, "a", range(2))
+        assigned_at = time.monotonic()
+        first = await log.published(request(catalog, "a", started), assigned_at)
+        assert [e.text for e in first.events] == ["a:0", "a:1"]
+        assert log.records_scanned == 2
+        for request_id in ("own-1", "own-2"):
+            await publish(sender, catalog, request_id, range(3))
+
+        assert (await log.published(request(catalog, "b", started), assigned_at)).events == []
+        assert log.records_scanned == 2
+
+        again = await log.published(request(catalog, "own-1", started))  # served again: it reads on
+        assert [e.seq for e in again.events] == [0, 1, 2]
+        assert log.records_scanned == 8
+
+        passed = await log.published(request(catalog, "a", started), assigned_at)  # a was passed: read again
+        assert [e.seq for e in passed.events] == [0, 1]
+        assert log.records_scanned == 16
+
+
+async def test_a_log_empty_at_the_first_wave_answers_the_next_without_reading(bus):
+    """A worker starting with a backlog that nobody served: its first wave finds nothing written
+    since the requests were made; the next wave, fetched after the worker has written thousands
+    of its own tokens, reads none of them."""
+    catalog = TopicCatalog(bus)
+    started = now_ms()
+    async with log_and_sender(bus) as (log, sender):
+        assigned_at = time.monotonic()
+        assert (await log.published(request(catalog, "a", started), assigned_at)).events == []
+        await publish(sender, catalog, "own", range(5))
+        assert (await log.published(request(catalog, "b", started), assigned_at)).events == []
+        assert log.records_scanned == 0
+        later = time.monotonic()  # a partition assigned after the worker wrote: its events may be anywhere
+        assert (await log.published(request(catalog, "own", started), later)).events != []
+        assert log.records_scanned == 5
