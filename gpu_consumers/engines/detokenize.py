@@ -48,17 +48,25 @@ class IncrementalDetokenizer:
             self._unsent, self.emitted = whole[len(emitted):], whole
 
     def push(self, new_ids: list[int]) -> str:
-        """Add tokens; return the text they complete (empty while a character is still split)."""
+        """Add tokens; return the text they complete (empty while a character is still split).
+        Several tokens at once (a reader that fell behind its engine) give out the characters
+        they complete and keep back only the tokens of a character still split, which the last
+        of them may start: read one by one, they would have given out the same."""
         unsent, self._unsent = self._unsent, ""
         self.token_ids.extend(new_ids)
         decode = self._tokenizer.decode
         known = decode(self.token_ids[self._context:self._read], skip_special_tokens=True)
-        text = decode(self.token_ids[self._context:], skip_special_tokens=True)
-        if len(text) <= len(known) or text.endswith(REPLACEMENT_CHAR):
+        end = len(self.token_ids)
+        while end > max(self._read, len(self.token_ids) - self.MAX_SPLIT_TOKENS):
+            text = decode(self.token_ids[self._context:end], skip_special_tokens=True)
+            if len(text) > len(known) and not text.endswith(REPLACEMENT_CHAR):
+                break
+            end -= 1
+        else:
             self._unsent = unsent  # still waiting for a whole character
             return ""
         delta = text[len(known):]
-        self._context, self._read = self._read, len(self.token_ids)
+        self._context, self._read = self._read, end
         self.emitted += delta
         return unsent + delta
 

@@ -84,3 +84,18 @@ def test_work_per_step_does_not_grow_with_the_output(tokenizer):
         detokenizer.push([i])
     assert len(ids) > 300
     assert max(decoded_lengths) <= IncrementalDetokenizer.CONTEXT_TOKENS + 4
+
+
+@pytest.mark.parametrize("text", TEXTS[1:2])
+def test_tokens_pushed_at_once_give_out_what_one_at_a_time_would(tokenizer, text):
+    """A reader that fell behind its engine pushes several tokens at once, the last of which may
+    start a character still split. What those tokens complete comes out now, as it would have one
+    by one: held back until a later push, the last step of a sequence lost it (its final step has
+    no later push)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for cut in range(2, len(ids)):
+        one_by_one = IncrementalDetokenizer(tokenizer)
+        singly = "".join(one_by_one.push([i]) for i in ids[:cut])
+        at_once = IncrementalDetokenizer(tokenizer)
+        head = at_once.push(ids[:max(cut - 4, 0)]) if cut > 4 else ""
+        assert head + at_once.push(ids[max(cut - 4, 0):cut]) == singly, f"cut after {cut} of {ids}"

@@ -196,7 +196,9 @@ async def test_continuing_after_a_prefix_equals_the_uninterrupted_output(engine)
     prefix_ids, prefix_text = published(full, 6)
     rest = await collect(engine, GenerationInput("contract-7", (ChatMessage("user", "tell me a story"),),
                                                  SamplingParams(max_tokens=16), prefix_ids, prefix_text))
-    assert prefix_text + text_of(rest) == text_of(full)
+    assert prefix_text + text_of(rest) == text_of(full), (
+        f"uninterrupted {[(o.token_ids_diff, o.text_diff) for o in full]}, "
+        f"continued after {list(prefix_ids)} with {[(o.token_ids_diff, o.text_diff) for o in rest]}")
     assert rest[-1].completion_tokens == full[-1].completion_tokens
     assert rest[-1].finish_reason == full[-1].finish_reason
 
