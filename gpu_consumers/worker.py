@@ -222,6 +222,7 @@ class GpuWorker:
                 for record in records:
                     await self._enqueue(tp, record)
             self._pacer.observed_by_topic(batches)  # a tier's topic is paused while it is quiet
+            self._pacer.serving(len(self._running) + self.scheduler.waiting())
             if batches and self._prefix_reports is not None:
                 self._prefix_reports.load_changed()
             self._admit_waiting()

@@ -52,10 +52,20 @@ class ClientProfile:
     # at once, so the embedded profile, whose idle readers are paused, lets it sleep longer: five
     # wake-ups a second per idle consumer were a good part of an idle process's CPU.
     fetcher_timeout_ms: int = 200
+    # A request-path reader serving one or two requests or streams (FetchPacer.serving) fetches
+    # with this wait instead (0: fetch_max_wait_ms). On the embedded broker a record waits half the
+    # wait for the next fetch, on each hop; a shorter wait costs fetches, which a machine serving
+    # one or two requests has the CPU for and a busy one has not (2 ms for all readers made
+    # concurrency 32 slower).
+    light_fetch_max_wait_ms: int = 0
     # A rotating reply router writes each rotation to a new topic, deleted once done with
     # (topics/replies.py): the embedded broker scans a partition's whole log on every fetch and
     # only gives memory back when a topic is deleted. On Kafka, retention bounds the logs.
     roll_reply_logs: bool = False
+    # How long an edge writes new streams' events to one reply partition (or rolled log) before
+    # it moves to the next (TOKENBUS_EDGE_REPLY_ROTATE_S, counted in seconds written). The embedded
+    # broker's fetches scan the whole log: a shorter turn keeps that scan short.
+    reply_rotate_s: float = 15.0
     # The embedded broker can show a reader a partition's later batch before an earlier one,
     # written at the same moment by another producer, is stored: its readers wait at such a hole
     # rather than pass it (topics/holes.py). Kafka shows no such hole.
@@ -68,16 +78,17 @@ PROFILES = {
     "kafka": ClientProfile(fetch_max_wait_ms=500, background_fetch_max_wait_ms=500,
                            session_timeout_ms=10_000, heartbeat_interval_ms=3_000,
                            idle_fetch_max_wait_ms=500, idle_after_s=0.0),
-    # A record reaches a reader ~2.5 ms after it is written; a cancel or a queue depth within
-    # ~100 ms (a 20 ms wait cost a fifth of a broker core per idle reader).
+    # A record reaches a reader ~2.5 ms after it is written (~1 ms while it serves one or two);
+    # a cancel or a queue depth within ~100 ms (a 20 ms wait cost a fifth of a broker core per
+    # idle reader).
     # An idle reader pauses and is woken by the doorbell, or, in a stack without one, backs off
     # to 100 ms: ~20 fetches a second instead of hundreds, and up to ~50 ms more per hop for the
     # first record after a quiet spell.
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
-                              idle_fetch_max_wait_ms=100, idle_after_s=2.0, idle_poll_s=10.0, ring_every_s=0.5,
-                              raise_wait_when_starved=True, fetcher_timeout_ms=1000, roll_reply_logs=True,
-                              wait_at_holes=True),
+                              idle_fetch_max_wait_ms=100, light_fetch_max_wait_ms=2, idle_after_s=2.0, idle_poll_s=10.0,
+                              ring_every_s=0.5, raise_wait_when_starved=True, fetcher_timeout_ms=1000,
+                              roll_reply_logs=True, reply_rotate_s=5.0, wait_at_holes=True),
 }
 
 

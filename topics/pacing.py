@@ -27,8 +27,10 @@ class FetchPacer:
     with the profile's idle wait, and where the stack has a doorbell (topics/doorbell.py) it stops fetching: its
     partitions are paused, fetched once every ``idle_poll_s``, and resumed when a writer rings.
     Records arriving bring the short wait back. ``wake()`` is for a reader that knows records
-    are coming (the edge, once it has published a request, about its replies). With the Kafka
-    profile there is no doorbell, both waits are the same, and the pacer changes nothing.
+    are coming (the edge, once it has published a request, about its replies). A reader that
+    says how many requests or streams it serves (``serving``) fetches with the profile's light wait
+    while that is one or two. With the Kafka profile there is no doorbell, all waits are the same,
+    and the pacer changes nothing.
 
     The embedded broker lists every record batch of a partition on each fetch and answers
     nothing when that outlasts the wait, so a long-lived partition stops delivering to a reader
@@ -56,6 +58,7 @@ class FetchPacer:
     STARVED_RELAX_S = 30.0
     MAX_WAIT_MS = 1000
     QUIET_CHECK_S = 0.25
+    LIGHT_IN_FLIGHT = 2  # up to this many requests or streams in flight, the light wait
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
                  pauses: bool = True, on_ring: Callable[[str], None] | None = None) -> None:
@@ -65,6 +68,8 @@ class FetchPacer:
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
         self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
+        self._light_wait_ms = min(tuned.light_fetch_max_wait_ms or self._base_wait_ms, self._base_wait_ms)
+        self._light = False
         self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
         self._adapts_to_scans = tuned.raise_wait_when_starved
         self._pauses = pauses
@@ -112,7 +117,11 @@ class FetchPacer:
     @property
     def fetch_wait_ms(self) -> int:
         """The wait the reader's fetches ask for now."""
-        return max(self._busy_wait_ms, self._idle_wait_ms) if self._idle else self._busy_wait_ms
+        if self._idle:
+            return max(self._busy_wait_ms, self._idle_wait_ms)
+        if self._light and self._busy_wait_ms == self._base_wait_ms:
+            return self._light_wait_ms
+        return self._busy_wait_ms
 
     @property
     def paused(self) -> bool:
@@ -136,6 +145,14 @@ class FetchPacer:
         if self._adapts_to_scans and now >= self._next_starved_check:
             self._next_starved_check = now + self.STARVED_CHECK_S
             self._in_consumer_loop(self._check_starved, now)
+
+    def serving(self, in_flight: int) -> None:
+        """How many requests or streams the reader serves now; call it from the consumer's loop.
+        Up to ``LIGHT_IN_FLIGHT`` it fetches with the profile's light wait."""
+        light = in_flight <= self.LIGHT_IN_FLIGHT
+        if light != self._light:
+            self._light = light
+            self._set_wait(self.fetch_wait_ms)
 
     def observed_by_topic(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """After a ``getmany`` of a reader paced per topic: what it returned."""

@@ -6,12 +6,16 @@ Why one shared consumer and not a topic per request: creating and deleting a top
 per request costs broker round trips and metadata that grows with traffic, while a
 partition that the requester owns needs nothing per request.
 
-Why new requests move to the next owned partition every ``rotate_every_s`` (and after
-``rotate_after_streams`` new streams, whichever comes first): a broker
-without retention (the embedded one) scans a partition's whole list of record batches on
-every fetch, and a fetch whose scan outlasts ``fetch_max_wait_ms`` returns nothing, so one
-ever-growing hot partition eventually stops delivering. Rotating keeps the partition being
-written small and reads only the partitions that still have open streams.
+Why new requests move to the next owned partition once the current one has been written for
+``rotate_every_s`` (and after ``rotate_after_streams`` new streams, whichever comes first): a
+broker without retention (the embedded one) scans a partition's whole list of record batches on
+every fetch, so each event read costs more as the log grows (at concurrency 1, time to first
+token rose ~1.5 ms over a 15 s rotation), and a fetch whose scan outlasts ``fetch_max_wait_ms``
+returns nothing, so one ever-growing hot partition eventually stops delivering. Rotating keeps
+the partition being written small and reads only the partitions that still have open streams.
+Only the seconds in which the partition was written count: a GPU consumer writes a batch per
+engine step whatever the number of streams, so written seconds bound the batches, and a quiet
+router makes no new logs.
 
 Why, on the embedded broker, each rotation writes a new topic instead (a *rolled reply log*,
 ``tokens.<router>.<created ms>``, one partition): rotating through partitions only spreads the
@@ -82,6 +86,8 @@ class ReplyRouter:
         self._owner = secrets.token_hex(4)  # names this router's rolled logs
         self._created_ms = 0  # when its latest rolled log was made, the other half of that log's name
         self._opened_here = 0  # streams opened on the current partition since it became current
+        self._current_written_at = float("-inf")  # when events last arrived on the current partition
+        self._written_s = 0.0  # the rotation ticks in which they did, in seconds
         self._codec = codec or AvroCodec()
         self._queue_size = queue_size
         self._streams: dict[str, ReplyStream] = {}
@@ -215,20 +221,22 @@ class ReplyRouter:
         self._reading = set(partitions)
 
     async def _rotate(self) -> None:
-        """Every ``rotate_every_s``, or once ``rotate_after_streams`` were opened (checked each
-        tick): move new requests to the next owned partition (from its end) or a new rolled log;
-        stop reading partitions whose streams have all ended; delete rolled logs done with."""
+        """Once the current partition was written in ticks adding up to ``rotate_every_s``, or
+        once ``rotate_after_streams`` were opened on it (checked each tick): move new requests to
+        the next owned partition (from its end) or a new rolled log; stop reading partitions
+        whose streams have all ended; delete rolled logs done with."""
         timed = self.rotate_every_s > 0  # either rule may be off (0); the task runs for the other
         tick = min(1.0, self.rotate_every_s) if timed else 1.0
         loop = asyncio.get_running_loop()
-        rotate_at = loop.time() + self.rotate_every_s
         sweep_at = loop.time() + SWEEP_EVERY_S
         while True:
+            tick_began = time.monotonic()
             await asyncio.sleep(tick)
+            if self._current_written_at >= tick_began:
+                self._written_s += tick
             crowded = 0 < self.rotate_after_streams <= self._opened_here
             try:
-                if (timed and loop.time() >= rotate_at) or crowded:
-                    rotate_at = loop.time() + self.rotate_every_s
+                if (timed and self._written_s >= self.rotate_every_s) or crowded:
                     await self._move_on()
                 if self.roll_logs:
                     await self._delete_rolled_logs(sweep=loop.time() >= sweep_at)
@@ -275,6 +283,7 @@ class ReplyRouter:
                 self._positions[following] = await self._end_offset(following)
         self._current = following
         self._opened_here = 0
+        self._current_written_at, self._written_s = float("-inf"), 0.0
         self.rotations += 1
 
     async def _new_rolled_log(self) -> TopicPartition:
@@ -325,12 +334,16 @@ class ReplyRouter:
         while True:
             batches = await self._consumer.getmany(timeout_ms=500)
             for tp, records in batches.items():
-                if records and self.roll_logs:
-                    self._last_event[tp.topic] = time.monotonic()
+                if records:
+                    if self.roll_logs:
+                        self._last_event[tp.topic] = time.monotonic()
+                    if tp == self._current:
+                        self._current_written_at = time.monotonic()
                 for record in records:
                     self._route(tp, record)
             # An open stream is as good as traffic: its next event may come at any moment.
             self._pacer.observed(sum(map(len, batches.values())) or len(self._streams))
+            self._pacer.serving(len(self._streams))
             if loop.time() >= check_at:
                 check_at = loop.time() + RECREATED_CHECK_S
                 for tp in await rewind_recreated(self._consumer):

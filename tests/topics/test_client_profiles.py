@@ -5,6 +5,7 @@ embedded reader backs off once idle and returns to polling when records come."""
 
 import asyncio
 
+import pytest
 from aiokafka import TopicPartition
 
 from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, committed_offsets, make_consumer, make_producer
@@ -100,6 +101,50 @@ async def test_an_idle_paced_reader_backs_off_and_a_record_wakes_it(bus):
     finally:
         await producer.stop()
         await consumer.stop()
+
+
+@pytest.mark.parametrize("broker", ["embedded", "kafka"])
+async def test_a_reader_serving_few_requests_asks_for_the_light_wait(bus, broker):
+    """On the embedded broker, which holds a fetch for its whole wait, a request-path reader with
+    few requests in flight fetches with the profile's light wait (the cores are not busy then, and
+    each hop's record waits half the wait for a fetch), and with the busy one once it serves more:
+    read from the fetch requests it sends. Kafka answers when a record arrives: one wait there."""
+    settings = bus.model_copy(update={"broker": broker, "doorbell_url": None})
+    tuned = PROFILES[broker]
+    consumer = make_consumer(settings)
+    sent: list[int] = []
+    send = consumer._client.send
+
+    async def recording_send(node_id, request, *args, **kwargs):
+        if type(request).__name__ == "FetchRequest":
+            sent.append(request._max_wait_ms)
+        return await send(node_id, request, *args, **kwargs)
+
+    consumer._client.send = recording_send
+    await consumer.start()
+    pacer = FetchPacer(settings)
+    pacer.attach(consumer)
+    try:
+        tp = TopicPartition(TopicCatalog(settings).control, 2)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+
+        async def waits_asked_serving(in_flight: int) -> set[int]:
+            pacer.serving(in_flight)
+            await consumer.getmany(timeout_ms=700)  # the fetch in flight ends; later ones have the new wait
+            sent.clear()
+            await consumer.getmany(timeout_ms=700)
+            return set(sent)
+
+        light = await waits_asked_serving(1)
+        busy = await waits_asked_serving(pacer.LIGHT_IN_FLIGHT + 1)
+    finally:
+        await consumer.stop()
+    if broker == "embedded":
+        assert light == {tuned.light_fetch_max_wait_ms} and busy == {tuned.fetch_max_wait_ms}
+        assert tuned.light_fetch_max_wait_ms < tuned.fetch_max_wait_ms
+    else:
+        assert light == busy == {tuned.fetch_max_wait_ms}
 
 
 async def test_a_reader_the_broker_starves_raises_its_wait_until_records_come(bus):

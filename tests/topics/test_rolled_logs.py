@@ -50,6 +50,7 @@ async def test_each_rotation_writes_a_new_log_and_a_log_is_deleted_once_its_stre
         first = router.reply_topic
         assert catalog.parse_rolled_reply_log(first) is not None and router.reply_partition == 0
         early = router.open("early", router.reply_partition, first)
+        await send(producer, first, "nobody", 0, final=True)  # a log written moves on after rotate_every_s
         await wait_for(lambda: router.reply_topic != first)
         late = router.open("late", router.reply_partition, router.reply_topic)
         await send(producer, router.reply_topic, "late", 0, final=True)
@@ -64,8 +65,8 @@ async def test_each_rotation_writes_a_new_log_and_a_log_is_deleted_once_its_stre
         while first in await listed(bus):
             assert time.monotonic() < deadline, "the ended log was not deleted"
             await asyncio.sleep(0.2)
-        router.rotate_every_s = 3600  # from the next rotation on, the current log stays current
         current = router.reply_topic
+        await send(producer, current, "nobody", 1, final=True)
         await wait_for(lambda: router.reply_topic != current)
         assert router.reply_topic in await listed(bus)  # the current log stays
     finally:

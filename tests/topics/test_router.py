@@ -101,6 +101,12 @@ async def test_router_rotates_new_requests_and_keeps_reading_open_streams(each_b
     assert router.rotations >= 1
 
 
+async def send_unasked(producer, tokens: str, partition: int) -> None:
+    """An event no open stream asked for: it makes the partition written, and is dropped."""
+    event = TokenEvent("req-nobody", 0, "unasked", [0], finish_reason="stop")
+    await producer.send_and_wait(tokens, codec.encode(event), key=b"req-nobody", partition=partition)
+
+
 async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus):
     """A request that took its reply partition just before a rotation still gets its events,
     from the position the router last routed there, even once that partition is no longer read."""
@@ -110,6 +116,7 @@ async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus
     producer = make_producer(each_bus)
     await producer.start()
     try:
+        await send_unasked(producer, tokens, 4)
         await wait_for(lambda: read_partitions(router) == {5})
         stream = router.open("req-straggler", 4)
         assert 4 in read_partitions(router)
@@ -143,6 +150,26 @@ async def test_a_burst_of_streams_moves_on_before_the_time_is_up(bus, rotate_eve
         await router.stop()
 
 
+async def test_only_the_seconds_a_partition_is_written_count_towards_its_rotation(each_bus):
+    """A router whose current partition takes no events stays on it however long it waits (a
+    quiet edge makes no new logs); once events flow it moves on after ``rotate_every_s`` of them."""
+    tokens = TopicCatalog(each_bus).tokens
+    router = ReplyRouter(each_bus, partitions=[11, 12], rotate_every_s=0.2)
+    await router.start()
+    producer = make_producer(each_bus)
+    await producer.start()
+    try:
+        await asyncio.sleep(1.5)  # seven rotation periods, nothing written
+        assert router.reply_partition == 11 and router.rotations == 0
+        while router.reply_partition == 11:
+            await send_unasked(producer, tokens, 11)
+            await asyncio.sleep(0.05)
+        assert router.reply_partition == 12 and router.rotations == 1
+    finally:
+        await producer.stop()
+        await router.stop()
+
+
 async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(bus, monkeypatch):
     """While the broker is away the end offset of the next partition cannot be read: new requests
     stay where they are, and the next rotation goes ahead once the broker answers."""
@@ -160,11 +187,15 @@ async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(b
         return await real_end_offset(tp)
 
     monkeypatch.setattr(router, "_end_offset", unreachable_once)
+    producer = make_producer(bus)
+    await producer.start()
     try:
+        await send_unasked(producer, TopicCatalog(bus).tokens, 6)  # the partition is written: time to move on
         await wait_for(lambda: failures)
         assert router.reply_partition == 6 and router.rotations == 0
         await wait_for(lambda: router.reply_partition == 7)
     finally:
+        await producer.stop()
         await router.stop()
     assert failures == [7]
 
