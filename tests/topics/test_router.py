@@ -1,11 +1,12 @@
 """ReplyRouter against the real broker: demultiplexing, dedup, and undecodable records."""
 
 import asyncio
+import contextlib
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from tokenbus.infra.devstack.broker import broker_argv
 from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
@@ -107,15 +108,25 @@ async def send_unasked(producer, tokens: str, partition: int) -> None:
     await producer.send_and_wait(tokens, codec.encode(event), key=b"req-nobody", partition=partition)
 
 
+@contextlib.asynccontextmanager
+async def rotating_router(bus: BusSettings, partitions: list[int]) -> AsyncIterator[tuple[ReplyRouter, AIOKafkaProducer]]:
+    """A router rotating every 0.2 s of writing, and a producer to write to its partitions."""
+    router = ReplyRouter(bus, partitions=partitions, rotate_every_s=0.2)
+    await router.start()
+    producer = make_producer(bus)
+    await producer.start()
+    try:
+        yield router, producer
+    finally:
+        await producer.stop()
+        await router.stop()
+
+
 async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus):
     """A request that took its reply partition just before a rotation still gets its events,
     from the position the router last routed there, even once that partition is no longer read."""
     tokens = TopicCatalog(each_bus).tokens
-    router = ReplyRouter(each_bus, partitions=[4, 5], rotate_every_s=0.2)
-    await router.start()
-    producer = make_producer(each_bus)
-    await producer.start()
-    try:
+    async with rotating_router(each_bus, [4, 5]) as (router, producer):
         await send_unasked(producer, tokens, 4)
         await wait_for(lambda: read_partitions(router) == {5})
         stream = router.open("req-straggler", 4)
@@ -123,9 +134,6 @@ async def test_router_reads_a_partition_again_for_a_stream_opened_on_it(each_bus
         event = TokenEvent("req-straggler", 0, "found", [0], finish_reason="stop")
         await producer.send_and_wait(tokens, codec.encode(event), key=b"req-straggler", partition=4)
         got = [r async for r in stream.events(idle_timeout=5)]
-    finally:
-        await producer.stop()
-        await router.stop()
     assert [(r.partition, r.event.text) for r in got] == [(4, "found")]
 
 
@@ -154,20 +162,13 @@ async def test_only_the_seconds_a_partition_is_written_count_towards_its_rotatio
     """A router whose current partition takes no events stays on it however long it waits (a
     quiet edge makes no new logs); once events flow it moves on after ``rotate_every_s`` of them."""
     tokens = TopicCatalog(each_bus).tokens
-    router = ReplyRouter(each_bus, partitions=[11, 12], rotate_every_s=0.2)
-    await router.start()
-    producer = make_producer(each_bus)
-    await producer.start()
-    try:
+    async with rotating_router(each_bus, [11, 12]) as (router, producer):
         await asyncio.sleep(1.5)  # seven rotation periods, nothing written
         assert router.reply_partition == 11 and router.rotations == 0
         while router.reply_partition == 11:
             await send_unasked(producer, tokens, 11)
             await asyncio.sleep(0.05)
         assert router.reply_partition == 12 and router.rotations == 1
-    finally:
-        await producer.stop()
-        await router.stop()
 
 
 async def test_a_rotation_the_broker_cannot_answer_keeps_the_current_partition(bus, monkeypatch):
