@@ -12,7 +12,6 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tokenbus.moderation import ModerationSettings
 from tokenbus.stores.transcripts import TranscriptSettings
 from tokenbus.topics import BusSettings
-from tokenbus.topics.clients import profile
 from tokenbus.topics.collector import GC_THRESHOLD
 from tokenbus.topics.event_loops import EventLoop
 from tokenbus.topics.settings import csv_items
@@ -64,9 +63,8 @@ class EdgeSettings(BaseSettings):
     # instead of reply_partitions. 0: reply_partitions as set.
     reply_partitions_per_ordinal: int = 0
     # New requests move to the next owned reply partition once the current one has been written
-    # this many seconds (0: never); see topics/replies.py for why a broker without retention needs
-    # it. Unset: the broker profile's (topics/clients.py): 15 s, and 5 s on the embedded broker.
-    reply_rotate_s: float | None = None
+    # this many seconds (0: never); see topics/replies.py for why a broker without retention needs it.
+    reply_rotate_s: float = 15.0
     # ... and sooner, once this many streams were opened on the current one (0: by time only), so
     # that a burst of streams does not pile into one partition's log.
     reply_rotate_streams: int = 1000
@@ -121,11 +119,6 @@ class EdgeSettings(BaseSettings):
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",
                              "history_summaries", mode="before")(parse_pairs)
-
-    @property
-    def reply_rotation_s(self) -> float:
-        """``reply_rotate_s``, or where unset the broker profile's."""
-        return self.reply_rotate_s if self.reply_rotate_s is not None else profile(self.bus).reply_rotate_s
 
     @model_validator(mode="after")
     def _partitions_of_this_replica(self) -> EdgeSettings:

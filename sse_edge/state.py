@@ -41,7 +41,7 @@ class EdgeState:
         self.settings = settings
         self.metrics = EdgeMetrics()
         self.bus = TokenbusClient(settings.bus, settings.reply_partitions, settings.stream_idle_timeout_s,
-                                  rotate_every_s=settings.reply_rotation_s,
+                                  rotate_every_s=settings.reply_rotate_s,
                                   rotate_after_streams=settings.reply_rotate_streams,
                                   policy=settings.moderation.load_policy() if settings.route == "inline" else None,
                                   on_review=self._count_decision, on_placed=self._count_placement)

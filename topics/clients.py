@@ -62,10 +62,6 @@ class ClientProfile:
     # (topics/replies.py): the embedded broker scans a partition's whole log on every fetch and
     # only gives memory back when a topic is deleted. On Kafka, retention bounds the logs.
     roll_reply_logs: bool = False
-    # How long an edge writes new streams' events to one reply partition (or rolled log) before
-    # it moves to the next (TOKENBUS_EDGE_REPLY_ROTATE_S, counted in seconds written). The embedded
-    # broker's fetches scan the whole log: a shorter turn keeps that scan short.
-    reply_rotate_s: float = 15.0
     # The embedded broker can show a reader a partition's later batch before an earlier one,
     # written at the same moment by another producer, is stored: its readers wait at such a hole
     # rather than pass it (topics/holes.py). Kafka shows no such hole.
@@ -88,7 +84,7 @@ PROFILES = {
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
                               idle_fetch_max_wait_ms=100, light_fetch_max_wait_ms=2, idle_after_s=2.0, idle_poll_s=10.0,
                               ring_every_s=0.5, raise_wait_when_starved=True, fetcher_timeout_ms=1000,
-                              roll_reply_logs=True, reply_rotate_s=5.0, wait_at_holes=True),
+                              roll_reply_logs=True, wait_at_holes=True),
 }
 
 

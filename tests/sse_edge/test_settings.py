@@ -27,12 +27,3 @@ def test_a_statefulset_replica_takes_its_reply_partitions_from_its_ordinal(monke
     with pytest.raises(ValidationError, match="ordinal"):
         EdgeSettings()
 
-
-@pytest.mark.parametrize(("broker", "rotate", "expected"), [("kafka", None, 15.0), ("embedded", None, 5.0),
-                                                            ("embedded", "30", 30.0), ("kafka", "0", 0.0)])
-def test_reply_rotation_is_the_broker_profiles_unless_set(monkeypatch, broker, rotate, expected):
-    """The embedded broker's fetches scan the whole reply log: its edges move on sooner."""
-    monkeypatch.setenv("TOKENBUS_BROKER", broker)
-    if rotate is not None:
-        monkeypatch.setenv("TOKENBUS_EDGE_REPLY_ROTATE_S", rotate)
-    assert EdgeSettings().reply_rotation_s == expected
