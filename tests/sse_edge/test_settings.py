@@ -26,4 +26,3 @@ def test_a_statefulset_replica_takes_its_reply_partitions_from_its_ordinal(monke
     monkeypatch.setattr("socket.gethostname", lambda: "laptop")
     with pytest.raises(ValidationError, match="ordinal"):
         EdgeSettings()
-
