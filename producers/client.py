@@ -133,14 +133,21 @@ class TokenbusClient:
 
     async def submit(self, request: ChatRequest, topic: str | None = None) -> ReplyStream:
         """Open the reply stream first, then publish: no event can slip past. The caller reads
-        ``stream.events()`` and closes the stream with ``router.close`` when done."""
+        ``stream.events()`` and calls ``finish`` when done."""
         stream = self.router.open(request.request_id, request.reply_partition, request.reply_topic)
         try:
             await self.publisher.publish(request, topic)
         except BaseException:
-            self.router.close(request.request_id)
+            self.finish(request.request_id)
             raise
         return stream
+
+    def finish(self, request_id: str) -> None:
+        """Done with a submitted request's stream: its reply router entry goes, and placement no
+        longer counts it as load on the worker it was sent to."""
+        self.router.close(request_id)
+        if self.placement is not None:
+            self.placement.finished(request_id)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyEvent]:
         stream = await self.submit(request)
@@ -148,4 +155,4 @@ class TokenbusClient:
             async for reply in stream.events(self.idle_timeout):
                 yield reply
         finally:
-            self.router.close(request.request_id)
+            self.finish(request.request_id)

@@ -9,7 +9,7 @@ the index where each request goes. The choice, for a request on topic ``T``:
 1. Among live workers owning partitions of ``T``, the one holding the longest prefix of the prompt
    (the most tokens of it, then the least load).
 2. Unless that worker is overloaded: its load (running + waiting, plus what this router sent it
-   since its last report) above 1.5 times the mean and a few requests over it (a worker running two
+   since its last report and has not seen finish) above 1.5 times the mean and a few requests over it (a worker running two
    sequences while the others idle is not overloaded: batching makes the third nearly free). Then
    the least-loaded worker takes it (``balance``), and caches the prefix too, so a hot prompt spreads
    over as many workers as its load needs.
@@ -73,7 +73,10 @@ class _Worker:
     partitions: list[tuple[str, int]] = field(default_factory=list)
     prefixes: dict[int, int] = field(default_factory=dict)  # prefix -> cached tokens
     load: int = 0  # running + waiting, as last reported
-    placed: int = 0  # sent here by this router since that report
+    # Request ids sent here by this router since that report and not finished: reports reach a
+    # router a few hundred ms apart, in which one user's short turns, one after another, would
+    # otherwise count as a pile of load and send the next turn away from its cache.
+    placed: set[str] = field(default_factory=set)
 
 
 class PrefixIndex:
@@ -113,7 +116,8 @@ class PrefixIndex:
         worker.partitions = list(report.partitions)
         for tp in worker.partitions:
             self._owners[tp] = worker.worker_id  # the latest claim wins: ownership just moved here
-        worker.load, worker.placed, worker.seen_at = report.running + report.waiting, 0, now
+        worker.load, worker.seen_at = report.running + report.waiting, now
+        worker.placed.clear()
 
     def _drop_prefixes(self, worker: _Worker, prefixes: list[int]) -> None:
         for prefix in prefixes:
@@ -144,6 +148,11 @@ class PrefixIndex:
         while len(self._expected) > EXPECTED_MAX:
             self._expected.popitem(last=False)
 
+    def finished(self, request_id: str) -> None:
+        """A request this router placed has ended: it no longer loads its worker."""
+        for worker in self._workers.values():
+            worker.placed.discard(request_id)
+
     def place(self, request: ChatRequest, topic: str, now: float) -> Placement:
         for worker in [w for w in self._workers.values() if now - w.seen_at > self.stale_after_s]:
             self._forget(worker.worker_id)  # silent for too long: dead, or cut off from the bus
@@ -165,14 +174,14 @@ class PrefixIndex:
             chosen = min(candidates, key=lambda w: (self._load(w), w.worker_id))
             tokens = next((chosen.prefixes[p] for p in prefixes if p in chosen.prefixes), 0)
             reason = ROUTE_BALANCE
-        chosen.placed += 1
+        chosen.placed.add(request.request_id)
         partitions = sorted(owned[chosen.worker_id])
         partition = partitions[zlib.crc32(request.partition_key.encode()) % len(partitions)]
         return Placement(partition, reason, tokens, chosen.worker_id, tuple(prefixes))
 
     @staticmethod
     def _load(worker: _Worker) -> int:
-        return worker.load + worker.placed
+        return worker.load + len(worker.placed)
 
     def _longest_hit(self, prefixes: list[int], candidates: set[str], now: float) -> tuple[_Worker, int] | None:
         """The candidate holding the longest prefix (most tokens, then least load), with its cached
@@ -216,3 +225,6 @@ class PrefixRouter:
 
     def landed(self, placement: Placement, topic: str, partition: int) -> None:
         self.index.landed(placement, topic, partition, asyncio.get_running_loop().time())
+
+    def finished(self, request_id: str) -> None:
+        self.index.finished(request_id)

@@ -115,7 +115,7 @@ async def live_events(edge: EdgeState, stream: ReplyStream,
                 span.add_event("first event")
             yield reply
     finally:
-        edge.bus.router.close(stream.request_id)
+        edge.bus.finish(stream.request_id)
         tracing.end(span)
 
 

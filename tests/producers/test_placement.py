@@ -113,6 +113,25 @@ def test_an_overloaded_holder_passes_the_request_to_the_least_loaded_worker():
     assert reasons == [ROUTE_PREFIX] * 7 + [ROUTE_BALANCE]
 
 
+def test_turns_this_router_saw_finish_no_longer_count_as_load():
+    """One user's short turns in a row, all between two reports: each ends before the next is
+    placed, so the holder never looks overloaded; left unfinished, the same turns would be."""
+    prefix = system_prefix(chat("x", "c"))
+    for finish in (True, False):
+        index = PrefixIndex(stale_after_s=30)
+        two_workers(index, a_holds={prefix: 16})
+        routes = []
+        for i in range(10):
+            request = chat(f"turn {i}", f"c{i}")
+            routes.append(index.place(request, TOPIC, now=1.0).reason)
+            if finish:
+                index.finished(request.request_id)
+        if finish:
+            assert routes == [ROUTE_PREFIX] * 10
+        else:  # a's 9 placed > 1.5 x (9 + 0) / 2 + 2
+            assert routes == [ROUTE_PREFIX] * 9 + [ROUTE_BALANCE]
+
+
 def test_ownership_follows_the_latest_claim_and_a_leaving_worker_is_forgotten():
     index = PrefixIndex(stale_after_s=30)
     request = chat("hi", "c1")

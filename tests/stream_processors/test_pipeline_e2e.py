@@ -128,7 +128,7 @@ async def test_what_the_sdk_publishes_to_ingress_is_moderated_by_the_processor(s
             try:
                 replies[request.request_id] = [r.event async for r in stream.events(30)]
             finally:
-                sdk.router.close(request.request_id)
+                sdk.finish(request.request_id)
     (refusal,) = replies[blocked.request_id]
     assert (refusal.text, refusal.finish_reason, refusal.worker_id) == (
         "This request was blocked by the content policy.", "content_filter", "moderation")
