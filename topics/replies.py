@@ -333,12 +333,13 @@ class ReplyRouter:
         check_at = loop.time() + RECREATED_CHECK_S
         while True:
             batches = await self._consumer.getmany(timeout_ms=500)
+            now = time.monotonic()
             for tp, records in batches.items():
                 if records:
                     if self.roll_logs:
-                        self._last_event[tp.topic] = time.monotonic()
+                        self._last_event[tp.topic] = now
                     if tp == self._current:
-                        self._current_written_at = time.monotonic()
+                        self._current_written_at = now
                 for record in records:
                     self._route(tp, record)
             # An open stream is as good as traffic: its next event may come at any moment.

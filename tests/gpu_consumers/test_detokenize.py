@@ -97,5 +97,6 @@ def test_tokens_pushed_at_once_give_out_what_one_at_a_time_would(tokenizer, text
         one_by_one = IncrementalDetokenizer(tokenizer)
         singly = "".join(one_by_one.push([i]) for i in ids[:cut])
         at_once = IncrementalDetokenizer(tokenizer)
-        head = at_once.push(ids[:max(cut - 4, 0)]) if cut > 4 else ""
-        assert head + at_once.push(ids[max(cut - 4, 0):cut]) == singly, f"cut after {cut} of {ids}"
+        split = max(cut - 4, 0)  # the last (up to) four tokens come in one push
+        head = at_once.push(ids[:split]) if split else ""
+        assert head + at_once.push(ids[split:cut]) == singly, f"cut after {cut} of {ids}"

@@ -4,6 +4,8 @@ embedded broker: an idle consumer with the Kafka profile sends a couple of fetch
 embedded reader backs off once idle and returns to polling when records come."""
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -14,13 +16,13 @@ from tokenbus.topics.clients import PROFILES
 WINDOW_S = 3.0
 
 
-def counted_fetches(consumer) -> list[str]:
-    """The names of the requests ``consumer`` sends from now on."""
-    sent: list[str] = []
+def counted_fetches(consumer, seen: Callable[[Any], Any] = lambda request: type(request).__name__) -> list[Any]:
+    """What ``seen`` makes of each request ``consumer`` sends from now on (its name, unless told)."""
+    sent: list[Any] = []
     send = consumer._client.send
 
     async def counting_send(node_id, request, *args, **kwargs):
-        sent.append(type(request).__name__)
+        sent.append(seen(request))
         return await send(node_id, request, *args, **kwargs)
 
     consumer._client.send = counting_send
@@ -112,15 +114,7 @@ async def test_a_reader_serving_few_requests_asks_for_the_light_wait(bus, broker
     settings = bus.model_copy(update={"broker": broker, "doorbell_url": None})
     tuned = PROFILES[broker]
     consumer = make_consumer(settings)
-    sent: list[int] = []
-    send = consumer._client.send
-
-    async def recording_send(node_id, request, *args, **kwargs):
-        if type(request).__name__ == "FetchRequest":
-            sent.append(request._max_wait_ms)
-        return await send(node_id, request, *args, **kwargs)
-
-    consumer._client.send = recording_send
+    sent = counted_fetches(consumer, lambda request: getattr(request, "_max_wait_ms", None))  # a FetchRequest's wait
     await consumer.start()
     pacer = FetchPacer(settings)
     pacer.attach(consumer)
@@ -134,7 +128,7 @@ async def test_a_reader_serving_few_requests_asks_for_the_light_wait(bus, broker
             await consumer.getmany(timeout_ms=700)  # the fetch in flight ends; later ones have the new wait
             sent.clear()
             await consumer.getmany(timeout_ms=700)
-            return set(sent)
+            return set(sent) - {None}
 
         light = await waits_asked_serving(1)
         busy = await waits_asked_serving(pacer.LIGHT_IN_FLIGHT + 1)
