@@ -167,7 +167,7 @@ class TokenLog:
             scanned.used_at = as_of
             return {}  # all of their events would be in what was scanned before, and none is
         consumer.assign([tp])
-        scanned = self._scanned.pop(tp, None)
+        self._scanned.pop(tp, None)  # replaced below by what this scan reads
         if (scanned is not None and scanned.end is not None and scanned.last is not None
                 and scanned.covers(since, list(wanted))
                 and (await consumer.end_offsets([tp]))[tp] >= scanned.end  # the same log still, not one

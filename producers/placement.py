@@ -9,10 +9,10 @@ the index where each request goes. The choice, for a request on topic ``T``:
 1. Among live workers owning partitions of ``T``, the one holding the longest prefix of the prompt
    (the most tokens of it, then the least load).
 2. Unless that worker is overloaded: its load (running + waiting, plus what this router sent it
-   since its last report and has not seen finish) above 1.5 times the mean and a few requests over it (a worker running two
-   sequences while the others idle is not overloaded: batching makes the third nearly free). Then
-   the least-loaded worker takes it (``balance``), and caches the prefix too, so a hot prompt spreads
-   over as many workers as its load needs.
+   since its last report and has not seen finish) above 1.5 times the mean and a few requests
+   over it (a worker running two sequences while the others idle is not overloaded: batching
+   makes the third nearly free). Then the least-loaded worker takes it (``balance``), and caches
+   the prefix too, so a hot prompt spreads over as many workers as its load needs.
 3. Knowing nothing useful (no worker holds any prefix), the partition is left to the key: requests
    of one conversation share a partition, as without this router (``miss``; ``unknown`` when no
    worker has reported at all).
