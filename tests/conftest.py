@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests.kafka_cluster import MockKafkaCluster
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
@@ -42,6 +43,12 @@ phrases = ["{SIM_PHRASE}"]
 [output_actions.interactive]
 sim_phrase = "block"
 """
+
+
+# Property tests have no deadline: hypothesis's default (200 ms an example) is a timed assert, and
+# these machines run the same example several times slower on a slow spell.
+hypothesis_settings.register_profile("tokenbus", deadline=None)
+hypothesis_settings.load_profile("tokenbus")
 
 
 def unique_prefix() -> str:

@@ -38,7 +38,7 @@ def parse_sse(stream: bytes) -> list[dict[str, str]]:
 
 
 @given(content=CONTENT)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 def test_any_content_stays_inside_one_sse_event(content):
     writer = ChunkWriter("chatcmpl-x", "m", include_usage=True)
     stream = frame(writer.delta(content, None), "3-17") + frame("[DONE]")
@@ -86,7 +86,7 @@ def test_random_bytes_on_every_input_topic_are_dead_lettered_never_raised(record
         handled.append(record)
 
     @given(value=garbage)
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=60, suppress_health_check=list(HealthCheck))
     def check(value):
         message = SimpleNamespace(topic="t", partition=0, offset=next(offsets), key=b"k", value=value, headers=[])
         before = dead_letters(ctx)

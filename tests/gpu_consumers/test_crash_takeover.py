@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 
 from tests.conftest import MODEL
 from tests.expected import expected_output
+from tests.gpu_consumers.helpers import wait_for
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack
@@ -31,15 +32,6 @@ ENGINE = SimulatedEngineSettings(seed=11, ttft_ms=5, tokens_per_s=10, min_tokens
 
 def health(port: int) -> dict:
     return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).json()
-
-
-async def wait_for(condition, timeout: float, what: str, details=lambda: "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}: {details()}")
-        await asyncio.sleep(0.1)
 
 
 def metric(port: int, name: str) -> float:

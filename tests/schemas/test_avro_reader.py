@@ -23,7 +23,7 @@ def fastavro_value(schema, data: bytes):
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(data=st.data())
 def test_every_bus_schema_reads_as_fastavro_reads_it(name, data):
     schema = SCHEMAS[name]

@@ -58,7 +58,7 @@ def compiled_bytes(schema, datum) -> bytes:
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(data=st.data())
 def test_every_bus_schema_compiles_to_fastavros_bytes(name, data):
     schema = SCHEMAS[name]

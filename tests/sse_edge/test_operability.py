@@ -142,7 +142,7 @@ def test_api_never_fails_or_breaks_its_schema(edge_url, auth):
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=25, suppress_health_check=list(HealthCheck), database=None)
         def run(case):
             case.call_and_validate(headers=auth, timeout=30, checks=CHECKS)
 

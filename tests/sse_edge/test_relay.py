@@ -7,12 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, sse_frames
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
-from tokenbus.topics import BusSettings, ReplyEvent, ReplyRouter
+from tokenbus.topics import BusSettings, ReplyEvent
 
 
 async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment():
@@ -37,15 +38,15 @@ async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment(
 
 
 async def test_a_closed_live_stream_leaves_the_router():
-    router = ReplyRouter(BusSettings(), partitions=[0])
-    stream = router.open("r")
+    bus = TokenbusClient(BusSettings(), reply_partitions=[0])  # never started: nothing here needs the broker
+    stream = bus.router.open("r")
     stream.offer(ReplyEvent(TokenEvent("r", 0, "first"), 0, 10))
-    edge = SimpleNamespace(settings=SimpleNamespace(stream_idle_timeout_s=5), bus=SimpleNamespace(router=router))
+    edge = SimpleNamespace(settings=SimpleNamespace(stream_idle_timeout_s=5), bus=bus)
     events = live_events(edge, stream)
     assert (await anext(events)).event.text == "first"
-    assert router.open_streams == 1
+    assert bus.router.open_streams == 1
     await events.aclose()
-    assert router.open_streams == 0
+    assert bus.router.open_streams == 0
 
 
 def finished_events(texts: list[str]):
