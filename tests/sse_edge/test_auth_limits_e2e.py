@@ -81,7 +81,7 @@ async def test_token_limits_count_the_prompt(stack, edge_url):
 
 
 async def test_rate_limit_headers_arrive_on_streams_and_plain_responses(stack, edge_url):
-    # 5 a minute: the bucket gives one back every 12 s, so the second request always finds one fewer
+    # 5 a minute: the bucket gives one back every 12 s, so the second request finds one fewer
     # (at 100 a minute, a second request 0.6 s later on a busy machine found as many as the first).
     client = client_for(edge_url, await stack.create_key("headers", "standard", limits=Limits(rpm=5, tpm=100_000)))
     raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=MESSAGES, stream=True)
