@@ -5,6 +5,11 @@ It serves ``/v1/chat/completions`` and ``/v1/completions``, waits ``ttft_ms`` be
 first content chunk and ``gap_ms`` between chunks, one word per chunk, ``max_tokens`` words.
 The model name picks a failure to inject: ``malformed-json``, ``no-done``, ``error-event``,
 ``http-500``, ``cut`` (connection dropped mid-stream); any other name streams normally.
+
+``GET /timings`` lists, for the latest ``KEPT_TIMINGS`` streams it finished, the times it
+actually kept, in ms from the request's arrival: ``ttft_ms`` (first content chunk) and
+``chunks_ms`` (every content chunk). A busy machine stretches its sleeps, so a harness is
+judged against these, not against the injected values alone.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections import deque
 from typing import Any
 
 import uvicorn
@@ -20,6 +26,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+KEPT_TIMINGS = 10_000  # the latest streams' timings; a long benchmark run does not grow it further
 
 
 def _chunk(model: str, content: str | None, finish: str | None = None, usage: dict | None = None,
@@ -38,7 +46,10 @@ def _chunk(model: str, content: str | None, finish: str | None = None, usage: di
 
 
 def reference_app(ttft_ms: float, gap_ms: float) -> Starlette:
+    timings: deque[dict[str, Any]] = deque(maxlen=KEPT_TIMINGS)
+
     async def complete(request: Request) -> Response:
+        arrived = time.perf_counter()
         chat = request.url.path.endswith("/chat/completions")
         body = await request.json()
         model, tokens = body.get("model", ""), int(body.get("max_tokens") or 16)
@@ -47,6 +58,7 @@ def reference_app(ttft_ms: float, gap_ms: float) -> Starlette:
                                            "code": "injected_failure"}}, 500)
 
         async def frames():
+            chunks_ms: list[float] = []
             if chat:
                 yield _chunk(model, None).replace('"delta": {}', '"delta": {"role": "assistant"}')
             await asyncio.sleep(ttft_ms / 1000)
@@ -61,15 +73,22 @@ def reference_app(ttft_ms: float, gap_ms: float) -> Starlette:
                     return
                 if model == "cut" and i == tokens // 2:
                     raise RuntimeError("injected connection drop")
+                chunks_ms.append((time.perf_counter() - arrived) * 1000)
                 yield _chunk(model, f"w{i} ", "length" if i == tokens - 1 else None, chat=chat)
             yield _chunk(model, None, usage={"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3})
             if model != "no-done":
                 yield "data: [DONE]\n\n"
+            if chunks_ms:
+                timings.append({"model": model, "ttft_ms": chunks_ms[0], "chunks_ms": chunks_ms})
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
+    async def kept_timings(request: Request) -> Response:
+        return JSONResponse(list(timings))
+
     return Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"]),
-                             Route("/v1/completions", complete, methods=["POST"])])
+                             Route("/v1/completions", complete, methods=["POST"]),
+                             Route("/timings", kept_timings)])
 
 
 def main() -> None:

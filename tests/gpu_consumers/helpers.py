@@ -17,11 +17,12 @@ from tokenbus.topics import BusSettings, make_consumer, topic_partitions
 
 @contextlib.asynccontextmanager
 async def running_worker(bus: BusSettings, max_num_seqs: int = 8, worker_id: str = "w-test",
+                         engine_type: type[SimulatedEngine] = SimulatedEngine,
                          **engine_settings) -> AsyncIterator[GpuWorker]:
     settings = WorkerSettings(bus=bus, model=MODEL, max_num_seqs=max_num_seqs, worker_id=worker_id)
     engine_settings.setdefault("ttft_ms", 1)
     engine_settings.setdefault("tokens_per_s", 1000)
-    worker = GpuWorker(settings, SimulatedEngine(SimulatedEngineSettings(**engine_settings)))
+    worker = GpuWorker(settings, engine_type(SimulatedEngineSettings(**engine_settings)))
     task = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(worker.ready.wait(), 30)

@@ -2,15 +2,18 @@
 and token gap, the reported figures match; malformed streams count as failures.
 
 Tolerance: no request's TTFT or E2EL may be below what the server injects (minus 1 ms of clock
-slack): the harness never under-reports. Above it, the medians may exceed the injected values
-by at most 40 ms for TTFT (request handling on a shared 2-core machine), 8 ms for ITL and TPOT
-(each of the server's sleeps can overshoot on a busy machine), and for E2EL by what those add up
-to (40 ms + 8 ms per gap). A harness that adds delay moves the medians; one request delayed by
-the machine (the suite runs beside other processes) moves a mean but not a median of 12."""
+slack): the harness never under-reports. Above it, each median is compared with the same median
+of what the server says it actually kept (its ``/timings``: a busy machine stretches the
+server's sleeps, by hundreds of ms in one CI run, and that is not the harness's doing): TTFT
+and E2EL may exceed it by at most 40 ms (the request's way in and out on a shared 2-core
+machine), ITL and TPOT by 8 ms. A harness that adds delay, or reads chunks late in batches, moves
+the medians; one request delayed by the machine (the suite runs beside other processes) moves a
+mean but not a median of 12."""
 
 import json
 import subprocess
 import sys
+from statistics import median
 
 import aiohttp
 import pytest
@@ -42,18 +45,30 @@ def config(url: str, model: str = "ok", **overrides) -> ServeConfig:
     return ServeConfig(**{**fields, **overrides})
 
 
+async def kept_timings(url: str) -> list[dict]:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/timings") as response:
+        return await response.json()
+
+
 async def test_reported_figures_match_the_injected_timings(reference_url):
+    kept_before = len(await kept_timings(reference_url))
     summary, results = await run_serve(config(reference_url, request_rate=40, goodput=["ttft:5000"]))
-    assert (summary.completed, summary.failed) == (12, 0)
+    server = (await kept_timings(reference_url))[kept_before:][-12:]  # the warm-up's come first
+    assert (summary.completed, summary.failed, len(server)) == (12, 0, 12)
     assert summary.total_output_tokens == 12 * TOKENS
     assert all(len(r.itl) == TOKENS - 1 for r in results)
     e2el = TTFT_MS + (TOKENS - 1) * GAP_MS
     assert min(r.ttft for r in results) * 1000 >= TTFT_MS - 1
     assert min(r.latency for r in results) * 1000 >= e2el - 1
-    assert summary.ttft_ms["median"] <= TTFT_MS + 40
-    assert GAP_MS - 1 <= summary.itl_ms["median"] <= GAP_MS + 8
-    assert GAP_MS - 1 <= summary.tpot_ms["median"] <= GAP_MS + 8
-    assert summary.e2el_ms["median"] <= e2el + 40 + (TOKENS - 1) * 8
+
+    kept_ttft = median(t["ttft_ms"] for t in server)
+    kept_gap = median(b - a for t in server for a, b in zip(t["chunks_ms"], t["chunks_ms"][1:]))
+    kept_tpot = median((t["chunks_ms"][-1] - t["ttft_ms"]) / (TOKENS - 1) for t in server)
+    kept_e2el = median(t["chunks_ms"][-1] for t in server)
+    assert summary.ttft_ms["median"] <= kept_ttft + 40, kept_ttft
+    assert GAP_MS - 1 <= summary.itl_ms["median"] <= kept_gap + 8, kept_gap
+    assert GAP_MS - 1 <= summary.tpot_ms["median"] <= kept_tpot + 8, kept_tpot
+    assert summary.e2el_ms["median"] <= kept_e2el + 40, kept_e2el
     assert summary.request_goodput == pytest.approx(summary.request_throughput)
 
 
