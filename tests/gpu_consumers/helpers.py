@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import pytest
-
 from tests.conftest import MODEL
 from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
 from tokenbus.gpu_consumers.settings import WorkerSettings
@@ -48,12 +46,3 @@ async def read_all(bus: BusSettings, topic: str, expected: int, timeout: float =
         return records
     finally:
         await consumer.stop()
-
-
-async def wait_for(condition, timeout: float, what: str, details=lambda: "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}: {details()}")
-        await asyncio.sleep(0.1)

@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 
 from tests.conftest import MODEL
 from tests.expected import expected_output
-from tests.gpu_consumers.helpers import wait_for
+from tests.waiting import wait_for
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack

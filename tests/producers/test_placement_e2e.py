@@ -10,6 +10,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, running_worker
+from tests.waiting import wait_for
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, Completion
 from tokenbus.schemas.prefixes import segment_hashes
@@ -18,14 +19,6 @@ from tokenbus.topics import TopicCatalog
 codec = AvroCodec()
 SYSTEM = ChatMessage("system", " ".join(f"rule{i} of the shared assistant" for i in range(60)))  # ~300 tokens
 ENGINE = dict(min_tokens=4, max_tokens=4, kv_block_tokens=16)
-
-
-async def until(condition, timeout: float = 30.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def owners(client: TokenbusClient, topic: str) -> dict[int, str]:
@@ -43,9 +36,9 @@ async def two_workers(bus):
     async with (TokenbusClient(bus, idle_timeout=30) as client, running_worker(bus, worker_id="w-a", **ENGINE) as a,
                 running_worker(bus, worker_id="w-b", **ENGINE) as b):
         topic = TopicCatalog(bus).requests(MODEL, "standard")
-        await until(lambda: a.partitions and b.partitions and a.partitions + b.partitions == 12, what="a balanced group")
-        await until(lambda: sorted(set(owners(client, topic).values())) == ["w-a", "w-b"]
-                    and len(owners(client, topic)) == 4, what="the router to learn who owns what")
+        await wait_for(lambda: a.partitions and b.partitions and a.partitions + b.partitions == 12, what="a balanced group")
+        await wait_for(lambda: sorted(set(owners(client, topic).values())) == ["w-a", "w-b"]
+                       and len(owners(client, topic)) == 4, what="the router to learn who owns what")
         yield a, b, client
 
 
@@ -61,7 +54,7 @@ async def test_conversations_sharing_a_system_prompt_go_where_it_is_cached(bus):
                                    conversation_id="conv-0")
         assert (await serve(client, first))[-1].finish_reason == "stop"
         system_prefix = segment_hashes(first)[0]
-        await until(lambda: system_prefix in client.placement.index._holders, what="the cache report")
+        await wait_for(lambda: system_prefix in client.placement.index._holders, what="the cache report")
         (holder,) = client.placement.index._holders[system_prefix]
 
         later = [client.new_request(MODEL, [SYSTEM, ChatMessage("user", f"question {i}")], tier="standard",
@@ -88,7 +81,7 @@ async def test_a_worker_leaving_moves_its_prefixes_traffic_with_no_failed_reques
                                    conversation_id="warm")
         await serve(client, first)
         system_prefix = segment_hashes(first)[0]
-        await until(lambda: system_prefix in client.placement.index._holders, what="the cache report")
+        await wait_for(lambda: system_prefix in client.placement.index._holders, what="the cache report")
         (holder,) = client.placement.index._holders[system_prefix]
         leaving, staying = (a, b) if holder == "w-a" else (b, a)
         topic = TopicCatalog(bus).requests(MODEL, "standard")
@@ -97,9 +90,9 @@ async def test_a_worker_leaving_moves_its_prefixes_traffic_with_no_failed_reques
                                        conversation_id=f"move-{i}") for i in range(8)]
         streams = [asyncio.create_task(serve(client, r)) for r in requests[:4]]
         leaving.stop()  # leaves the group: its partitions and its cache's traffic go to the other
-        await until(lambda: holder not in client.placement.index.workers, what="the leaving report")
-        await until(lambda: set(owners(client, topic).values()) == {staying.settings.worker_id},
-                    what="the survivor to own every partition")
+        await wait_for(lambda: holder not in client.placement.index.workers, what="the leaving report")
+        await wait_for(lambda: set(owners(client, topic).values()) == {staying.settings.worker_id},
+                       what="the survivor to own every partition")
         streams += [asyncio.create_task(serve(client, r)) for r in requests[4:]]
         results = await asyncio.gather(*streams)
 

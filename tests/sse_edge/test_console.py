@@ -20,6 +20,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import MODEL, SLOW_MODEL
+from tests.waiting import wait_for_blocking
 
 pytestmark = pytest.mark.stack
 
@@ -93,7 +94,7 @@ def reload_until_shown(page, reload: str, rows: str, what: str) -> None:
         page.wait_for_timeout(500)
         return page.locator(rows).count() > 0
 
-    until(shown, what=what)
+    wait_for_blocking(shown, what=what)
 
 
 def open_the_conversation(page) -> None:
@@ -102,14 +103,6 @@ def open_the_conversation(page) -> None:
     reload_until_shown(page, "#conv-refresh", "#conv-list button", "the conversation to be stored")
     page.click("#conv-list button")
     page.wait_for_selector("#conv-turns .turn")
-
-
-def until(condition, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def test_the_playground_streams_an_answer_and_the_key_stays_in_the_tab(page, stack):

@@ -9,6 +9,7 @@ import time
 
 from aiokafka import AIOKafkaProducer
 
+from tests.waiting import wait_for
 from tokenbus.schemas import AvroCodec, TokenEvent
 from tokenbus.topics import BusSettings, ReplyRouter, TopicCatalog, make_producer, replies, rolled_logs
 from tokenbus.topics import clients as bus_clients
@@ -16,13 +17,6 @@ from tokenbus.topics.provision import TopicAdmin
 from tokenbus.topics.rolled_logs import RolledLogReader
 
 codec = AvroCodec()
-
-
-async def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def listed(bus: BusSettings) -> set[str]:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
+from tests.waiting import wait_for
 from tokenbus.infra.devstack.broker import broker_argv
 from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
 from tokenbus.schemas import AvroCodec, TokenEvent
@@ -55,13 +56,6 @@ async def test_router_demultiplexes_partition_into_ordered_streams(each_bus):
 
 def read_partitions(router: ReplyRouter) -> set[int]:
     return {tp.partition for tp in router.reading}
-
-
-async def wait_for(condition, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_router_rotates_new_requests_and_keeps_reading_open_streams(each_bus):
@@ -152,7 +146,7 @@ async def test_a_burst_of_streams_moves_on_before_the_time_is_up(bus, rotate_eve
         router.open("new-0")
         router.open("new-1", partition=router.reply_partition)  # as the SDK and the edge open theirs
         router.open("new-2", partition=router.reply_partition)
-        await wait_for(lambda: router.reply_partition == 9, timeout=3)
+        await wait_for(lambda: router.reply_partition == 9)
         assert router.rotations == 1
     finally:
         await router.stop()
