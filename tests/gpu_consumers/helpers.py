@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from tests.conftest import MODEL
 from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
@@ -30,8 +30,10 @@ async def running_worker(bus: BusSettings, max_num_seqs: int = 8, worker_id: str
         await asyncio.wait_for(task, 30)
 
 
-async def read_all(bus: BusSettings, topic: str, expected: int, timeout: float = 10.0) -> list:
-    """Every record of ``topic`` from the beginning, once ``expected`` have arrived (or the timeout)."""
+async def read_all(bus: BusSettings, topic: str, expected: int = 10**9, timeout: float = 10.0,
+                   until: Callable[[list], bool] | None = None) -> list:
+    """Every record of ``topic`` from the beginning, once ``expected`` have arrived or ``until``
+    holds for what has (or at the timeout)."""
     consumer = make_consumer(bus)
     await consumer.start()
     try:
@@ -40,7 +42,8 @@ async def read_all(bus: BusSettings, topic: str, expected: int, timeout: float =
         records = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while len(records) < expected and loop.time() < deadline:
+        done = until or (lambda records: len(records) >= expected)
+        while not done(records) and loop.time() < deadline:
             for batch in (await consumer.getmany(timeout_ms=200)).values():
                 records.extend(batch)
         return records

@@ -43,8 +43,13 @@ async def two_workers(bus):
 
 
 async def completions_of(bus, requests) -> dict[str, Completion]:
-    records = await read_all(bus, TopicCatalog(bus).completions, expected=len(requests), timeout=20)
-    completions = {c.request_id: c for c in (codec.decode(r.value, Completion) for r in records)}
+    """Each request's completion record (the topic holds the warm-up turn's too)."""
+    wanted = {r.request_id for r in requests}
+    decoded = lambda records: {c.request_id: c for c in (codec.decode(r.value, Completion) for r in records)}  # noqa: E731
+    records = await read_all(bus, TopicCatalog(bus).completions, until=lambda got: wanted <= decoded(got).keys(),
+                             timeout=20)
+    completions = decoded(records)
+    assert wanted <= completions.keys(), f"no completion for {sorted(wanted - completions.keys())}"
     return {r.request_id: completions[r.request_id] for r in requests}
 
 

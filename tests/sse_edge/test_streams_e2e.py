@@ -44,13 +44,11 @@ def content_of(events: list[dict[str, str]]) -> str:
 async def completions_for(stack, request_id: str, expected: int = 1, timeout: float = 15.0) -> list[Completion]:
     codec = AvroCodec()
     bus = stack.bus_settings()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        records = await read_all(bus, TopicCatalog(bus).completions, expected=10**9, timeout=1.0)
-        found = [c for c in (codec.decode(r.value, Completion) for r in records) if c.request_id == request_id]
-        if len(found) >= expected or loop.time() > deadline:
-            return found
+    found = lambda records: [c for c in (codec.decode(r.value, Completion) for r in records)  # noqa: E731
+                             if c.request_id == request_id]
+    records = await read_all(bus, TopicCatalog(bus).completions, timeout=timeout,
+                             until=lambda got: len(found(got)) >= expected)
+    return found(records)
 
 
 async def test_idempotent_retry_is_one_generation_and_one_usage_record(stack, edge_url, api_key):
