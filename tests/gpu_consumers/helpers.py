@@ -43,9 +43,12 @@ async def read_all(bus: BusSettings, topic: str, expected: int = 10**9, timeout:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         done = until or (lambda records: len(records) >= expected)
-        while not done(records) and loop.time() < deadline:
-            for batch in (await consumer.getmany(timeout_ms=200)).values():
-                records.extend(batch)
+        finished = done(records)
+        while not finished and loop.time() < deadline:
+            fetched = [r for batch in (await consumer.getmany(timeout_ms=200)).values() for r in batch]
+            if fetched:  # ``until`` is asked again only when there is more to look at
+                records.extend(fetched)
+                finished = done(records)
         return records
     finally:
         await consumer.stop()

@@ -152,9 +152,11 @@ async def test_metrics_count_what_was_served(bus):
         await wait_for(lambda: sample("tokenbus:request_success_total", finished_reason="stop") == 3
                        and sample("tokenbus:num_requests_running") == 0, 20, "the third request counted")
         assert sample("tokenbus:generation_tokens_total") == 15
+        assert sample("tokenbus:request_success_total", finished_reason="stop") == 3
         assert sample("tokenbus:time_to_first_token_seconds_count") == 3
         assert sample("tokenbus:inter_token_latency_seconds_count") == 12
         assert sample("tokenbus:request_queue_time_seconds_count") == 3
+        assert sample("tokenbus:num_requests_running") == 0
         prompt = count_prompt_tokens(GenerationInput("m", (ChatMessage("user", "m0"),)))
         assert sample("tokenbus:request_prompt_tokens_sum") == 3 * prompt
         assert sample("tokenbus:kv_cache_usage_perc") == 0  # nothing runs: the engine holds no blocks
