@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+from aiokafka import AIOKafkaConsumer
+
 from tests.conftest import MODEL
 from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
 from tokenbus.gpu_consumers.settings import WorkerSettings
@@ -30,15 +32,24 @@ async def running_worker(bus: BusSettings, max_num_seqs: int = 8, worker_id: str
         await asyncio.wait_for(task, 30)
 
 
-async def read_all(bus: BusSettings, topic: str, expected: int = 10**9, timeout: float = 10.0,
-                   until: Callable[[list], bool] | None = None) -> list:
-    """Every record of ``topic`` from the beginning, once ``expected`` have arrived or ``until``
-    holds for what has (or at the timeout)."""
+@contextlib.asynccontextmanager
+async def reading_from_the_beginning(bus: BusSettings, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
+    """A consumer of every partition of ``topic``, at its first record."""
     consumer = make_consumer(bus)
     await consumer.start()
     try:
         consumer.assign(await topic_partitions(consumer, topic))
         await consumer.seek_to_beginning()
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+async def read_all(bus: BusSettings, topic: str, expected: int = 10**9, timeout: float = 10.0,
+                   until: Callable[[list], bool] | None = None) -> list:
+    """Every record of ``topic`` from the beginning, once ``expected`` have arrived or ``until``
+    holds for what has (or at the timeout)."""
+    async with reading_from_the_beginning(bus, topic) as consumer:
         records = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -50,5 +61,17 @@ async def read_all(bus: BusSettings, topic: str, expected: int = 10**9, timeout:
                 records.extend(fetched)
                 finished = done(records)
         return records
-    finally:
-        await consumer.stop()
+
+
+async def read_written(bus: BusSettings, topic: str, timeout: float = 60.0) -> list:
+    """Every record written to ``topic`` before the call: read up to the end offsets it has then,
+    however long that takes a busy machine (an error past ``timeout``). What a test reads to
+    show that something happened only once."""
+    async with reading_from_the_beginning(bus, topic) as consumer:
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        records = []
+        deadline = asyncio.get_running_loop().time() + timeout
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+            assert asyncio.get_running_loop().time() < deadline, f"{topic} not read to its end in {timeout} s"
+            records.extend(r for batch in (await consumer.getmany(timeout_ms=200)).values() for r in batch)
+        return records
