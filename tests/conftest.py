@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,16 @@ sim_phrase = "block"
 # these machines run the same example several times slower on a slow spell.
 hypothesis_settings.register_profile("tokenbus", deadline=None)
 hypothesis_settings.load_profile("tokenbus")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background by a non-interactive shell (`make test &` in a script)
+    inherits SIGINT ignored, and an ignored signal stays ignored in every process the tests start:
+    `tokenbus up` would never see the Ctrl-C its tests send (it waited forever in such a run). The
+    tests stand in for a user at a terminal, so this process takes SIGINT as Python does by default,
+    and a process started from here begins with it at the default (a handler does not survive exec)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def unique_prefix() -> str:

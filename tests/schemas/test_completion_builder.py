@@ -23,10 +23,11 @@ def test_a_turn_gathered_event_by_event():
     builder = CompletionBuilder(events[:2])
     for event in events[2:]:
         builder.add(event)
-    completion = builder.build(request(prefix_text="Oh. "), "w-1")
+    turn = request(prefix_text="Oh. ")  # one request: two would differ in created_at_ms across a millisecond
+    completion = builder.build(turn, "w-1")
 
     assert builder.count == 5 and builder.last is events[-1]
-    assert completion == Completion.from_events(request(prefix_text="Oh. "), events, "w-1")
+    assert completion == Completion.from_events(turn, events, "w-1")
     assert completion.text == "Oh. Hello!"
     assert completion.tool_calls == [ToolCall("call-1", "f", '{"a": 1}')]
     assert (completion.started_at_ms, completion.first_token_at_ms, completion.finished_at_ms) == (1000, 1010, 1040)
