@@ -44,9 +44,10 @@ IDLE_SETTLE_S = 10.0
 
 
 def requests_per_round(concurrency: int) -> int:
-    # 32 at concurrency 1: 128 a target over the four rounds, so that the p99 is not simply the
-    # slowest request (it was, with 8 a round), as in pipeline_overhead.
-    return 32 if concurrency == 1 else 2 * concurrency
+    # 64 at concurrency 1: 256 a target over the four rounds. With 8 a round the p99 was simply
+    # the slowest request; with 32 (128 in all) it was the slowest but one or two, and two runs
+    # the same hour put tokenbus's c=1 p99 behind LiteLLM's and well ahead of it (BENCHMARKS §11).
+    return 64 if concurrency == 1 else 2 * concurrency
 
 
 def install_litellm() -> tuple[Path | None, str]:
