@@ -41,13 +41,17 @@ def content_of(events: list[dict[str, str]]) -> str:
     return text
 
 
-async def completions_for(stack, request_id: str) -> list[Completion]:
+def completions_in(records: list, request_id: str) -> list[Completion]:
     codec = AvroCodec()
+    return [c for c in (codec.decode(r.value, Completion) for r in records) if c.request_id == request_id]
+
+
+async def completions_for(stack, request_id: str) -> list[Completion]:
+    """The request's completions, once at least one is written."""
     bus = stack.bus_settings()
-    found = lambda records: [c for c in (codec.decode(r.value, Completion) for r in records)  # noqa: E731
-                             if c.request_id == request_id]
-    records = await read_all(bus, TopicCatalog(bus).completions, timeout=15, until=lambda got: bool(found(got)))
-    return found(records)
+    records = await read_all(bus, TopicCatalog(bus).completions, timeout=15,
+                             until=lambda got: bool(completions_in(got, request_id)))
+    return completions_in(records, request_id)
 
 
 async def test_idempotent_retry_is_one_generation_and_one_usage_record(stack, edge_url, api_key):
@@ -62,8 +66,7 @@ async def test_idempotent_retry_is_one_generation_and_one_usage_record(stack, ed
     assert await completions_for(stack, first.id)  # the generation's completion, once written
     await asyncio.sleep(1.0)  # a second generation, if there were one, would have finished by now
     bus = stack.bus_settings()
-    written = [AvroCodec().decode(r.value, Completion) for r in await read_written(bus, TopicCatalog(bus).completions)]
-    assert [c.request_id for c in written].count(first.id) == 1
+    assert len(completions_in(await read_written(bus, TopicCatalog(bus).completions), first.id)) == 1
 
     with pytest.raises(openai.ConflictError):
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "other"}],
