@@ -7,8 +7,7 @@ timestamp (CreateTime, set by the process that produced it) is set against the c
 - client → routed record: HTTP, authentication, rate limits, the stream record in Redis, input
   moderation (in the edge, its default route) and the produce to ``requests.<model>.<tier>``;
 - routed → first token record: the GPU consumer's fetch and admission, the engine's time to the
-  first token (the simulated engine's own TTFT plus one step, as when it is called in process),
-  the publish;
+  first token (the simulated engine's own TTFT, as when it is called in process), the publish;
 - first token record → client: the edge's reply fetch, relay and SSE write, the client's parse.
 """
 

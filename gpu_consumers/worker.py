@@ -7,6 +7,11 @@ a tier's buffer is full its partitions pause, so the backlog stays in the log
 finished requests. A request that may have been started elsewhere (fetched from
 before this worker's assignment) is first looked up in the token log and continued
 after what was already published; so is one whose serving failed here, served again.
+
+On the embedded broker with a doorbell, the edge also hands each request it publishes to the GPU
+consumers on the express lane (topics/doorbell.py) once the broker has acknowledged it. A worker
+takes it only where that is the record its next fetch of the partition would return (so nothing is
+skipped or taken out of order) and its tier has room; the fetched copy is then passed over.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections import OrderedDict
 
@@ -41,11 +47,15 @@ from tokenbus.topics import (
     FetchPacer,
     RecordSender,
     TopicCatalog,
+    cancel_task,
     commit_as_member,
+    doorbell,
+    known_position,
     make_consumer,
     make_producer,
     tracing,
 )
+from tokenbus.topics.clients import doorbell_on
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +91,7 @@ class GpuWorker:
         self.ready = asyncio.Event()
         self.group_id = self.catalog.gpu_group(settings.model)
         self._topics_by_tier = {t: self.catalog.requests(settings.model, t) for t in settings.bus.tiers}
+        self._tiers_by_topic = {topic: tier for tier, topic in self._topics_by_tier.items()}
         self._running: dict[str, RunningSequence] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
         self._fresh_from: dict[TopicPartition, int | None] = {}
@@ -97,6 +108,10 @@ class GpuWorker:
         self._prefix_reports: PrefixReports | None = None
         self._stopping = asyncio.Event()
         self._serving_again: dict[str, tuple[asyncio.TimerHandle, Pending]] = {}
+        self._express: asyncio.Task[None] | None = None
+        self._handed_until: dict[TopicPartition, int] = {}  # a fetch passes over records before this: handed over
+        self._enqueuing = False  # the poll loop is taking a fetch's records: no hand-over comes between them
+        self._releasing: set[TopicPartition] = set()  # partitions being given back: no hand-over is taken there
         self.completed = 0
 
     @property
@@ -139,9 +154,16 @@ class GpuWorker:
         await self._consumer.start()
         self._pacer.attach(self._consumer)
         self._consumer.subscribe(list(self._topics_by_tier.values()), listener=_Rebalance(self))
+        bus = self.settings.bus
+        if doorbell_on(bus) and bus.express_first_token:
+            assert bus.doorbell_url
+            self._express = asyncio.create_task(doorbell.listen_express(
+                bus.doorbell_url, os.path.commonprefix(list(self._topics_by_tier)), self._handed_over),
+                name="express-requests")
         log.info("worker %s serving %s in group %s", self.settings.worker_id, self.settings.model, self.group_id)
 
     async def _shutdown(self) -> None:
+        await cancel_task(self._express)
         await self._pacer.close()
         if self._consumer:
             await self.release(self._consumer.assignment())
@@ -157,6 +179,7 @@ class GpuWorker:
     # -- partitions --------------------------------------------------------------
 
     def assigned(self, partitions: set[TopicPartition]) -> None:
+        self._releasing -= partitions
         for tp in partitions:
             self._fresh_from[tp] = None  # learnt from the first fetch's high-water mark
             self._assigned_at[tp] = time.monotonic()
@@ -168,6 +191,7 @@ class GpuWorker:
     async def release(self, partitions: set[TopicPartition]) -> None:
         """Give partitions back: drop what waits, stop what runs without a final event, make
         every token published so far durable, and commit. The next owner continues from the log."""
+        self._releasing |= partitions
         for pending in self.scheduler.remove_partitions(partitions):
             if pending.published is not None:
                 pending.published.cancel()
@@ -188,6 +212,8 @@ class GpuWorker:
         for tp in partitions:
             self._fresh_from.pop(tp, None)
             self._assigned_at.pop(tp, None)
+            self._handed_until.pop(tp, None)
+        self._releasing -= partitions
         if self._prefix_reports is not None and self._consumer is not None:
             self._prefix_reports.owned(self._consumer.assignment() - partitions)
 
@@ -218,9 +244,15 @@ class GpuWorker:
             # sequences run (a finished one frees a slot for the next waiting request).
             busy = bool(self._running) or self.scheduler.waiting() > 0
             batches = await self._consumer.getmany(timeout_ms=50 if busy else 500)
+            self._enqueuing = True
             for tp, records in batches.items():
+                handed_until = self._handed_until.pop(tp, 0)
                 for record in records:
-                    await self._enqueue(tp, record)
+                    if record.offset >= handed_until:
+                        await self._enqueue(tp, record)
+                if records and records[-1].offset + 1 < handed_until:
+                    self._handed_until[tp] = handed_until
+            self._enqueuing = False
             self._pacer.observed_by_topic(batches)  # a tier's topic is paused while it is quiet
             self._pacer.serving(len(self._running) + self.scheduler.waiting())
             if batches and self._prefix_reports is not None:
@@ -264,6 +296,31 @@ class GpuWorker:
         self.scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
                   record.offset, maybe_seen)
+
+    def _handed_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
+        """A request the edge handed over on the express lane: taken if it is the record the next
+        fetch of its partition would return, after one fetched since the partition became this
+        worker's (that one settles whether another worker may have started it), and its tier has
+        room; otherwise left to the fetch."""
+        tier = self._tiers_by_topic.get(topic)
+        tp = TopicPartition(topic, partition)
+        fresh_from = self._fresh_from.get(tp)
+        if (tier is None or self._consumer is None or self._enqueuing or tp in self._releasing
+                or fresh_from is None or offset < fresh_from
+                or known_position(self._consumer, tp) != offset
+                or self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier):
+            return
+        try:
+            request = self.codec.decode(value, ChatRequest)
+        except DecodeError:
+            return  # the fetch dead-letters it
+        if request.tier != tier or request.model != self.settings.model:
+            return
+        self._handed_until[tp] = offset + 1
+        self.offsets.started(tp, offset)
+        self.scheduler.add(Pending(request, tp, offset))
+        log.debug("handed over %s on %s-%s@%s", request.request_id, topic, partition, offset)
+        self._admit_waiting()
 
     def _cost(self, request: ChatRequest) -> int:
         return request.estimated_prompt_tokens + (request.max_tokens or self.settings.default_max_tokens)
@@ -407,7 +464,10 @@ class GpuWorker:
                     held = out
                     continue
                 event = steps.event(turn.count, out)
-                delivery = self._batches.publish(request.reply_topic, request.reply_partition, key, event)
+                # The first event this worker publishes for the request is what its client waits
+                # for: handed to the edge as soon as it is acknowledged (topics/doorbell.py).
+                delivery = self._batches.publish(request.reply_topic, request.reply_partition, key, event,
+                                                 hand_over=not deliveries)
                 if not deliveries or deliveries[-1] is not delivery:  # steps read in one pass share one
                     deliveries.append(delivery)
                 turn.add(event)

@@ -31,12 +31,15 @@ class RequestPublisher:
         """Publish and wait for the broker's ack; returns where the request landed. Requests are
         keyed by conversation (or request id), so a conversation's turns share a partition; with
         ``placement``, a request on a model's topic goes where its prompt's prefix is cached
-        (producers/placement.py), and the decision is noted on it."""
+        (producers/placement.py), and the decision is noted on it. A request on a model's topic is
+        also handed to its GPU consumers on the express lane where there is one (topics/doorbell.py)."""
         topic = topic or self.topic_for(request)
-        if self.placement is None or topic == self._catalog.ingress:
-            return await self.sender.send_and_wait(topic, request, request.partition_key)
+        to_a_model = topic != self._catalog.ingress
+        if self.placement is None or not to_a_model:
+            return await self.sender.send_and_wait(topic, request, request.partition_key, hand_over=to_a_model)
         placed = self.placement.place(request, topic)
         request.annotations = {**request.annotations, **placed.annotations()}
-        landed = await self.sender.send_and_wait(topic, request, request.partition_key, partition=placed.partition)
+        landed = await self.sender.send_and_wait(topic, request, request.partition_key, partition=placed.partition,
+                                                 hand_over=True)
         self.placement.landed(placed, topic, landed.partition)
         return landed

@@ -56,7 +56,11 @@ class TopicCatalog:
 
     def rolled_reply_log(self, owner: str, created_ms: int) -> str:
         """A reply router's log of one rotation on the embedded broker (topics/replies.py)."""
-        return self._name("tokens", owner, str(created_ms))
+        return self.rolled_reply_logs_of(owner) + str(created_ms)
+
+    def rolled_reply_logs_of(self, owner: str) -> str:
+        """What the names of a reply router's rolled logs begin with."""
+        return self._name("tokens", owner, "")
 
     def is_reply_log(self, name: str) -> bool:
         """``tokens`` or a rolled reply log: where token events are written."""

@@ -109,11 +109,14 @@ class EmbeddedProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ship
     bring each one back after its router deleted it.
 
     With a doorbell it rings as it writes (rate-limited, topics/doorbell.py), but not for
-    ``quiet_topics``: what nobody waits for must not wake every reader of an idle stack."""
+    ``quiet_topics``: what nobody waits for must not wake every reader of an idle stack; and with
+    ``express`` it hands over the records its writer asks it to (``hand_over``)."""
 
-    def __init__(self, doorbell: Doorbell | None, quiet_topics: frozenset[str] = frozenset(), **options: Any) -> None:
+    def __init__(self, doorbell: Doorbell | None, quiet_topics: frozenset[str] = frozenset(), express: bool = False,
+                 **options: Any) -> None:
         super().__init__(**options)
         self._doorbell = doorbell
+        self._express = doorbell if express else None
         self._quiet_topics = quiet_topics
         self._written: dict[str, float] = {}  # topic -> when last written
         self._forget_at = time.monotonic() + FORGET_TOPIC_AFTER_S
@@ -145,6 +148,12 @@ class EmbeddedProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ship
         self._wrote(topic)
         return delivery
 
+    def hand_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
+        """The acknowledged record ``value`` at ``offset``, to the readers waiting for it (the
+        express lane, topics/doorbell.py); nothing without one."""
+        if self._express is not None:
+            self._express.hand_over(topic, partition, offset, value)
+
     async def stop(self) -> None:
         await super().stop()
         if self._doorbell is not None:
@@ -174,7 +183,7 @@ def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
     # GPU consumers' cache reports (a snapshot every 10 s each, idle or not): a paused router
     # reads them within its idle poll, and a stale index costs only a cache miss.
     quiet = frozenset({TopicCatalog(settings).cache_reports})
-    return EmbeddedProducer(doorbell, quiet, **options)
+    return EmbeddedProducer(doorbell, quiet, settings.express_first_token, **options)
 
 
 def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = None, background: bool = False,
@@ -269,3 +278,13 @@ async def rewind_recreated(consumer: AIOKafkaConsumer) -> list[TopicPartition]:
             consumer.seek(tp, 0)
             rewound.append(tp)
     return rewound
+
+
+def known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The offset of the next record ``consumer`` returns from ``tp``, without a round trip
+    (``consumer.position`` may make one); None where it has none (yet, or any more)."""
+    try:
+        state = consumer._subscription.subscription.assignment.state_value(tp)
+    except AttributeError:  # no assignment (yet, or any more)
+        return None
+    return state.position if state is not None and state.has_valid_position else None

@@ -16,14 +16,27 @@ either with a ring or less than ``ring_every_s`` after one that woke its readers
 One channel per stack (its topic prefix): a ring wakes every reader of the stack, not just
 those of its topic. Simpler than a channel per topic, and what it costs is a few seconds of
 short fetches in readers that had nothing to read.
+
+The express lane: a writer may also hand a record, once the broker has acknowledged it, to the
+readers waiting for it (``hand_over``, on a channel per topic), so that they have it without the
+embedded broker's fetch cycle (a fetch in flight is answered only half-way through its wait or at
+its end, and the next one returns the record: at concurrency 1, 2.7 ms p50 and 5.2 ms p99 from
+the publish to the edge, BENCHMARKS.md §11). Two records ride it, the two a client's first token
+waits on: the edge hands each request it publishes to the GPU consumers (gpu_consumers/worker.py),
+and the GPU consumer hands each request's first token event to the edge's reply router
+(topics/replies.py); later tokens hide behind the engine's steps. What is handed over is the
+bytes the broker holds at that offset, so a reader that also fetches it passes one of the two
+copies over, and a lost hand-over costs latency only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis.asyncio as redis
 
@@ -31,10 +44,16 @@ log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
 MAX_TOPICS_REMEMBERED = 256
+EXPRESS = "tokenbus:express:"
+_PLACE = struct.Struct(">iq")  # a handed-over record's partition and offset, before its value
 
 
 def channel(topic_prefix: str) -> str:
     return f"tokenbus:doorbell:{topic_prefix}"
+
+
+def express_channel(topic: str) -> str:
+    return EXPRESS + topic
 
 
 class Doorbell:
@@ -55,13 +74,21 @@ class Doorbell:
         if len(self._last_rung) > MAX_TOPICS_REMEMBERED:  # rolled reply logs come and go
             self._last_rung = {t: at for t, at in self._last_rung.items() if now - at < self._ring_every_s}
         self._last_rung[topic] = now
-        task = asyncio.get_running_loop().create_task(self._publish(topic))
+        self._publish(self._channel, topic.encode(), topic)
+
+    def hand_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
+        """The record ``value`` was acknowledged at ``offset`` of ``topic``-``partition``: hand it to
+        the readers listening on the topic's express lane."""
+        self._publish(express_channel(topic), _PLACE.pack(partition, offset) + value, topic)
+
+    def _publish(self, channel_name: str, message: bytes, topic: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(channel_name, message, topic))
         self._ringing.add(task)
         task.add_done_callback(self._ringing.discard)
 
-    async def _publish(self, topic: str) -> None:
+    async def _send(self, channel_name: str, message: bytes, topic: str) -> None:
         try:
-            await self._redis.publish(self._channel, topic)
+            await self._redis.publish(channel_name, message)
         except (redis.RedisError, OSError) as exc:
             log.debug("doorbell: ring for %s lost (%s); readers catch up by polling", topic, exc)
 
@@ -73,14 +100,37 @@ class Doorbell:
 async def listen(url: str, topic_prefix: str, on_ring: Callable[[str], None]) -> None:
     """Call ``on_ring`` with the topic written to for every ring of the stack, until cancelled;
     reconnects when Redis goes away."""
+
+    def ring(message: dict[str, Any]) -> None:
+        data = message.get("data")
+        on_ring(data.decode(errors="replace") if isinstance(data, bytes) else str(data))
+
+    await _listen(url, lambda pubsub: pubsub.subscribe(channel(topic_prefix)), ring)
+
+
+async def listen_express(url: str, topics_starting: str, on_record: Callable[[str, int, int, bytes], None]) -> None:
+    """Call ``on_record(topic, partition, offset, value)`` for every record handed over on the
+    express lane of a topic whose name starts with ``topics_starting``, until cancelled;
+    reconnects when Redis goes away."""
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in express_channel(topics_starting))
+
+    def handed_over(message: dict[str, Any]) -> None:
+        data, name = message.get("data"), message.get("channel")
+        if isinstance(data, bytes) and isinstance(name, bytes) and len(data) >= _PLACE.size:
+            partition, offset = _PLACE.unpack_from(data)
+            on_record(name.decode(errors="replace").removeprefix(EXPRESS), partition, offset, data[_PLACE.size:])
+
+    await _listen(url, lambda pubsub: pubsub.psubscribe(escaped + "*"), handed_over)
+
+
+async def _listen(url: str, subscribe: Callable[[Any], Awaitable[Any]], handle: Callable[[dict[str, Any]], None]) -> None:
     while True:
         client = redis.Redis.from_url(url, socket_connect_timeout=1.0)
         try:
             async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
-                await pubsub.subscribe(channel(topic_prefix))
+                await subscribe(pubsub)
                 async for message in pubsub.listen():
-                    data = message.get("data")
-                    on_ring(data.decode(errors="replace") if isinstance(data, bytes) else str(data))
+                    handle(message)
         except (redis.RedisError, OSError) as exc:
             log.debug("doorbell: listening failed (%s); retrying", exc)
         finally:

@@ -12,7 +12,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tokenbus.topics import doorbell
-from tokenbus.topics.clients import cancel_task, doorbell_on, profile
+from tokenbus.topics.clients import cancel_task, doorbell_on, known_position, profile
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class FetchPacer:
         paused = consumer.paused()
         behind = {}
         for tp in consumer.assignment():
-            highwater, position = consumer.highwater(tp), _position(consumer, tp)
+            highwater, position = consumer.highwater(tp), known_position(consumer, tp)
             if tp not in paused and highwater is not None and position is not None and highwater > position:
                 behind[tp] = position
         starved = [tp for tp, position in behind.items() if self._behind.get(tp) == position]
@@ -318,11 +318,3 @@ class FetchPacer:
         finally:
             await cancel_task(rings)
 
-
-def _position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
-    """The consumer's position in ``tp`` without a round trip (``consumer.position`` may make one)."""
-    try:
-        state = consumer._subscription.subscription.assignment.state_value(tp)
-    except AttributeError:  # no assignment (yet, or any more)
-        return None
-    return state.position if state is not None and state.has_valid_position else None

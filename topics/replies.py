@@ -25,6 +25,10 @@ deleted, and that is the only way the embedded broker gives memory back: a rolle
 deleted once it has taken no new stream for ``keep_s`` (how long its streams stay resumable
 there), none of its streams is open and nothing arrived on it lately. Kafka's retention does
 that job on a cluster, where the router rotates through partitions of ``tokens``.
+
+A router of rolled logs also takes the records a GPU consumer hands over on their express lane
+(each request's first token event, topics/doorbell.py): offered to the stream like a fetched
+record, so whichever of the two copies comes second is dropped as a repeat.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
+from tokenbus.topics import doorbell
 from tokenbus.topics.catalog import TopicCatalog
-from tokenbus.topics.clients import cancel_task, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.clients import cancel_task, doorbell_on, make_consumer, rewind_recreated, stop_reader
 from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import TopicAdmin, TopicProvisioningError
 from tokenbus.topics.reply_stream import DEFAULT_QUEUE_SIZE, ROUTER_STOPPED, ReplyEvent, ReplyStream, ReplyStreamError
@@ -99,6 +104,7 @@ class ReplyRouter:
         self._admin: TopicAdmin | None = None
         self._reader: asyncio.Task[None] | None = None
         self._rotation: asyncio.Task[None] | None = None
+        self._express: asyncio.Task[None] | None = None
         self._moving = asyncio.Lock()  # one move to the next partition or log at a time
         self._positions: dict[TopicPartition, int] = {}
         self._retired: dict[str, float] = {}  # this router's earlier rolled logs: when each stopped taking streams
@@ -148,10 +154,16 @@ class ReplyRouter:
             self._positions[self._current] = await self._end_offset(self._current)
         self._read({self._current})
         self._reader = asyncio.create_task(self._run(), name="reply-router")
+        if self.roll_logs and doorbell_on(self.settings) and self.settings.express_first_token:
+            assert self.settings.doorbell_url
+            self._express = asyncio.create_task(doorbell.listen_express(
+                self.settings.doorbell_url, self.catalog.rolled_reply_logs_of(self._owner), self._handed_over),
+                name="reply-express")
         if self.roll_logs or ((self.rotate_every_s > 0 or self.rotate_after_streams > 0) and len(self.partitions) > 1):
             self._rotation = asyncio.create_task(self._rotate(), name="reply-rotation")
 
     async def stop(self) -> None:
+        await cancel_task(self._express)
         await cancel_task(self._rotation)
         await self._pacer.close()
         await stop_reader(self._reader, self._consumer)
@@ -349,6 +361,23 @@ class ReplyRouter:
                 check_at = loop.time() + RECREATED_CHECK_S
                 for tp in await rewind_recreated(self._consumer):
                     self._positions[tp] = 0
+
+    def _handed_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
+        """A record of one of this router's rolled logs, handed over by its writer once acknowledged."""
+        tp = TopicPartition(topic, partition)
+        if offset < self._positions.get(tp, 0):  # fetched already
+            return
+        try:
+            event = self._codec.decode(value, TokenEvent)
+        except DecodeError:
+            return  # the fetch brings it too, and counts it
+        request_id = event.request_id
+        stream = self._streams.get(request_id)
+        if stream is None or self._stream_partitions.get(request_id) != tp:
+            return
+        stream.offer(ReplyEvent(event, partition, offset))
+        if stream.done:
+            self.close(request_id)
 
     def _route(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         self._positions[tp] = record.offset + 1

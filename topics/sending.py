@@ -27,15 +27,27 @@ class RecordSender:
     async def send(self, topic: str, record: Record, key: str,
                    partition: int | None = None) -> asyncio.Future[RecordMetadata]:
         """Queue ``record`` for ``topic``; the returned future resolves when the broker acknowledges it."""
-        delivery: asyncio.Future[RecordMetadata] = await self.producer.send(
-            topic, self.codec.encode(record), key=key.encode(), partition=partition,
-            headers=tracing.record_headers() or None)
+        delivery, _ = await self._send(topic, record, key, partition)
         return delivery
 
     async def send_and_wait(self, topic: str, record: Record, key: str,
-                            partition: int | None = None) -> RecordMetadata:
-        """Send ``record`` and wait for the broker's acknowledgement."""
-        return await (await self.send(topic, record, key, partition))
+                            partition: int | None = None, hand_over: bool = False) -> RecordMetadata:
+        """Send ``record`` and wait for the broker's acknowledgement. With ``hand_over``, then hand
+        it to its readers on the express lane, where the producer has one (topics/doorbell.py); not
+        a record that carries a trace context, which only the fetched record's headers bring."""
+        delivery, (value, headers) = await self._send(topic, record, key, partition)
+        landed = await delivery
+        lane = getattr(self.producer, "hand_over", None) if hand_over and not headers else None
+        if lane is not None:
+            lane(topic, landed.partition, landed.offset, value)
+        return landed
+
+    async def _send(self, topic: str, record: Record, key: str, partition: int | None,
+                    ) -> tuple[asyncio.Future[RecordMetadata], tuple[bytes, list[tuple[str, bytes]]]]:
+        value, headers = self.codec.encode(record), tracing.record_headers()
+        delivery: asyncio.Future[RecordMetadata] = await self.producer.send(
+            topic, value, key=key.encode(), partition=partition, headers=headers or None)
+        return delivery, (value, headers)
 
     async def cancel(self, request_id: str, reason: str = "") -> None:
         """Ask whichever GPU consumer holds the request to stop it (within one engine step)."""

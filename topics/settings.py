@@ -31,6 +31,10 @@ class BusSettings(BaseSettings):
     # Redis for the embedded broker's doorbell (topics/doorbell.py): idle readers stop fetching
     # and writers wake them. Unused with `kafka`, which long-polls.
     doorbell_url: str | None = None
+    # With the doorbell, the edge also hands each request, and GPU consumers each request's first
+    # token event, to its reader through it once the broker has acknowledged it (the express lane,
+    # topics/doorbell.py).
+    express_first_token: bool = True
     topic_prefix: str = "tokenbus."
     # Models served, and tiers from highest priority to lowest.
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]

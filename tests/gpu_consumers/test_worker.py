@@ -150,7 +150,8 @@ async def test_metrics_count_what_was_served(bus):
         # The worker counts a request once its final event is out, and sets its gauges once per
         # fetch loop: on a busy machine this client can read that event before either happened.
         await wait_for(lambda: sample("tokenbus:request_success_total", finished_reason="stop") == 3
-                       and sample("tokenbus:num_requests_running") == 0, 20, "the third request counted")
+                       and sample("tokenbus:num_requests_running") == 0
+                       and sample("tokenbus:kv_cache_usage_perc") == 0, 20, "the third request counted")
         assert sample("tokenbus:generation_tokens_total") == 15
         assert sample("tokenbus:request_success_total", finished_reason="stop") == 3
         assert sample("tokenbus:time_to_first_token_seconds_count") == 3

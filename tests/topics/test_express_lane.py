@@ -1,0 +1,204 @@
+"""The express lane of the embedded broker's doorbell (topics/doorbell.py), with the real broker
+and real Redis: a publisher hands over exactly the records it is asked to, at the offsets the
+broker gave them; a reply router offers a handed-over event to its stream, which keeps one copy
+whichever comes first; a GPU consumer hands over each request's first token event, and takes a
+request handed over by its publisher where its next fetch would have found it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as redis
+from aiokafka import TopicPartition
+
+from tests.conftest import MODEL
+from tests.gpu_consumers.helpers import read_all, running_worker
+from tests.topics.test_batching import publishing
+from tests.waiting import wait_for
+from tokenbus.producers import TokenbusClient
+from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
+from tokenbus.topics import BusSettings, ReplyRouter, TopicCatalog, make_producer
+from tokenbus.topics.doorbell import Doorbell, listen_express
+
+codec = AvroCodec()
+Handed = tuple[str, int, int, bytes]  # topic, partition, offset, value
+
+
+@pytest.fixture
+def embedded(bus: BusSettings) -> BusSettings:
+    assert bus.doorbell_url, "the test stack runs Redis, so its bus has a doorbell"
+    return bus.model_copy(update={"broker": "embedded"})
+
+
+@contextlib.asynccontextmanager
+async def handed_over(settings: BusSettings, topics_starting: str) -> AsyncIterator[list[Handed]]:
+    """What is handed over on the express lanes of topics whose names start with ``topics_starting``."""
+    assert settings.doorbell_url
+    got: list[Handed] = []
+    client = redis.Redis.from_url(settings.doorbell_url)
+    patterns_before = await client.pubsub_numpat()
+    task = asyncio.create_task(listen_express(settings.doorbell_url, topics_starting,
+                                              lambda *record: got.append(record)))
+    try:
+        for _ in range(200):  # subscribed once Redis counts the pattern
+            if await client.pubsub_numpat() > patterns_before:
+                break
+            await asyncio.sleep(0.01)
+        yield got
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.aclose()
+
+
+async def test_a_publisher_hands_over_what_it_is_asked_to_at_the_offsets_the_broker_gave(embedded):
+    """Several passes, and one pass bigger than a Kafka batch (so its records go out as several
+    batches, each with its own base offset): every record asked for is handed over once, with the
+    offset it has in the log and the bytes stored there; no other record is."""
+    topic = TopicCatalog(embedded).tokens
+    asked: set[str] = set()
+    async with handed_over(embedded, topic) as got, publishing(embedded, max_batch_size=16_384) as publisher:
+        for step in range(3):
+            for n in range(8):  # ~5 KB each: a pass of eight fills about three batches
+                text = f"{step}.{n}:" + "x" * 5_000
+                hand_over = n in (1, 4, 7) or step == 2 and n == 0
+                publisher.publish(topic, 2, f"r{n}", TokenEvent(f"r{n}", step, text), hand_over=hand_over)
+                if hand_over:
+                    asked.add(text)
+            await publisher.flush()
+        await wait_for(lambda: len(got) >= len(asked), 10, "the hand-overs", lambda: f"{len(got)} of {len(asked)}")
+    written = {record.offset: record.value for record in await read_all(embedded, topic, expected=24)}
+    assert len(written) == 24
+    assert all(t == topic and p == 2 for t, p, _, _ in got)
+    assert all(written[offset] == value for _, _, offset, value in got)
+    texts = [codec.decode(value, TokenEvent).text for _, _, _, value in got]
+    assert sorted(texts) == sorted(asked)
+
+
+async def test_without_the_express_lane_nothing_is_handed_over(embedded):
+    topic = TopicCatalog(embedded).tokens
+    off = embedded.model_copy(update={"express_first_token": False})
+    async with handed_over(embedded, topic) as got:
+        async with publishing(off) as publisher:
+            await publisher.publish(topic, 1, "r", TokenEvent("r", 0, "quiet"), hand_over=True)
+        async with publishing(embedded) as publisher:  # a lane that is on, as the control
+            await publisher.publish(topic, 1, "r", TokenEvent("r", 1, "handed"), hand_over=True)
+        await wait_for(lambda: got, 10, "the control's hand-over")
+        await asyncio.sleep(0.2)  # Redis delivers in publish order: the first would have come first
+    assert [codec.decode(value, TokenEvent).text for *_, value in got] == ["handed"]
+
+
+async def test_a_router_takes_a_handed_over_event_once_whichever_copy_comes_first(embedded):
+    router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
+    await router.start()
+    producer = make_producer(embedded)
+    await producer.start()
+    assert embedded.doorbell_url
+    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+    log = TopicPartition(router.reply_topic, router.reply_partition)
+
+    async def write(request_id: str, seq: int, final: bool = False) -> int:
+        event = TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq], finish_reason="stop" if final else None)
+        written = await producer.send_and_wait(log.topic, codec.encode(event), key=request_id.encode(),
+                                               partition=log.partition)
+        return int(written.offset)
+
+    def hand(request_id: str, seq: int, offset: int) -> None:
+        lane.hand_over(log.topic, log.partition, offset, codec.encode(TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq])))
+
+    try:
+        early, late = router.open("req-early"), router.open("req-late")
+        early_events, late_events = early.events(idle_timeout=10), late.events(idle_timeout=10)
+        # Handed over before it is in the log (its writer is slow to be fetched): the stream has it
+        # from the lane alone, at the offset its writer will give it.
+        hand("req-early", 0, offset=0)
+        first = await asyncio.wait_for(anext(early_events), 10)
+        assert (first.event.seq, first.offset) == (0, 0)
+        assert await write("req-early", 0) == 0  # the fetched copy comes second: dropped
+        # Fetched first, then handed over: the second copy is dropped too.
+        late_first = await write("req-late", 0)
+        assert (await asyncio.wait_for(anext(late_events), 10)).event.seq == 0
+        hand("req-late", 0, late_first)
+        hand("req-nobody", 0, late_first + 1)  # no such stream here
+        await write("req-early", 1, final=True)
+        await write("req-late", 1, final=True)
+        rest_early = [r.event.seq async for r in early_events]
+        rest_late = [r.event.seq async for r in late_events]
+    finally:
+        await lane.close()
+        await producer.stop()
+        await router.stop()
+    assert rest_early == [1] and rest_late == [1]
+    assert router.open_streams == 0
+
+
+async def test_a_gpu_consumer_hands_over_each_requests_first_token_event(embedded):
+    tokens = TopicCatalog(embedded).tokens
+    async with (handed_over(embedded, tokens) as got, running_worker(embedded, min_tokens=4, max_tokens=4),
+                TokenbusClient(embedded, idle_timeout=20) as client):
+        requests = [client.new_request(MODEL, [ChatMessage("user", f"question {i}")]) for i in range(3)]
+
+        async def collect(request):
+            return [r async for r in client.stream(request)]
+
+        streams = await asyncio.gather(*(collect(r) for r in requests))
+        await wait_for(lambda: len(got) >= len(requests), 10, "a hand-over per request")
+    assert all(len(stream) == 4 for stream in streams)
+    handed = [codec.decode(value, TokenEvent).request_id for *_, value in got]
+    assert sorted(handed) == sorted(r.request_id for r in requests)
+    written = {(r.partition, r.offset): r.value for r in await read_all(embedded, tokens, expected=12)}
+    assert len(written) == 12
+    for (_, partition, offset, value) in got:
+        assert written[partition, offset] == value and codec.decode(value, TokenEvent).seq == 0
+
+
+async def test_a_gpu_consumer_takes_a_handed_over_request_only_where_its_next_fetch_would_be(embedded):
+    """The edge hands over each request it publishes to a model's topic. A worker takes one at
+    the offset its next fetch of the partition would return, and passes the fetched copy over (the
+    request is served once); one at any other offset is left to the fetch."""
+    catalog = TopicCatalog(embedded)
+    topic = catalog.requests(MODEL, embedded.tiers[-1])
+    assert embedded.doorbell_url
+    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+    async with (handed_over(embedded, topic) as edge_handed, running_worker(embedded, min_tokens=3, max_tokens=3) as worker,
+                TokenbusClient(embedded, idle_timeout=20) as client):
+
+        async def served(request) -> list[int]:
+            return [r.event.seq async for r in client.stream(request)]
+
+        warm = client.new_request(MODEL, [ChatMessage("user", "the first, fetched")])
+        assert await served(warm) == [0, 1, 2]
+        assert [codec.decode(value, ChatRequest).request_id for *_, value in edge_handed] == [warm.request_id]
+        (_, partition, offset, _), = edge_handed
+        # Handed over before it is written: served from the lane alone.
+        early = client.new_request(MODEL, [ChatMessage("user", "handed over first")])
+        early_stream = client.router.open(early.request_id)
+        lane.hand_over(topic, partition, offset + 1, codec.encode(early))
+        events = [r.event.seq async for r in early_stream.events(idle_timeout=10)]
+        assert events == [0, 1, 2] and worker.completed == 2
+        # Its record, written now where it was handed over from, is passed over.
+        producer = make_producer(embedded.model_copy(update={"express_first_token": False}))
+        await producer.start()
+        try:
+            written = await producer.send_and_wait(topic, codec.encode(early), key=early.request_id.encode(),
+                                                   partition=partition)
+            assert written.offset == offset + 1
+            # Handed over ahead of the fetch (offset + 3 while the next record is at offset + 2): not taken.
+            ahead = client.new_request(MODEL, [ChatMessage("user", "handed over too soon")])
+            ahead_stream = client.router.open(ahead.request_id)
+            lane.hand_over(topic, partition, offset + 3, codec.encode(ahead))
+            after = client.new_request(MODEL, [ChatMessage("user", "the next, at offset + 2")])
+            await producer.send_and_wait(topic, codec.encode(after), key=after.request_id.encode(), partition=partition)
+            after_stream = client.router.open(after.request_id)
+            assert [r.event.seq async for r in after_stream.events(idle_timeout=10)] == [0, 1, 2]
+        finally:
+            await producer.stop()
+            await lane.close()
+        await wait_for(lambda: worker.completed == 3, 10, "the third request's completion")
+        assert ahead_stream.backlog == 0 and not ahead_stream.done
+    completions = [codec.decode(r.value, Completion).request_id
+                   for r in await read_all(embedded, catalog.completions, expected=3)]
+    assert sorted(completions) == sorted([warm.request_id, early.request_id, after.request_id])
