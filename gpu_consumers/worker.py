@@ -305,8 +305,8 @@ class GpuWorker:
         tier = self._tiers_by_topic.get(topic)
         tp = TopicPartition(topic, partition)
         fresh_from = self._fresh_from.get(tp)
-        if (tier is None or self._consumer is None or self._enqueuing or tp in self._releasing
-                or fresh_from is None or offset < fresh_from
+        if (tier is None or self._consumer is None or self._stopping.is_set() or self._enqueuing
+                or tp in self._releasing or fresh_from is None or offset < fresh_from
                 or known_position(self._consumer, tp) != offset
                 or self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier):
             return
@@ -465,9 +465,11 @@ class GpuWorker:
                     continue
                 event = steps.event(turn.count, out)
                 # The first event this worker publishes for the request is what its client waits
-                # for: handed to the edge as soon as it is acknowledged (topics/doorbell.py).
-                delivery = self._batches.publish(request.reply_topic, request.reply_partition, key, event,
-                                                 hand_over=not deliveries)
+                # for: handed to the edge as soon as it is acknowledged (topics/doorbell.py), while
+                # few run (under load fetches return records at once, and a hand-over only adds work).
+                delivery = self._batches.publish(
+                    request.reply_topic, request.reply_partition, key, event,
+                    hand_over=not deliveries and len(self._running) <= FetchPacer.LIGHT_IN_FLIGHT)
                 if not deliveries or deliveries[-1] is not delivery:  # steps read in one pass share one
                     deliveries.append(delivery)
                 turn.add(event)

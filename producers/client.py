@@ -29,6 +29,7 @@ from tokenbus.producers.publisher import RequestPublisher
 from tokenbus.schemas import FINISH_INCOMPLETE, AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
 from tokenbus.topics import (
     BusSettings,
+    FetchPacer,
     RecordSender,
     ReplyEvent,
     ReplyRouter,
@@ -69,7 +70,10 @@ class TokenbusClient:
         self.producer: AIOKafkaProducer = make_producer(self.settings)
         self.sender = RecordSender(self.producer, self.codec, self.catalog)
         self.placement = PrefixRouter(self.settings, self.codec, on_placed=on_placed) if self.settings.prefix_routing else None
-        publisher = RequestPublisher(self.sender, self.placement)
+        # The express lane saves a light stack the broker's fetch cycle; under load fetches return
+        # records at once and a hand-over would only add work (BENCHMARKS.md §11).
+        publisher = RequestPublisher(self.sender, self.placement,
+                                     lambda: self.router.open_streams <= FetchPacer.LIGHT_IN_FLIGHT)
         self.publisher = InputModerator(publisher, policy, on_review) if policy is not None else publisher
 
     async def start(self) -> None:

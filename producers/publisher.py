@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiokafka.structs import RecordMetadata
 
 from tokenbus.producers.placement import PrefixRouter
@@ -14,9 +16,12 @@ class UnknownRoute(ValueError):
 
 
 class RequestPublisher:
-    def __init__(self, sender: RecordSender, placement: PrefixRouter | None = None) -> None:
+    def __init__(self, sender: RecordSender, placement: PrefixRouter | None = None,
+                 hand_over_while: Callable[[], bool] = lambda: True) -> None:
+        """``hand_over_while``: whether a request published now goes on the express lane too."""
         self.sender = sender
         self.placement = placement
+        self._hand_over_while = hand_over_while
         self._catalog = sender.catalog
 
     def topic_for(self, request: ChatRequest) -> str:
@@ -32,14 +37,15 @@ class RequestPublisher:
         keyed by conversation (or request id), so a conversation's turns share a partition; with
         ``placement``, a request on a model's topic goes where its prompt's prefix is cached
         (producers/placement.py), and the decision is noted on it. A request on a model's topic is
-        also handed to its GPU consumers on the express lane where there is one (topics/doorbell.py)."""
+        also handed to its GPU consumers on the express lane where there is one (topics/doorbell.py),
+        while ``hand_over_while`` says so."""
         topic = topic or self.topic_for(request)
-        to_a_model = topic != self._catalog.ingress
-        if self.placement is None or not to_a_model:
-            return await self.sender.send_and_wait(topic, request, request.partition_key, hand_over=to_a_model)
+        hand_over = topic != self._catalog.ingress and self._hand_over_while()
+        if self.placement is None or topic == self._catalog.ingress:
+            return await self.sender.send_and_wait(topic, request, request.partition_key, hand_over=hand_over)
         placed = self.placement.place(request, topic)
         request.annotations = {**request.annotations, **placed.annotations()}
         landed = await self.sender.send_and_wait(topic, request, request.partition_key, partition=placed.partition,
-                                                 hand_over=True)
+                                                 hand_over=hand_over)
         self.placement.landed(placed, topic, landed.partition)
         return landed

@@ -2,7 +2,8 @@
 and real Redis: a publisher hands over exactly the records it is asked to, at the offsets the
 broker gave them; a reply router offers a handed-over event to its stream, which keeps one copy
 whichever comes first; a GPU consumer hands over each request's first token event, and takes a
-request handed over by its publisher where its next fetch would have found it."""
+request handed over by its publisher where its next fetch would have found it; nothing is handed
+over under load."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.topics.test_batching import publishing
 from tests.waiting import wait_for
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
-from tokenbus.topics import BusSettings, ReplyRouter, TopicCatalog, make_producer
+from tokenbus.topics import BusSettings, FetchPacer, ReplyRouter, TopicCatalog, make_producer
 from tokenbus.topics.doorbell import Doorbell, listen_express
 
 codec = AvroCodec()
@@ -140,11 +141,7 @@ async def test_a_gpu_consumer_hands_over_each_requests_first_token_event(embedde
     async with (handed_over(embedded, tokens) as got, running_worker(embedded, min_tokens=4, max_tokens=4),
                 TokenbusClient(embedded, idle_timeout=20) as client):
         requests = [client.new_request(MODEL, [ChatMessage("user", f"question {i}")]) for i in range(3)]
-
-        async def collect(request):
-            return [r async for r in client.stream(request)]
-
-        streams = await asyncio.gather(*(collect(r) for r in requests))
+        streams = [[r async for r in client.stream(request)] for request in requests]  # one at a time
         await wait_for(lambda: len(got) >= len(requests), 10, "a hand-over per request")
     assert all(len(stream) == 4 for stream in streams)
     handed = [codec.decode(value, TokenEvent).request_id for *_, value in got]
@@ -153,6 +150,23 @@ async def test_a_gpu_consumer_hands_over_each_requests_first_token_event(embedde
     assert len(written) == 12
     for (_, partition, offset, value) in got:
         assert written[partition, offset] == value and codec.decode(value, TokenEvent).seq == 0
+
+
+async def test_nothing_is_handed_over_under_load(embedded, monkeypatch):
+    """Under load fetches return records at once and a hand-over only adds work: the edge hands a
+    request over, and a GPU consumer a first token event, only while it serves at most
+    ``LIGHT_IN_FLIGHT`` streams or sequences (here none, so that one request is already load)."""
+    monkeypatch.setattr(FetchPacer, "LIGHT_IN_FLIGHT", 0)
+    catalog = TopicCatalog(embedded)
+    async with (handed_over(embedded, catalog.tokens) as tokens_handed,
+                handed_over(embedded, catalog.requests(MODEL, embedded.tiers[-1])) as requests_handed,
+                running_worker(embedded, min_tokens=2, max_tokens=2) as worker,
+                TokenbusClient(embedded, idle_timeout=20) as client):
+        for i in range(2):
+            assert len([r async for r in client.stream(client.new_request(MODEL, [ChatMessage("user", f"q{i}")]))]) == 2
+        await wait_for(lambda: worker.completed == 2, 10, "both completions")
+        await asyncio.sleep(0.3)  # a hand-over would have come long before the streams ended
+    assert tokens_handed == [] and requests_handed == []
 
 
 async def test_a_gpu_consumer_takes_a_handed_over_request_only_where_its_next_fetch_would_be(embedded):
