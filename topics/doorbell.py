@@ -24,7 +24,8 @@ its end, and the next one returns the record: at concurrency 1, 2.7 ms p50 and 5
 the publish to the edge, BENCHMARKS.md §11). Two records ride it, the two a client's first token
 waits on: the edge hands each request it publishes to the GPU consumers (gpu_consumers/worker.py),
 and the GPU consumer hands each request's first token event to the edge's reply router
-(topics/replies.py); later tokens hide behind the engine's steps. What is handed over is the
+(topics/replies.py), each while it serves few (under load fetches return records at once); later
+tokens hide behind the engine's steps. What is handed over is the
 bytes the broker holds at that offset, so a reader that also fetches it passes one of the two
 copies over, and a lost hand-over costs latency only.
 """

@@ -22,7 +22,7 @@ from tests.waiting import wait_for
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
 from tokenbus.topics import BusSettings, FetchPacer, ReplyRouter, TopicCatalog, make_producer
-from tokenbus.topics.doorbell import Doorbell, listen_express
+from tokenbus.topics.doorbell import Doorbell, express_channel, listen_express
 
 codec = AvroCodec()
 Handed = tuple[str, int, int, bytes]  # topic, partition, offset, value
@@ -39,15 +39,24 @@ async def handed_over(settings: BusSettings, topics_starting: str) -> AsyncItera
     """What is handed over on the express lanes of topics whose names start with ``topics_starting``."""
     assert settings.doorbell_url
     got: list[Handed] = []
+    probe, listening = topics_starting + "~listening", asyncio.Event()
+
+    def heard(topic: str, partition: int, offset: int, value: bytes) -> None:
+        if topic == probe:
+            listening.set()
+        else:
+            got.append((topic, partition, offset, value))
+
     client = redis.Redis.from_url(settings.doorbell_url)
-    patterns_before = await client.pubsub_numpat()
-    task = asyncio.create_task(listen_express(settings.doorbell_url, topics_starting,
-                                              lambda *record: got.append(record)))
+    task = asyncio.create_task(listen_express(settings.doorbell_url, topics_starting, heard))
     try:
-        for _ in range(200):  # subscribed once Redis counts the pattern
-            if await client.pubsub_numpat() > patterns_before:
+        for _ in range(500):  # listening once a probe of its own comes back
+            await client.publish(express_channel(probe), bytes(12))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(listening.wait(), 0.01)
+            if listening.is_set():
                 break
-            await asyncio.sleep(0.01)
+        assert listening.is_set(), "the test's express listener never subscribed"
         yield got
     finally:
         task.cancel()
