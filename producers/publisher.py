@@ -17,8 +17,9 @@ class UnknownRoute(ValueError):
 
 class RequestPublisher:
     def __init__(self, sender: RecordSender, placement: PrefixRouter | None = None,
-                 hand_over_while: Callable[[], bool] = lambda: True) -> None:
-        """``hand_over_while``: whether a request published now goes on the express lane too."""
+                 hand_over_while: Callable[[], bool] = lambda: False) -> None:
+        """``hand_over_while``: whether a request published now goes on the express lane too (a
+        publisher that knows its load says; by default none does)."""
         self.sender = sender
         self.placement = placement
         self._hand_over_while = hand_over_while
