@@ -25,9 +25,9 @@ the publish to the edge, BENCHMARKS.md §11). Two records ride it, the two a cli
 waits on: the edge hands each request it publishes to the GPU consumers (gpu_consumers/worker.py),
 and the GPU consumer hands each request's first token event to the edge's reply router
 (topics/replies.py), each while it serves few (under load fetches return records at once); later
-tokens hide behind the engine's steps. What is handed over is the
-bytes the broker holds at that offset, so a reader that also fetches it passes one of the two
-copies over, and a lost hand-over costs latency only.
+tokens hide behind the engine's steps. What is handed over is the bytes the broker holds at that
+offset, so a reader that also fetches it passes one of the two copies over, and a lost hand-over
+costs latency only.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class Doorbell:
         try:
             await self._redis.publish(channel_name, message)
         except (redis.RedisError, OSError) as exc:
-            log.debug("doorbell: ring for %s lost (%s); readers catch up by polling", topic, exc)
+            log.debug("doorbell: publish for %s lost (%s); readers catch up by fetching", topic, exc)
 
     async def close(self) -> None:
         await asyncio.gather(*self._ringing, return_exceptions=True)
