@@ -1,17 +1,11 @@
 """The GPU consumer: pulls requests for one model, runs them through an engine with
 continuous batching, and publishes token events and a Completion for each.
 
-Flow control lives in Kafka: fetched requests wait in a small per-tier buffer; when
-a tier's buffer is full its partitions pause, so the backlog stays in the log
-(consumer lag is the queue depth). Offsets are committed at the low-water mark of
-finished requests. A request that may have been started elsewhere (fetched from
-before this worker's assignment) is first looked up in the token log and continued
-after what was already published; so is one whose serving failed here, served again.
-
-On the embedded broker with a doorbell, the edge also hands each request it publishes to the GPU
-consumers on the express lane (topics/doorbell.py) once the broker has acknowledged it. A worker
-takes it only where that is the record its next fetch of the partition would return (so nothing is
-skipped or taken out of order) and its tier has room; the fetched copy is then passed over.
+Its requests come in through its intake (gpu_consumers/intake.py: fetches, flow control, the
+express lane). Offsets are committed at the low-water mark of finished requests. A request that
+may have been started elsewhere (fetched from before this worker's assignment) is first looked up
+in the token log and continued after what was already published; so is one whose serving failed
+here, served again.
 """
 
 from __future__ import annotations
@@ -19,11 +13,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections import OrderedDict
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from tokenbus.gpu_consumers.control import ControlListener
 from tokenbus.gpu_consumers.engines import (
@@ -32,6 +25,7 @@ from tokenbus.gpu_consumers.engines import (
     Engine,
     StepOutput,
 )
+from tokenbus.gpu_consumers.intake import RequestIntake
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
 from tokenbus.gpu_consumers.offsets import OffsetTracker
 from tokenbus.gpu_consumers.prefix_reports import PrefixReports
@@ -40,22 +34,18 @@ from tokenbus.gpu_consumers.sequence import RunningSequence
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.token_log import Published, TokenLog
-from tokenbus.schemas import AvroCodec, ChatRequest, CompletionBuilder, DecodeError
+from tokenbus.schemas import AvroCodec, ChatRequest, CompletionBuilder
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
     FetchPacer,
     RecordSender,
     TopicCatalog,
-    cancel_task,
     commit_as_member,
-    doorbell,
-    known_position,
     make_consumer,
     make_producer,
     tracing,
 )
-from tokenbus.topics.clients import doorbell_on
 
 log = logging.getLogger(__name__)
 
@@ -90,28 +80,19 @@ class GpuWorker:
         self.control = ControlListener(settings.bus, self.codec, self.cancel)
         self.ready = asyncio.Event()
         self.group_id = self.catalog.gpu_group(settings.model)
-        self._topics_by_tier = {t: self.catalog.requests(settings.model, t) for t in settings.bus.tiers}
-        self._tiers_by_topic = {topic: tier for tier, topic in self._topics_by_tier.items()}
         self._running: dict[str, RunningSequence] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
-        self._fresh_from: dict[TopicPartition, int | None] = {}
-        # When each partition became this worker's (time.monotonic()): its previous owner wrote
-        # every token of its requests before then (it flushes before letting a partition go).
-        self._assigned_at: dict[TopicPartition, float] = {}
         self._tokens_in_flight = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._sender: RecordSender | None = None
-        self._pacer = FetchPacer(settings.bus)
-        self._dead_letters: DeadLetterPublisher | None = None
         self._batches: BatchingPublisher | None = None
         self._prefix_reports: PrefixReports | None = None
         self._stopping = asyncio.Event()
         self._serving_again: dict[str, tuple[asyncio.TimerHandle, Pending]] = {}
-        self._express: asyncio.Task[None] | None = None
-        self._handed_until: dict[TopicPartition, int] = {}  # a fetch passes over records before this: handed over
-        self._enqueuing = False  # the poll loop is taking a fetch's records: no hand-over comes between them
-        self._releasing: set[TopicPartition] = set()  # partitions being given back: no hand-over is taken there
+        self.intake = RequestIntake(settings, self.codec, self.scheduler, self.offsets, self.token_log,
+                                    in_flight=lambda: len(self._running) + self.scheduler.waiting(),
+                                    taken=self._admit_waiting, stopping=self._stopping)
         self.completed = 0
 
     @property
@@ -138,7 +119,6 @@ class GpuWorker:
         self._producer = make_producer(self.settings.bus)
         await self._producer.start()
         self._sender = RecordSender(self._producer, self.codec, self.catalog)
-        self._dead_letters = DeadLetterPublisher(self._producer, self.catalog)
         self._batches = BatchingPublisher(self._producer, self.codec)
         await self.engine.start()
         prefix_cache = self.engine.prefix_cache  # set once the engine has started
@@ -152,19 +132,12 @@ class GpuWorker:
         await self.control.start()
         self._consumer = make_consumer(self.settings.bus, group_id=self.group_id)
         await self._consumer.start()
-        self._pacer.attach(self._consumer)
-        self._consumer.subscribe(list(self._topics_by_tier.values()), listener=_Rebalance(self))
-        bus = self.settings.bus
-        if doorbell_on(bus) and bus.express_first_token:
-            assert bus.doorbell_url
-            self._express = asyncio.create_task(doorbell.listen_express(
-                bus.doorbell_url, os.path.commonprefix(list(self._topics_by_tier)), self._handed_over),
-                name="express-requests")
+        self.intake.start(self._consumer, DeadLetterPublisher(self._producer, self.catalog))
+        self._consumer.subscribe(self.intake.topics, listener=_Rebalance(self))
         log.info("worker %s serving %s in group %s", self.settings.worker_id, self.settings.model, self.group_id)
 
     async def _shutdown(self) -> None:
-        await cancel_task(self._express)
-        await self._pacer.close()
+        await self.intake.close()
         if self._consumer:
             await self.release(self._consumer.assignment())
             await self._consumer.stop()
@@ -179,11 +152,7 @@ class GpuWorker:
     # -- partitions --------------------------------------------------------------
 
     def assigned(self, partitions: set[TopicPartition]) -> None:
-        self._releasing -= partitions
-        for tp in partitions:
-            self._fresh_from[tp] = None  # learnt from the first fetch's high-water mark
-            self._assigned_at[tp] = time.monotonic()
-        self._pacer.wake()  # what they hold (another worker's requests, maybe) was announced to no one
+        self.intake.assigned(partitions)
         if self._prefix_reports is not None and self._consumer is not None:
             self._prefix_reports.owned(self._consumer.assignment() | partitions)
         self.ready.set()
@@ -191,7 +160,7 @@ class GpuWorker:
     async def release(self, partitions: set[TopicPartition]) -> None:
         """Give partitions back: drop what waits, stop what runs without a final event, make
         every token published so far durable, and commit. The next owner continues from the log."""
-        self._releasing |= partitions
+        self.intake.releasing(partitions)
         for pending in self.scheduler.remove_partitions(partitions):
             if pending.published is not None:
                 pending.published.cancel()
@@ -209,11 +178,7 @@ class GpuWorker:
             await self._producer.flush()
         await self.commit()
         self.offsets.forget(partitions)
-        for tp in partitions:
-            self._fresh_from.pop(tp, None)
-            self._assigned_at.pop(tp, None)
-            self._handed_until.pop(tp, None)
-        self._releasing -= partitions
+        self.intake.released(partitions)
         if self._prefix_reports is not None and self._consumer is not None:
             self._prefix_reports.owned(self._consumer.assignment() - partitions)
 
@@ -232,30 +197,13 @@ class GpuWorker:
         except Exception as exc:  # a rebalance in progress, the broker away; the next commit retries
             log.warning("offset commit failed: %s", exc)
 
-    # -- fetching and admission --------------------------------------------------
+    # -- admission -------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
-        assert self._consumer is not None
         loop = asyncio.get_running_loop()
         next_commit = loop.time()
         while not self._stopping.is_set():
-            self._pause_full_tiers()
-            # A record ends the wait at once; the loop itself only has to turn often while
-            # sequences run (a finished one frees a slot for the next waiting request).
-            busy = bool(self._running) or self.scheduler.waiting() > 0
-            batches = await self._consumer.getmany(timeout_ms=50 if busy else 500)
-            self._enqueuing = True
-            for tp, records in batches.items():
-                handed_until = self._handed_until.pop(tp, 0)
-                for record in records:
-                    if record.offset >= handed_until:
-                        await self._enqueue(tp, record)
-                if records and records[-1].offset + 1 < handed_until:
-                    self._handed_until[tp] = handed_until
-            self._enqueuing = False
-            self._pacer.observed_by_topic(batches)  # a tier's topic is paused while it is quiet
-            self._pacer.serving(len(self._running) + self.scheduler.waiting())
-            if batches and self._prefix_reports is not None:
+            if await self.intake.fetch() and self._prefix_reports is not None:
                 self._prefix_reports.load_changed()
             self._admit_waiting()
             self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
@@ -263,64 +211,6 @@ class GpuWorker:
             if loop.time() >= next_commit:
                 await self.commit()
                 next_commit = loop.time() + self.settings.commit_interval_ms / 1000
-
-    def _pause_full_tiers(self) -> None:
-        """Through the pacer, which also pauses an idle worker's partitions (neither undoes the other)."""
-        assert self._consumer is not None
-        full = {topic for tier, topic in self._topics_by_tier.items()
-                if self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier}
-        self._pacer.hold({tp for tp in self._consumer.assignment() if tp.topic in full})
-
-    async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
-        assert self._consumer is not None
-        self.offsets.started(tp, record.offset)
-        try:
-            request = self.codec.decode(record.value, ChatRequest)
-        except DecodeError as exc:
-            assert self._dead_letters is not None
-            await self._dead_letters.send(record, exc.reason, exc.detail)
-            self.offsets.finished(tp, record.offset)
-            return
-        if request.tier not in self._topics_by_tier or request.model != self.settings.model:
-            assert self._dead_letters is not None
-            await self._dead_letters.send(record, "wrong_route", f"model={request.model} tier={request.tier}")
-            self.offsets.finished(tp, record.offset)
-            return
-        fresh_from = self._fresh_from.get(tp)
-        if fresh_from is None:
-            fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
-        maybe_seen = record.offset < fresh_from
-        # Look up now, not at admission: the lookups of one fetch then share one scan of the log.
-        published = (asyncio.ensure_future(self.token_log.published(request, self._assigned_at.get(tp)))
-                     if maybe_seen else None)
-        self.scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
-        log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
-                  record.offset, maybe_seen)
-
-    def _handed_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        """A request the edge handed over on the express lane: taken if it is the record the next
-        fetch of its partition would return, after one fetched since the partition became this
-        worker's (that one settles whether another worker may have started it), and its tier has
-        room; otherwise left to the fetch."""
-        tier = self._tiers_by_topic.get(topic)
-        tp = TopicPartition(topic, partition)
-        fresh_from = self._fresh_from.get(tp)
-        if (tier is None or self._consumer is None or self._stopping.is_set() or self._enqueuing
-                or tp in self._releasing or fresh_from is None or offset < fresh_from
-                or known_position(self._consumer, tp) != offset
-                or self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier):
-            return
-        try:
-            request = self.codec.decode(value, ChatRequest)
-        except DecodeError:
-            return  # the fetch dead-letters it
-        if request.tier != tier or request.model != self.settings.model:
-            return
-        self._handed_until[tp] = offset + 1
-        self.offsets.started(tp, offset)
-        self.scheduler.add(Pending(request, tp, offset))
-        log.debug("handed over %s on %s-%s@%s", request.request_id, topic, partition, offset)
-        self._admit_waiting()
 
     def _cost(self, request: ChatRequest) -> int:
         return request.estimated_prompt_tokens + (request.max_tokens or self.settings.default_max_tokens)

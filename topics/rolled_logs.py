@@ -7,10 +7,13 @@ topics/doorbell.py, rings for a rolled log it does not read) and reads each new 
 from its group's committed position, or from its start (a router makes each log a rotation
 before it writes to it, so the reader is there from its first record; the ring covers the logs a
 router makes at its start, used at once). Positions are committed without joining
-the group, so logs coming and going cause no rebalance. A log is let go once a newer log of the
-same router exists and nothing arrived on it for ``LET_GO_AFTER_S``, well before its router
-deletes it (``keep_s``, minutes): a fetch of a deleted log would make the embedded broker create
-it again. One reader per stack and group: a second one would read every log again.
+the group, so logs coming and going cause no rebalance. A log is let go once its router has moved
+on (a record arrived on a newer log of the same router) and nothing arrived on it for
+``LET_GO_AFTER_S``, well before its router deletes it (``keep_s``, minutes): a fetch of a deleted
+log would make the embedded broker create it again. A newer log merely existing says nothing: a
+router makes its next log a rotation ahead, so the log it writes now always has a newer one, and a
+quiet spell would otherwise let go the log new streams still go to. One reader per stack and
+group: a second one would read every log again.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class RolledLogReader:
         self._unread_log_rung = asyncio.Event()  # a writer rang for a rolled log this reader does not read
         self._positions: dict[TopicPartition, int] = {}  # the logs read now: next offset to handle
         self._last_record: dict[str, float] = {}  # log -> when a record last arrived on it (or it was found)
+        self._written: set[str] = set()  # logs a record arrived on: their routers have moved to them
         self._let_go: set[str] = set()  # logs done with that the broker still lists
         self._committed: dict[TopicPartition, int] = {}
 
@@ -104,6 +108,7 @@ class RolledLogReader:
                 if tp not in self._positions:
                     continue  # let go meanwhile
                 self._last_record[tp.topic] = time.monotonic()
+                self._written.add(tp.topic)
                 for record in records:
                     await self._on_record(record)
                     self._positions[tp] = record.offset + 1
@@ -122,6 +127,7 @@ class RolledLogReader:
         listed = {name for name in await self._consumer.topics()  # every topic: a listing creates none
                   if self._catalog.parse_rolled_reply_log(name) is not None}
         self._let_go &= listed
+        self._written &= listed
         changed = False
         for name in sorted(listed - self._let_go - {tp.topic for tp in self._positions}):
             tp = TopicPartition(name, 0)
@@ -145,11 +151,11 @@ class RolledLogReader:
                 self._consumer.seek(tp, position)
 
     def _done_with(self, name: str, listed: set[str]) -> bool:
-        """A newer log of its router exists and nothing arrived on it lately."""
+        """Its router writes a newer log, and nothing arrived on this one lately."""
         owner, created_ms = self._catalog.parse_rolled_reply_log(name) or ("", 0)
-        rolled = (self._catalog.parse_rolled_reply_log(other) for other in listed)
-        newer = any(r is not None and r[0] == owner and r[1] > created_ms for r in rolled)
-        return newer and time.monotonic() - self._last_record.get(name, 0.0) >= LET_GO_AFTER_S
+        written = (self._catalog.parse_rolled_reply_log(other) for other in listed & self._written)
+        moved_on = any(r is not None and r[0] == owner and r[1] > created_ms for r in written)
+        return moved_on and time.monotonic() - self._last_record.get(name, 0.0) >= LET_GO_AFTER_S
 
     async def _commit(self) -> None:
         assert self._consumer is not None

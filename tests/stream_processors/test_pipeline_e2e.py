@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import uuid
 
 import pytest
@@ -166,14 +167,30 @@ async def seed_with_phrase_mid_stream() -> tuple[int, str, int]:
     raise AssertionError("no seed found")
 
 
+async def where_the_cut_went(stack: EmbeddedStack, catalog: TopicCatalog, request_id: str, ended_ms: float) -> str:
+    """For a stream that was not cut: did output moderation block it late, or not at all?"""
+    await asyncio.sleep(10)
+    found = []
+    for record in await read_topic(stack.bus_settings(), catalog.moderation):
+        try:
+            decision = CODEC.decode(record.value, ModerationDecision)
+        except DecodeError:
+            continue  # the poison records of another test
+        if decision.request_id == request_id and decision.stage == "output":
+            found.append(f"{decision.action} {record.timestamp - ended_ms:+.0f} ms")
+    return f"output decisions on {request_id}, from when the client saw the stream end: {found}"
+
+
 async def test_an_output_violation_truncates_the_stream_and_stops_generation(stack, catalog):
     seed, full_text, phrase_end = await seed_with_phrase_mid_stream()
     _, key = await new_key(stack, tier="interactive")  # the test policy blocks SIM_PHRASE there
     stream = await client(stack, key).chat.completions.create(
         model=SLOW_MODEL, stream=True, seed=seed, messages=[{"role": "user", "content": "go"}])
     chunks = [chunk async for chunk in stream]
+    ended_ms = time.time() * 1000
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert chunks[-1].choices[0].finish_reason == "content_filter"
+    assert chunks[-1].choices[0].finish_reason == "content_filter", await where_the_cut_went(
+        stack, catalog, chunks[0].id, ended_ms)
     assert full_text.startswith(text)  # what was relayed is the model's text, cut short
     assert phrase_end <= len(text) < len(full_text)
 

@@ -255,6 +255,43 @@ async def test_a_reader_follows_logs_as_they_come_and_resumes_where_it_committed
         await admin.close()
 
 
+async def test_the_log_a_router_writes_is_not_let_go_for_the_one_it_made_ahead(bus, monkeypatch):
+    """A router makes its next log a rotation before it moves there, so the log it writes has a newer
+    one all along: however long a quiet spell, the reader keeps reading the log new streams go to
+    (letting it go would leave them unmoderated) until a record on the newer log says the router moved."""
+    monkeypatch.setattr(rolled_logs, "LET_GO_AFTER_S", 0.3)
+    monkeypatch.setattr(rolled_logs, "DISCOVER_EVERY_S", 0.1)
+    catalog = TopicCatalog(bus)
+    got: list[str] = []
+    let_go: list[str] = []
+
+    async def on_record(record) -> None:
+        got.append(codec.decode(record.value, TokenEvent).text)
+
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    now_ms = int(time.time() * 1000)
+    current, ahead = catalog.rolled_reply_log("r1", now_ms), catalog.rolled_reply_log("r1", now_ms + 1)
+    for log in (current, ahead):
+        await admin.create(log, partitions=1)
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record, on_let_go=let_go.append)
+    await reader.start()
+    producer = make_producer(bus)
+    await producer.start()
+    try:
+        await asyncio.sleep(1.0)  # a quiet spell: more than LET_GO_AFTER_S, several listings
+        assert let_go == [] and reader.reading == sorted([current, ahead])
+        await send(producer, current, "a", 0, final=True)
+        await wait_for(lambda: got == ["a:0"])
+        await send(producer, ahead, "b", 0, final=True)  # the router moved on
+        await wait_for(lambda: let_go == [current])
+        assert got == ["a:0", "b:0"] and reader.reading == [ahead]
+    finally:
+        await reader.stop()
+        await producer.stop()
+        await admin.close()
+
+
 async def test_a_reader_given_its_own_fetch_wait_keeps_it_whenever_records_flow(bus, monkeypatch):
     """Output moderation reads with a longer wait than the request path (stream_processors'
     ``output_moderation_fetch_wait_ms``): its first fetches, and those after an idle spell that a
