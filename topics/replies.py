@@ -15,7 +15,8 @@ returns nothing, so one ever-growing hot partition eventually stops delivering. 
 the partition being written small and reads only the partitions that still have open streams.
 Only the seconds in which the partition was written count: a GPU consumer writes a batch per
 engine step whatever the number of streams, so written seconds bound the batches, and a quiet
-router makes no new logs.
+router makes no new logs (but one every ``FRESH_LOGS_AFTER_S``: routers take each other's logs
+that old for abandoned).
 
 Why, on the embedded broker, each rotation writes a new topic instead (a *rolled reply log*,
 ``tokens.<router>.<created ms>``, one partition): rotating through partitions only spreads the
@@ -58,6 +59,9 @@ RECREATED_CHECK_S = 1.0  # how often the router looks for a reply log that was r
 ROLLED_LOG_QUIET_S = 120.0
 SWEEP_EVERY_S = 60.0  # how often a router looks for rolled logs nobody deletes (re-created, or a dead router's)
 ABANDONED_AFTER_S = 3600.0  # another router's rolled log this much older than keep_s is taken for abandoned
+# A router that stayed on one rolled log this long (a quiet one: it moves on by written seconds)
+# moves to logs made now, so that no other router's sweep takes a log it still uses for abandoned.
+FRESH_LOGS_AFTER_S = ABANDONED_AFTER_S / 2
 
 
 class ReplyRouter:
@@ -250,6 +254,8 @@ class ReplyRouter:
             try:
                 if (timed and self._written_s >= self.rotate_every_s) or crowded:
                     await self._move_on()
+                elif self.roll_logs and self._current_log_age_s() >= FRESH_LOGS_AFTER_S:
+                    await self._move_to_fresh_logs()
                 if self.roll_logs:
                     await self._delete_rolled_logs(sweep=loop.time() >= sweep_at)
                     sweep_at = sweep_at if loop.time() < sweep_at else loop.time() + SWEEP_EVERY_S
@@ -267,15 +273,24 @@ class ReplyRouter:
         if not self.roll_logs:
             return
         try:
-            lost = self._next
-            self._next = await self._new_rolled_log()
-            if lost is not None:
-                self._retired[lost.topic] = time.monotonic()
-            await self._move_on()
+            await self._move_to_fresh_logs()
         except (KafkaError, TopicProvisioningError) as exc:
             log.warning("no fresh reply log after the broker returned: %s", exc)
         else:
             log.info("the broker returned: new requests write to %s", self._current.topic)
+
+    def _current_log_age_s(self) -> float:
+        _, created_ms = self.catalog.parse_rolled_reply_log(self._current.topic) or ("", self._created_ms)
+        return time.time() - created_ms / 1000
+
+    async def _move_to_fresh_logs(self) -> None:
+        """New requests move to a rolled log made now, with another made now to follow it (not
+        the one made ahead at the last rotation)."""
+        lost = self._next
+        self._next = await self._new_rolled_log()
+        if lost is not None:
+            self._retired[lost.topic] = time.monotonic()
+        await self._move_on()
 
     async def _move_on(self) -> None:
         async with self._moving:

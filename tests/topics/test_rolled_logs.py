@@ -120,6 +120,31 @@ async def test_a_router_sweeps_its_recreated_logs_and_long_abandoned_ones(bus, m
         await router.stop()
 
 
+async def test_a_quiet_router_moves_to_fresh_logs_so_another_never_sweeps_the_one_it_uses(bus, monkeypatch):
+    """Routers take each other's logs made long ago for abandoned; a quiet router stays on one log
+    (it rotates by written seconds), so it moves to logs made now before its own look that old."""
+    monkeypatch.setattr(replies, "SWEEP_EVERY_S", 0.0)
+    monkeypatch.setattr(replies, "ABANDONED_AFTER_S", 4.0)
+    monkeypatch.setattr(replies, "FRESH_LOGS_AFTER_S", 2.0)
+    quiet = ReplyRouter(bus, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=0.0)
+    sweeper = ReplyRouter(bus, partitions=[1], rotate_every_s=3600, roll_logs=True, keep_s=0.0)
+    await quiet.start()
+    await sweeper.start()
+    try:
+        used = [quiet.reply_topic]
+        deadline = time.monotonic() + 9
+        while time.monotonic() < deadline:  # the sweeper looks every tick (1 s) meanwhile
+            if quiet.reply_topic != used[-1]:
+                used.append(quiet.reply_topic)
+            assert quiet.reply_topic in await listed(bus)
+            await asyncio.sleep(0.3)
+        assert len(used) >= 3  # it moved on every 2 s or so, with nothing written
+        assert used[0] not in await listed(bus)  # once done with: deleted (by its router or the sweeper)
+    finally:
+        await quiet.stop()
+        await sweeper.stop()
+
+
 async def test_a_producer_forgets_old_topics_so_a_deleted_log_stays_deleted(bus, monkeypatch):
     """The embedded broker creates a topic that a metadata request names, and aiokafka names every
     topic a producer ever wrote to: a plain producer brings a deleted log back, ours does not."""
