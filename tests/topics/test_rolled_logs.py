@@ -28,6 +28,13 @@ async def listed(bus: BusSettings) -> set[str]:
         await admin.close()
 
 
+def texts_into(got: list[str]):
+    """A reader's ``on_record`` that keeps each token event's text in ``got``."""
+    async def on_record(record) -> None:
+        got.append(codec.decode(record.value, TokenEvent).text)
+    return on_record
+
+
 async def send(producer: AIOKafkaProducer, topic: str, request_id: str, seq: int, final: bool = False) -> None:
     event = TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq], finish_reason="stop" if final else None)
     await producer.send_and_wait(topic, codec.encode(event), key=request_id.encode(), partition=0)
@@ -182,10 +189,7 @@ async def test_a_reader_started_before_any_log_reads_the_first_one(bus, monkeypa
     monkeypatch.setattr(rolled_logs, "DISCOVER_EVERY_S", 0.2)
     got: list[str] = []
 
-    async def on_record(record) -> None:
-        got.append(codec.decode(record.value, TokenEvent).text)
-
-    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record)
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", texts_into(got))
     await reader.start()
     admin = TopicAdmin(bus.bootstrap_servers)
     await admin.start()
@@ -210,15 +214,12 @@ async def test_a_ring_for_a_log_the_reader_does_not_read_makes_it_look_at_once(b
     monkeypatch.setattr(rolled_logs, "DISCOVER_EVERY_S", 3600.0)  # only the start's listing, and rings
     got: list[str] = []
 
-    async def on_record(record) -> None:
-        got.append(codec.decode(record.value, TokenEvent).text)
-
     catalog = TopicCatalog(bus)
     admin = TopicAdmin(bus.bootstrap_servers)
     await admin.start()
     earlier = catalog.rolled_reply_log("r1", int(time.time() * 1000))
     await admin.create(earlier, partitions=1)  # so that the reader reads one log when the ring comes
-    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record)
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", texts_into(got))
     await reader.start()
     producer = make_producer(bus)  # rings as it writes
     await producer.start()
@@ -243,9 +244,6 @@ async def test_a_reader_follows_logs_as_they_come_and_resumes_where_it_committed
     got: list[str] = []
     let_go: list[str] = []
 
-    async def on_record(record) -> None:
-        got.append(codec.decode(record.value, TokenEvent).text)
-
     admin = TopicAdmin(bus.bootstrap_servers)
     await admin.start()
     producer = make_producer(bus)
@@ -253,7 +251,7 @@ async def test_a_reader_follows_logs_as_they_come_and_resumes_where_it_committed
     older = catalog.rolled_reply_log("r1", int(time.time() * 1000))
     await admin.create(older, partitions=1)
     await send(producer, older, "a", 0)  # written before the reader starts: read from the start
-    reader = RolledLogReader(bus, group, on_record, on_let_go=let_go.append)
+    reader = RolledLogReader(bus, group, texts_into(got), on_let_go=let_go.append)
     await reader.start()
     try:
         await wait_for(lambda: got == ["a:0"])
@@ -268,7 +266,7 @@ async def test_a_reader_follows_logs_as_they_come_and_resumes_where_it_committed
         await reader.stop()
 
     await send(producer, newer, "c", 0, final=True)
-    again = RolledLogReader(bus, group, on_record)
+    again = RolledLogReader(bus, group, texts_into(got))
     await again.start()
     try:
         await wait_for(lambda: got[3:] == ["c:0"])  # from the committed position: nothing twice
@@ -290,16 +288,13 @@ async def test_the_log_a_router_writes_is_not_let_go_for_the_one_it_made_ahead(b
     got: list[str] = []
     let_go: list[str] = []
 
-    async def on_record(record) -> None:
-        got.append(codec.decode(record.value, TokenEvent).text)
-
     admin = TopicAdmin(bus.bootstrap_servers)
     await admin.start()
     now_ms = int(time.time() * 1000)
     current, ahead = catalog.rolled_reply_log("r1", now_ms), catalog.rolled_reply_log("r1", now_ms + 1)
     for log in (current, ahead):
         await admin.create(log, partitions=1)
-    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record, on_let_go=let_go.append)
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", texts_into(got), on_let_go=let_go.append)
     await reader.start()
     producer = make_producer(bus)
     await producer.start()
@@ -325,14 +320,11 @@ async def test_a_reader_given_its_own_fetch_wait_keeps_it_whenever_records_flow(
                         dataclasses.replace(bus_clients.PROFILES["embedded"], idle_after_s=0.3))
     got: list[str] = []
 
-    async def on_record(record) -> None:
-        got.append(codec.decode(record.value, TokenEvent).text)
-
     admin = TopicAdmin(bus.bootstrap_servers)
     await admin.start()
     log = TopicCatalog(bus).rolled_reply_log("r1", int(time.time() * 1000))
     await admin.create(log, partitions=1)
-    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", on_record, fetch_wait_ms=37)
+    reader = RolledLogReader(bus, f"{bus.topic_prefix}moderation", texts_into(got), fetch_wait_ms=37)
     await reader.start()
     producer = make_producer(bus)  # rings as it writes
     await producer.start()
