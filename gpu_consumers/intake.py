@@ -46,12 +46,12 @@ class RequestIntake:
     def __init__(self, settings: WorkerSettings, codec: AvroCodec, scheduler: TierScheduler, offsets: OffsetTracker,
                  token_log: TokenLog, in_flight: Callable[[], int], taken: Callable[[], None],
                  stopping: asyncio.Event) -> None:
-        self.settings = settings
-        self.codec = codec
-        self.scheduler = scheduler
-        self.offsets = offsets
-        self.token_log = token_log
-        self.pacer = FetchPacer(settings.bus)
+        self._settings = settings
+        self._codec = codec
+        self._scheduler = scheduler
+        self._offsets = offsets
+        self._token_log = token_log
+        self._pacer = FetchPacer(settings.bus)
         catalog = TopicCatalog(settings.bus)
         self._topics_by_tier = {t: catalog.requests(settings.model, t) for t in settings.bus.tiers}
         self._tiers_by_topic = {topic: tier for tier, topic in self._topics_by_tier.items()}
@@ -80,8 +80,8 @@ class RequestIntake:
         where the stack has one."""
         self._consumer = consumer
         self._dead_letters = dead_letters
-        self.pacer.attach(consumer)
-        bus = self.settings.bus
+        self._pacer.attach(consumer)
+        bus = self._settings.bus
         if doorbell_on(bus) and bus.express_first_token:
             assert bus.doorbell_url
             self._express = asyncio.create_task(doorbell.listen_express(
@@ -90,7 +90,7 @@ class RequestIntake:
     async def close(self) -> None:
         """Stop listening for hand-overs and rings; the consumer is the worker's to stop."""
         await cancel_task(self._express)
-        await self.pacer.close()
+        await self._pacer.close()
 
     # -- partitions --------------------------------------------------------------
 
@@ -99,7 +99,7 @@ class RequestIntake:
         for tp in partitions:
             self._fresh_from[tp] = None
             self._assigned_at[tp] = time.monotonic()
-        self.pacer.wake()  # what they hold (another worker's requests, maybe) was announced to no one
+        self._pacer.wake()  # what they hold (another worker's requests, maybe) was announced to no one
 
     def releasing(self, partitions: set[TopicPartition]) -> None:
         """The worker is giving ``partitions`` back: nothing more is taken from them by hand-over."""
@@ -118,9 +118,9 @@ class RequestIntake:
         """One fetch, its requests taken into the scheduler; whether it returned any record."""
         assert self._consumer is not None
         full = {topic for tier, topic in self._topics_by_tier.items()
-                if self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier}
+                if self._scheduler.waiting(tier) >= self._settings.prefetch_per_tier}
         # Through the pacer, which also pauses an idle worker's partitions (neither undoes the other).
-        self.pacer.hold({tp for tp in self._consumer.assignment() if tp.topic in full})
+        self._pacer.hold({tp for tp in self._consumer.assignment() if tp.topic in full})
         # A record ends the wait at once; the worker's loop itself only has to turn often while
         # sequences run (a finished one frees a slot for the next waiting request).
         batches = await self._consumer.getmany(timeout_ms=50 if self._in_flight() else 500)
@@ -135,31 +135,31 @@ class RequestIntake:
                     self._handed_until[tp] = handed_until
         finally:
             self._enqueuing = False
-        self.pacer.observed_by_topic(batches)  # a tier's topic is paused while it is quiet
-        self.pacer.serving(self._in_flight())
+        self._pacer.observed_by_topic(batches)  # a tier's topic is paused while it is quiet
+        self._pacer.serving(self._in_flight())
         return bool(batches)
 
     async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         assert self._consumer is not None and self._dead_letters is not None
-        self.offsets.started(tp, record.offset)
+        self._offsets.started(tp, record.offset)
         try:
-            request = self.codec.decode(record.value, ChatRequest)
+            request = self._codec.decode(record.value, ChatRequest)
         except DecodeError as exc:
             await self._dead_letters.send(record, exc.reason, exc.detail)
-            self.offsets.finished(tp, record.offset)
+            self._offsets.finished(tp, record.offset)
             return
-        if request.tier not in self._topics_by_tier or request.model != self.settings.model:
+        if request.tier not in self._topics_by_tier or request.model != self._settings.model:
             await self._dead_letters.send(record, "wrong_route", f"model={request.model} tier={request.tier}")
-            self.offsets.finished(tp, record.offset)
+            self._offsets.finished(tp, record.offset)
             return
         fresh_from = self._fresh_from.get(tp)
         if fresh_from is None:
             fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
         maybe_seen = record.offset < fresh_from
         # Look up now, not at admission: the lookups of one fetch then share one scan of the log.
-        published = (asyncio.ensure_future(self.token_log.published(request, self._assigned_at.get(tp)))
+        published = (asyncio.ensure_future(self._token_log.published(request, self._assigned_at.get(tp)))
                      if maybe_seen else None)
-        self.scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
+        self._scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
                   record.offset, maybe_seen)
 
@@ -175,16 +175,16 @@ class RequestIntake:
         if (tier is None or self._consumer is None or self._stopping.is_set() or self._enqueuing
                 or tp in self._releasing or fresh_from is None or offset < fresh_from
                 or known_position(self._consumer, tp) != offset
-                or self.scheduler.waiting(tier) >= self.settings.prefetch_per_tier):
+                or self._scheduler.waiting(tier) >= self._settings.prefetch_per_tier):
             return
         try:
-            request = self.codec.decode(value, ChatRequest)
+            request = self._codec.decode(value, ChatRequest)
         except DecodeError:
             return  # the fetch dead-letters it
-        if request.tier != tier or request.model != self.settings.model:
+        if request.tier != tier or request.model != self._settings.model:
             return
         self._handed_until[tp] = offset + 1
-        self.offsets.started(tp, offset)
-        self.scheduler.add(Pending(request, tp, offset))
+        self._offsets.started(tp, offset)
+        self._scheduler.add(Pending(request, tp, offset))
         log.debug("handed over %s on %s-%s@%s", request.request_id, topic, partition, offset)
         self._taken()
