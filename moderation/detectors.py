@@ -3,6 +3,12 @@
 Each detector returns the spans it matched, so a policy can redact exactly them. The
 card detector keeps only digit runs that pass the Luhn check, which is what separates a
 card number from an order number of the same length.
+
+Output moderation scans a window per token event (the stream's last few hundred characters
+and the event's text) and wants only the matches that reach into the new text: it passes
+where that begins (``new_from``), and a detector whose matches all end with something it
+can name (a phrase with its last word, a number with a digit) looks for that in the new
+text first, and skips the whole scan when it is not there, as for nearly every token.
 """
 
 from __future__ import annotations
@@ -20,24 +26,31 @@ class Span:
 
 
 class Detector(Protocol):
-    def find(self, text: str) -> Iterator[Span]: ...
+    def find(self, text: str, new_from: int = 0) -> Iterator[Span]:
+        """The spans matched in ``text``; those that end at or before ``new_from`` may be left out."""
+        ...
 
 
 class RegexDetector:
     def __init__(self, patterns: list[str]) -> None:
         self._regex = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
 
-    def find(self, text: str) -> Iterator[Span]:
+    def find(self, text: str, new_from: int = 0) -> Iterator[Span]:
         for match in self._regex.finditer(text):
             if match.end() > match.start():
                 yield Span(match.start(), match.end())
 
 
-def phrase_detector(phrases: list[str]) -> RegexDetector:
+def phrase_detector(phrases: list[str]) -> Detector:
     """Phrases match case-insensitively, whole words, with any whitespace between words
-    (a phrase split across two token events arrives with the space in either of them)."""
+    (a phrase split across two token events arrives with the space in either of them).
+    A match ends with its phrase's last word, so the scan is gated on one of those."""
     patterns = [r"\b" + r"\s+".join(re.escape(word) for word in phrase.split()) + r"\b" for phrase in phrases]
-    return RegexDetector(patterns)
+    last_words = sorted({phrase.split()[-1] for phrase in phrases if phrase.split()}, key=len, reverse=True)
+    if not last_words:
+        return RegexDetector(patterns)
+    gate = "|".join(re.escape(word) for word in last_words)
+    return Gated(gate, RegexDetector(patterns), reach=len(last_words[0]) - 1, flags=re.IGNORECASE)
 
 
 EMAIL = RegexDetector([r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"])
@@ -48,7 +61,7 @@ class PhoneDetector:
 
     _candidate = re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]?\d{2,4}){2,4}(?!\w)")
 
-    def find(self, text: str) -> Iterator[Span]:
+    def find(self, text: str, new_from: int = 0) -> Iterator[Span]:
         for match in self._candidate.finditer(text):
             digits = sum(ch.isdigit() for ch in match.group())
             if 9 <= digits <= 15 and not CARD.is_card(match.group()):
@@ -74,7 +87,7 @@ class CardDetector:
         digits = re.sub(r"\D", "", text)
         return 13 <= len(digits) <= 19 and luhn_valid(digits)
 
-    def find(self, text: str) -> Iterator[Span]:
+    def find(self, text: str, new_from: int = 0) -> Iterator[Span]:
         for match in self._candidate.finditer(text):
             if self.is_card(match.group()):
                 yield Span(match.start(), match.end())
@@ -82,17 +95,26 @@ class CardDetector:
 
 class Gated:
     """Runs ``detector`` only on text where ``gate`` matches: output moderation scans a window
-    per token event, and most windows hold no ``@`` and no digit."""
+    per token event, and most windows hold no ``@`` and no digit.
 
-    def __init__(self, gate: str, detector: Detector) -> None:
-        self._gate = re.compile(gate)
+    With ``reach``, every match of ``detector`` ends with a match of ``gate``, so one that ends
+    after ``new_from`` has its gate starting no earlier than ``reach`` characters before it:
+    only that much of the text is searched for the gate (a digit, ``reach`` 0, for a number; a
+    phrase's last word for a phrase). Without, the gate may lie anywhere (an email's ``@``)."""
+
+    def __init__(self, gate: str, detector: Detector, reach: int | None = None, flags: int = 0) -> None:
+        self._gate = re.compile(gate, flags)
         self._detector = detector
+        self._reach = reach
 
-    def find(self, text: str) -> Iterator[Span]:
-        if self._gate.search(text):
-            yield from self._detector.find(text)
+    def find(self, text: str, new_from: int = 0) -> Iterator[Span]:
+        start = 0 if self._reach is None else max(0, new_from - self._reach)
+        if self._gate.search(text, start):
+            yield from self._detector.find(text, new_from)
 
 
 CARD = CardDetector()
 PHONE = PhoneDetector()
-BUILT_IN: dict[str, Detector] = {"email": Gated("@", EMAIL), "phone": Gated(r"\d", PHONE), "card": Gated(r"\d", CARD)}
+# A phone or card number ends with a digit; an email's ``@`` may be anywhere before its end.
+BUILT_IN: dict[str, Detector] = {"email": Gated("@", EMAIL), "phone": Gated(r"\d", PHONE, reach=0),
+                                 "card": Gated(r"\d", CARD, reach=0)}

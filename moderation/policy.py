@@ -97,9 +97,11 @@ class Policy:
 
     # -- scanning and deciding -------------------------------------------------------
 
-    def scan(self, text: str, stage: str) -> list[Finding]:
+    def scan(self, text: str, stage: str, new_from: int = 0) -> list[Finding]:
+        """Findings in ``text``; with ``new_from``, those of detectors that end at or before it
+        may be left out (the caller scanned that part before)."""
         findings = [Finding(category, 1.0, span.start, span.end)
-                    for category, detector in self.detectors.items() for span in detector.find(text)]
+                    for category, detector in self.detectors.items() for span in detector.find(text, new_from)]
         if self.classifier is not None and text:
             for category, score in self.classifier(text, stage).items():
                 if score >= self.classifier_threshold:

@@ -148,7 +148,7 @@ def add_rolled_log_moderation(app: faust.App, ctx: ProcessorContext, output: Out
     go, which a faust agent cannot follow: a reader of its own hands them to the same job."""
 
     async def moderate(record: ConsumerRecord) -> None:
-        await ctx.process(output.name, record, TokenEvent, output.handle)
+        await ctx.process_record(output.name, record, TokenEvent, output.handle)
 
     def forget(log_name: str) -> None:
         for key in [key for key in ctx.positions if key[1] == log_name]:

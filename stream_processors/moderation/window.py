@@ -42,7 +42,7 @@ class StreamWindows:
         # A function call's arguments are text a policy can match, as much as the reply's words.
         text = stream.tail + event.text + "".join(d.arguments for d in event.tool_calls)
         # Only matches that reach into the new text are new; older ones were seen before.
-        findings = [f for f in self._policy.scan(text, "output")
+        findings = [f for f in self._policy.scan(text, "output", new_from=len(stream.tail))
                     if f.category not in stream.reported and (f.end is None or f.end > len(stream.tail))]
         stream.tail = text[-self._policy.window_chars:]
         stream.reported.update(f.category for f in findings)
