@@ -207,6 +207,50 @@ async def test_a_reader_started_before_any_log_reads_the_first_one(bus, monkeypa
         await admin.close()
 
 
+async def test_a_record_cut_off_by_a_stop_is_read_again_by_the_next_reader(bus):
+    """Output moderation hands each record of the logs to its job as it comes, with nothing to
+    carry a record's handling past a stop (stream_processors/context.py, ``process_record``):
+    what makes that safe is that the reader commits only the records it finished."""
+    log = TopicCatalog(bus).rolled_reply_log("r1", int(time.time() * 1000))
+    group = f"{bus.topic_prefix}cut-off"
+    admin = TopicAdmin(bus.bootstrap_servers)
+    await admin.start()
+    await admin.create(log, partitions=1)
+    producer = make_producer(bus)
+    await producer.start()
+    finished: list[str] = []
+    stuck = asyncio.Event()
+
+    async def handle(record) -> None:
+        text = codec.decode(record.value, TokenEvent).text
+        if text == "a:1":
+            stuck.set()
+            await asyncio.Event().wait()  # still at it when the reader stops
+        finished.append(text)
+
+    try:
+        await send(producer, log, "a", 0)
+        await send(producer, log, "a", 1, final=True)
+        reader = RolledLogReader(bus, group, handle)
+        await reader.start()
+        try:
+            await wait_for(stuck.is_set)
+        finally:
+            await reader.stop()
+        assert finished == ["a:0"]
+        again = RolledLogReader(bus, group, texts_into(finished))
+        await again.start()
+        try:
+            await wait_for(lambda: finished == ["a:0", "a:1"])
+            await asyncio.sleep(0.3)
+            assert finished == ["a:0", "a:1"]  # the first was not read again
+        finally:
+            await again.stop()
+    finally:
+        await producer.stop()
+        await admin.close()
+
+
 async def test_a_ring_for_a_log_the_reader_does_not_read_makes_it_look_at_once(bus, monkeypatch):
     """A router makes its first logs at its start and writes to one at once: the reader learns of
     it from the writer's ring (the stack's doorbell), not from its next listing."""
