@@ -280,7 +280,9 @@ class GpuWorker:
             for delivery in deliveries:  # most are acknowledged by now: cheaper than gather's callbacks
                 await asyncio.shield(delivery)  # shared by the sequences of one engine step
         except asyncio.CancelledError:
-            raise  # partition released or shutting down: no final event; the next owner continues
+            # Partition released or shutting down, before the final event or before its completion was
+            # queued: the next owner continues from the log, or finds the final event and writes the completion.
+            raise
         except Exception:
             if pending.failures >= SERVE_AGAIN_TIMES:
                 log.exception("request %s failed %d times; it stays uncommitted until it is redelivered",

@@ -43,7 +43,11 @@ async def two_workers(bus):
 
 
 async def completions_of(bus, requests) -> dict[str, Completion]:
-    """Each request's completion record (the topic holds the warm-up turn's too)."""
+    """Each request's completion record (the topic holds the warm-up turn's too), read while the
+    workers still run: a worker writes a turn's completion just after its final event, and a worker
+    stopped in between leaves it to the request's next owner, which a test that has stopped them
+    never starts (a producer that has forgotten the completions topic waits a metadata round
+    trip for it there, topics/clients.py)."""
     wanted = {r.request_id for r in requests}
     decoded = lambda records: {c.request_id: c for c in (codec.decode(r.value, Completion) for r in records)}  # noqa: E731
     records = await read_all(bus, TopicCatalog(bus).completions, until=lambda got: wanted <= decoded(got).keys(),
@@ -68,8 +72,8 @@ async def test_conversations_sharing_a_system_prompt_go_where_it_is_cached(bus):
             events = await serve(client, request)
             assert events[-1].finish_reason == "stop"
             assert events[-1].cached_tokens and events[-1].cached_tokens >= 256
+        completions = await completions_of(bus, [first, *later])
 
-    completions = await completions_of(bus, [first, *later])
     assert completions[first.request_id].annotations["route"] in ("miss", "unknown")
     for request in later:
         completion = completions[request.request_id]
@@ -100,9 +104,9 @@ async def test_a_worker_leaving_moves_its_prefixes_traffic_with_no_failed_reques
                        what="the survivor to own every partition")
         streams += [asyncio.create_task(serve(client, r)) for r in requests[4:]]
         results = await asyncio.gather(*streams)
+        completions = await completions_of(bus, requests)
 
     assert all(events[-1].finish_reason == "stop" for events in results)
-    completions = await completions_of(bus, requests)
     for request in requests[4:]:
         assert completions[request.request_id].worker_id == staying.settings.worker_id
 
