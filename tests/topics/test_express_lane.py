@@ -201,7 +201,8 @@ async def test_a_gpu_consumer_takes_a_handed_over_request_only_where_its_next_fe
         early_stream = client.router.open(early.request_id)
         lane.hand_over(topic, partition, offset + 1, codec.encode(early))
         events = [r.event.seq async for r in early_stream.events(idle_timeout=10)]
-        assert events == [0, 1, 2] and worker.completed == 2
+        assert events == [0, 1, 2]
+        await wait_for(lambda: worker.completed == 2, 10, "its completion acknowledged")
         # Its record, written now where it was handed over from, is passed over.
         producer = make_producer(embedded.model_copy(update={"express_first_token": False}))
         await producer.start()
