@@ -11,6 +11,7 @@ here, served again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -280,8 +281,8 @@ class GpuWorker:
             for delivery in deliveries:  # most are acknowledged by now: cheaper than gather's callbacks
                 await asyncio.shield(delivery)  # shared by the sequences of one engine step
         except asyncio.CancelledError:
-            # Partition released or shutting down, before the final event or before its completion was
-            # queued: the next owner continues from the log, or finds the final event and writes the completion.
+            # Partition released or shutting down before the request finished: the next owner
+            # continues from the log, or finds the final event there and writes the completion again.
             raise
         except Exception:
             if pending.failures >= SERVE_AGAIN_TIMES:
@@ -389,5 +390,14 @@ class GpuWorker:
         completion = turn.build(request, self.settings.worker_id)
         self.metrics.finished(completion.finish_reason)
         assert self._sender is not None
-        return await self._sender.send(self.catalog.completions, completion, request.request_id)
+        queued = asyncio.ensure_future(self._sender.send(self.catalog.completions, completion, request.request_id))
+        try:
+            return await asyncio.shield(queued)
+        except asyncio.CancelledError:
+            # Released or stopping after the final event, while the send waited (a metadata round
+            # trip, for a topic this producer has not written lately): it is queued all the same,
+            # so the flush that follows writes it, and the turn is billed without its next owner.
+            with contextlib.suppress(Exception):
+                await queued
+            raise
 

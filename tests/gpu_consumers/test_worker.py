@@ -134,6 +134,35 @@ async def test_a_request_whose_completion_was_refused_is_served_again_and_billed
     assert sum(r.key == request.request_id.encode() for r in replies) == 5  # generated once
 
 
+async def test_a_worker_stopped_before_a_turns_completion_is_queued_still_writes_it(bus, monkeypatch):
+    """A worker stopped between a turn's final event and its completion (whose send can wait a
+    metadata round trip, for a topic the producer has not written lately) queues the completion
+    before it lets the request go, and the flush on stopping writes it: the turn is billed without
+    waiting for the request's next owner, which may never come (a model scaled to zero)."""
+    held, completions = asyncio.Event(), TopicCatalog(bus).completions
+    send = RecordSender.send
+
+    async def held_completions(self, topic, record, key, *args, **kwargs):
+        if topic == completions:
+            await held.wait()
+        return await send(self, topic, record, key, *args, **kwargs)
+
+    monkeypatch.setattr(RecordSender, "send", held_completions)
+    async with running_worker(bus, min_tokens=3, max_tokens=3) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+        request = client.new_request(MODEL, [ChatMessage("user", "stop right after")])
+        events = [r.event async for r in client.stream(request)]
+        serving = worker._running[request.request_id].task
+        worker.stop()
+        await wait_for(lambda: serving.cancelling(), 30, "the stop to cancel the request's task")
+        held.set()
+
+    assert worker.completed == 0  # never acknowledged while it ran: the request stays uncommitted
+    records = await read_written(bus, completions)
+    (completion,) = [codec.decode(r.value, Completion) for r in records]
+    assert completion.request_id == request.request_id
+    assert completion.text == "".join(e.text for e in events) and completion.completion_tokens == 3
+
+
 async def test_request_past_its_deadline_is_not_generated(each_bus):
     async with running_worker(each_bus), TokenbusClient(each_bus, idle_timeout=20) as client:
         request = client.new_request(MODEL, [ChatMessage("user", "too late")], deadline_ms=now_ms() - 1000)

@@ -43,11 +43,7 @@ async def two_workers(bus):
 
 
 async def completions_of(bus, requests) -> dict[str, Completion]:
-    """Each request's completion record (the topic holds the warm-up turn's too), read while the
-    workers still run: a worker writes a turn's completion just after its final event, and a worker
-    stopped in between leaves it to the request's next owner, which a test that has stopped them
-    never starts (a producer that has forgotten the completions topic waits a metadata round
-    trip for it there, topics/clients.py)."""
+    """Each request's completion record (the topic holds the warm-up turn's too)."""
     wanted = {r.request_id for r in requests}
     decoded = lambda records: {c.request_id: c for c in (codec.decode(r.value, Completion) for r in records)}  # noqa: E731
     records = await read_all(bus, TopicCatalog(bus).completions, until=lambda got: wanted <= decoded(got).keys(),
