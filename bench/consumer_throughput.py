@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
 
@@ -74,6 +74,7 @@ async def engine_alone() -> dict[str, float]:
         await engine.close()
     tokens = sum(r.output_tokens for r in results)
     return {"tokens": tokens, "seconds": round(duration, 3), "tokens_per_s": round(tokens / duration, 1),
+            "tokens_per_event": round(tokens / max(sum(r.chunks for r in results), 1), 3),
             "cpu_us_per_token": round(cpu / tokens * 1e6, 2)}
 
 
@@ -93,23 +94,40 @@ async def through_consumer(bus: BusSettings) -> dict[str, float]:
     cpu = time.process_time() - cpu
     worker.stop()
     await run
-    tokens, first_ms, last_ms = await delivered_tokens(bus)
-    seconds = (last_ms - first_ms) / 1000
+    delivered = await delivered_tokens(bus)
     # Every request of the backlog may have been served before the worker started: it is looked
     # up in the reply log first (gpu_consumers/token_log.py), which the worker writes meanwhile.
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
-            "cpu_us_per_token": round(cpu / max(tokens, 1) * 1e6, 2), "token_log_records_read": worker.token_log.records_scanned}
+    return {**delivered.figures(), "cpu_us_per_token": round(cpu / max(delivered.tokens, 1) * 1e6, 2),
+            "token_log_records_read": worker.token_log.records_scanned}
 
 
-async def delivered_tokens(bus: BusSettings, partition: int = REPLY_PARTITION) -> tuple[int, int, int]:
-    """Tokens in the reply partition, and the first and last record timestamps (ms)."""
+class Delivered(NamedTuple):
+    """What a reply partition holds: its tokens, the token events that carried them, and the first
+    and last of those events' timestamps (ms)."""
+
+    tokens: int
+    events: int
+    first_ms: int
+    last_ms: int
+
+    def figures(self) -> dict[str, float]:
+        seconds = (self.last_ms - self.first_ms) / 1000
+        # Steps a reader finds waiting go out as one event (gpu_consumers/engines): under load
+        # an event carries more than one token.
+        return {"tokens": self.tokens, "seconds": round(seconds, 3),
+                "tokens_per_s": round(self.tokens / max(seconds, 1e-9), 1),
+                "tokens_per_event": round(self.tokens / max(self.events, 1), 3)}
+
+
+async def delivered_tokens(bus: BusSettings, partition: int = REPLY_PARTITION) -> Delivered:
+    """What the reply partition holds (see ``Delivered``)."""
     codec = AvroCodec()
     consumer = make_consumer(bus)
     await consumer.start()
     tp = TopicPartition(TopicCatalog(bus).tokens, partition)
     consumer.assign([tp])
     await consumer.seek_to_beginning(tp)
-    tokens, stamps = 0, []
+    tokens, stamps = 0, []  # a timestamp per event that carries tokens
     try:
         while True:
             for record in (await consumer.getmany(tp, timeout_ms=300)).get(tp, []):
@@ -118,7 +136,7 @@ async def delivered_tokens(bus: BusSettings, partition: int = REPLY_PARTITION) -
                     tokens += len(event.token_ids)
                     stamps.append(record.timestamp)
             if consumer.highwater(tp) is not None and await consumer.position(tp) >= consumer.highwater(tp):
-                return tokens, min(stamps), max(stamps)
+                return Delivered(tokens, len(stamps), min(stamps), max(stamps))
     finally:
         await consumer.stop()
 
@@ -148,5 +166,7 @@ def table(result: dict[str, Any]) -> str:
         f"| through the consumer, delivered to Kafka | {c['tokens']} | {c['seconds']} | {c['tokens_per_s']} "
         f"| {c['cpu_us_per_token']} µs |",
         "", f"consumer / engine: **{result['ratio']:.3f}**",
+        "", f"tokens per token event: {a.get('tokens_per_event', '-')} alone, {c.get('tokens_per_event', '-')} "
+        "through the consumer",
         "", f"reply-log records the backlog's lookups read: {c.get('token_log_records_read', 'not counted')}",
     ])

@@ -208,10 +208,8 @@ async def through_consumer(model_dir: Path, bus: BusSettings, requests: int) -> 
             await asyncio.sleep(0.05)
         worker.stop()
         await run
-    tokens, first_ms, last_ms = await delivered_tokens(bus, REPLY_PARTITION)
-    seconds = (last_ms - first_ms) / 1000
-    return {"max_num_seqs": CONSUMER_SEQS, "requests": requests, "tokens": tokens, "seconds": round(seconds, 3),
-            "tokens_per_s": round(tokens / max(seconds, 1e-9), 1), **gpu.summary()}
+    delivered = await delivered_tokens(bus, REPLY_PARTITION)
+    return {"max_num_seqs": CONSUMER_SEQS, "requests": requests, **delivered.figures(), **gpu.summary()}
 
 
 def run() -> dict[str, Any]:

@@ -30,6 +30,9 @@ class StepEvents:
     def event(self, seq: int, out: StepOutput) -> TokenEvent:
         """The event of step ``out``, the ``seq``-th of the request."""
         request = self.request
+        if self._calls is None and seq and out.finish_reason is None:  # most events: the fields left out are None
+            return TokenEvent(request_id=request.request_id, seq=seq, text=out.text_diff,
+                              token_ids=list(out.token_ids_diff), error=out.error, worker_id=self._worker_id)
         text, calls, raw_text, finish_reason = out.text_diff, [], None, out.finish_reason
         if self._calls is not None:
             parsed = self._calls.feed(out.text_diff)

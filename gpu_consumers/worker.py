@@ -82,6 +82,9 @@ class GpuWorker:
         self.ready = asyncio.Event()
         self.group_id = self.catalog.gpu_group(settings.model)
         self._running: dict[str, RunningSequence] = {}
+        # Done in the engine, their slot given to the next request, their completion not yet
+        # queued (a full batch of the producer's waits for the one before it to go out).
+        self._finishing: dict[str, RunningSequence] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
         self._tokens_in_flight = 0
         self._consumer: AIOKafkaConsumer | None = None
@@ -169,7 +172,8 @@ class GpuWorker:
             if pending.tp in partitions:  # uncommitted: the next owner serves it
                 timer.cancel()
                 del self._serving_again[request_id]
-        stopping = [r.task for r in self._running.values() if r.pending.tp in partitions and r.task is not None]
+        stopping = [r.task for r in (*self._running.values(), *self._finishing.values())
+                    if r.pending.tp in partitions and r.task is not None]
         for task in stopping:
             task.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
@@ -319,11 +323,15 @@ class GpuWorker:
         self.scheduler.add(pending)
         self._admit_waiting()
 
-    def _release_slot(self, running: RunningSequence) -> None:
+    def _release_slot(self, running: RunningSequence, finishing: bool = False) -> None:
+        """The engine is done with ``running``: its slot goes to the next request. ``finishing``:
+        its completion is still to be queued, which a release waits for."""
         request_id = running.pending.request.request_id
         if self._running.get(request_id) is not running:
             return
         del self._running[request_id]
+        if finishing:
+            self._finishing[request_id] = running
         self._cancelled.pop(request_id, None)
         self._tokens_in_flight -= running.cost
         if not self._stopping.is_set():
@@ -341,7 +349,8 @@ class GpuWorker:
         interval = self.settings.stream_interval_ms / 1000
         held: StepOutput | None = None  # steps read within the stream interval, not published yet
         assert self._batches is not None
-        key = request.request_id
+        publish, metrics = self._batches.publish, self.metrics  # looked up once: this loop runs per token
+        topic, partition, key = request.reply_topic, request.reply_partition, request.request_id
         steps = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
                            running.admitted_at_ms)
         outputs = running.outputs(self.engine, published)
@@ -360,20 +369,19 @@ class GpuWorker:
                 # The first event this worker publishes for the request is what its client waits
                 # for: handed to the edge as soon as it is acknowledged (topics/doorbell.py), while
                 # few run (under load fetches return records at once, and a hand-over only adds work).
-                delivery = self._batches.publish(
-                    request.reply_topic, request.reply_partition, key, event,
-                    hand_over=not deliveries and len(self._running) <= FetchPacer.LIGHT_IN_FLIGHT)
+                delivery = publish(topic, partition, key, event,
+                                   not deliveries and len(self._running) <= FetchPacer.LIGHT_IN_FLIGHT)
                 if not deliveries or deliveries[-1] is not delivery:  # steps read in one pass share one
                     deliveries.append(delivery)
                 turn.add(event)
                 sent = time.time()
                 if out.token_ids_diff:
-                    self.metrics.tokens(len(out.token_ids_diff))
+                    metrics.tokens(len(out.token_ids_diff))
                     if last_sent is None and not published.events:
-                        self.metrics.first_token(sent - request.created_at_ms / 1000)
+                        metrics.first_token(sent - request.created_at_ms / 1000)
                         tracing.event("first token")
                     elif last_sent is not None:
-                        self.metrics.token_gap(sent - last_sent)
+                        metrics.token_gap(sent - last_sent)
                     last_sent = sent
         finally:
             running.stop()
@@ -383,7 +391,13 @@ class GpuWorker:
             self.metrics.aborted()
         if final.prompt_tokens:
             self.metrics.prompt(final.prompt_tokens, final.cached_tokens or 0)
-        deliveries.append(await self._publish_completion(request, turn))
+        # The next request need not wait for the completion to be queued: a burst of completions
+        # fills the producer's batches, and each waits for the one before it to go out.
+        self._release_slot(running, finishing=True)
+        try:
+            deliveries.append(await self._publish_completion(request, turn))
+        finally:
+            self._finishing.pop(request.request_id, None)
         return deliveries
 
     async def _publish_completion(self, request: ChatRequest, turn: CompletionBuilder) -> asyncio.Future:

@@ -42,6 +42,11 @@ def long_bytes(n: int) -> bytes:
     """An Avro int or long: zigzag, then a base-128 varint."""
     if -64 <= n < 64:
         return _ONE_BYTE[n + 64]
+    if 0 <= n < 0x100000:  # two or three bytes: token ids, most lengths, a turn's seq
+        z = n << 1
+        if z < 0x4000:
+            return bytes(((z & 0x7F) | 0x80, z >> 7))
+        return bytes(((z & 0x7F) | 0x80, ((z >> 7) & 0x7F) | 0x80, z >> 14))
     return _zigzag_varint(n)
 
 
@@ -50,10 +55,12 @@ def _null(value: Any) -> None:
         raise ValueError(f"{value!r} for a null")
 
 
-def compile_writer(schema: Any) -> Writer:
+def compile_writer(schema: Any, attributes: bool = False) -> Writer:
     """The writer of ``schema`` as fastavro's ``parse_schema`` returns it (named types defined once,
-    then referred to by full name)."""
-    writer: Writer = _WriterSource().build(schema, {
+    then referred to by full name). It writes a dict per record, as fastavro's does, or with
+    ``attributes`` an object whose attributes are the record's fields (a record type whose Avro
+    form is its fields as they are: the writer reads them where ``to_avro`` would copy them)."""
+    writer: Writer = _WriterSource(attributes).build(schema, {
         "long_bytes": long_bytes, "one_byte": _ONE_BYTE, "check_null": _null,
         "pack_float": struct.Struct("<f").pack, "pack_double": struct.Struct("<d").pack})
     return writer
@@ -61,6 +68,10 @@ def compile_writer(schema: Any) -> Writer:
 
 class _WriterSource(SchemaSource):
     role = "writer"
+
+    def __init__(self, attributes: bool) -> None:
+        super().__init__()
+        self.attributes = attributes
 
     def function_for(self, schema: Any) -> str:
         if isinstance(schema, dict) and schema.get("type") == "record":
@@ -75,7 +86,10 @@ class _WriterSource(SchemaSource):
         name, lines = self.new_record(schema, "write_record", "out, value")
         lines.append("    append = out.append")
         for field in schema["fields"]:
-            self.value(field["type"], lines, 1, f"value[{field['name']!r}]")
+            if self.attributes and not field["name"].isidentifier():
+                raise NotCompiled(f"field {field['name']!r} as an attribute")
+            read = f"value.{field['name']}" if self.attributes else f"value[{field['name']!r}]"
+            self.value(field["type"], lines, 1, read)
         return name
 
     def call_record(self, function: str, lines: list[str], depth: int, expr: str) -> None:

@@ -11,6 +11,7 @@ a current schema (nearly all) are read and written by code compiled from it
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -98,6 +99,14 @@ class AvroCodec:
         missing = {t.schema_name for t in RECORD_TYPES} - self._readers.keys()
         if missing:
             raise RuntimeError(f"no Avro schema file for {sorted(missing)} in {schema_dir}")
+        # A record type whose Avro form is its attributes as they are is written from the object,
+        # without the dict ``to_avro`` builds (1.3 of a token event's 4.5 µs to encode).
+        self._attribute_writers: dict[str, Writer] = {}
+        for record_type in RECORD_TYPES:
+            if getattr(record_type, "avro_from_attributes", False):
+                with contextlib.suppress(NotCompiled):
+                    self._attribute_writers[record_type.schema_name] = compile_writer(
+                        self._readers[record_type.schema_name], attributes=True)
 
     def register_writer_schema(self, schema: dict[str, Any]) -> bytes:
         """Make records written with ``schema`` (e.g. an older version) readable; returns its fingerprint."""
@@ -109,7 +118,11 @@ class AvroCodec:
     def encode(self, record: Record) -> bytes:
         name = record.schema_name
         out = [SINGLE_OBJECT_MAGIC, self._writer_fingerprints[name]]
-        self._writers[name](out, record.to_avro())
+        from_attributes = self._attribute_writers.get(name)
+        if from_attributes is not None:
+            from_attributes(out, record)
+        else:
+            self._writers[name](out, record.to_avro())
         return b"".join(out)
 
     def encode_with(self, schema: dict[str, Any], data: dict[str, Any]) -> bytes:

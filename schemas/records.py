@@ -184,6 +184,9 @@ class TokenEvent:
     """One engine step's delta for one request; the final one carries finish_reason and usage."""
 
     schema_name: ClassVar[str] = "tokenbus.TokenEvent"
+    # ``to_avro`` is its fields as they are (its tool-call deltas' too): the codec writes a token
+    # event, one per token of every sequence, straight from its attributes.
+    avro_from_attributes: ClassVar[bool] = True
 
     request_id: str
     seq: int

@@ -74,7 +74,9 @@ class GenerationInput:
         )
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: made once per token of every sequence, and a frozen dataclass's __init__ costs
+# 1.0 µs here against 0.2.
+@dataclass(slots=True)
 class StepOutput:
     text_diff: str
     token_ids_diff: tuple[int, ...]

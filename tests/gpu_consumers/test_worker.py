@@ -151,7 +151,9 @@ async def test_a_worker_stopped_before_a_turns_completion_is_queued_still_writes
     async with running_worker(bus, min_tokens=3, max_tokens=3) as worker, TokenbusClient(bus, idle_timeout=20) as client:
         request = client.new_request(MODEL, [ChatMessage("user", "stop right after")])
         events = [r.event async for r in client.stream(request)]
-        serving = worker._running[request.request_id].task
+        # Done in the engine, its slot already given back: the completion is all that is left.
+        await wait_for(lambda: request.request_id in worker._finishing, 30, "the turn's completion on its way")
+        serving = worker._finishing[request.request_id].task
         worker.stop()
         await wait_for(lambda: serving.cancelling(), 30, "the stop to cancel the request's task")
         held.set()
