@@ -15,6 +15,7 @@ written.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,9 @@ def _zigzag_varint(n: int) -> bytes:
 
 # Most ints on the bus (lengths, counts, a token event's seq early on) fit one byte.
 _ONE_BYTE = [_zigzag_varint(n) for n in range(-64, 64)]
+# The longer ones are mostly timestamps, which the events of one millisecond share (a consumer
+# writes dozens a millisecond): 0.08 µs from the cache against 0.7 µs to compute six bytes.
+_long_varint = functools.lru_cache(maxsize=1024)(_zigzag_varint)
 
 
 def long_bytes(n: int) -> bytes:
@@ -47,7 +51,7 @@ def long_bytes(n: int) -> bytes:
         if z < 0x4000:
             return bytes(((z & 0x7F) | 0x80, z >> 7))
         return bytes(((z & 0x7F) | 0x80, ((z >> 7) & 0x7F) | 0x80, z >> 14))
-    return _zigzag_varint(n)
+    return _long_varint(n)
 
 
 def _null(value: Any) -> None:

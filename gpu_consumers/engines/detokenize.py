@@ -88,6 +88,8 @@ class StopFilter:
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """The text safe to send now, and whether a stop sequence was reached."""
+        if not self._stops:  # nothing is ever held back (most requests, every token of them)
+            return delta, False
         buffer = self._held + delta
         hits = [i for stop in self._stops if (i := buffer.find(stop)) != -1]
         if hits:

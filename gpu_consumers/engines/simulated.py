@@ -180,7 +180,7 @@ def tool_markup(inp: GenerationInput, seed_material: str) -> str:
                      for t in planned_calls(inp))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # its fields are read for every token
 class _Sequence:
     inp: GenerationInput
     rng: random.Random

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tests.gpu_consumers.tiny_model import build_tiny_model
-from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
+from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer, StopFilter
 
 TEXTS = [
     "Paris is the capital of France. Berlin is the capital of Germany.",
@@ -100,3 +100,12 @@ def test_tokens_pushed_at_once_give_out_what_one_at_a_time_would(tokenizer, text
         split = max(cut - 4, 0)  # the last (up to) four tokens come in one push
         head = at_once.push(ids[:split]) if split else ""
         assert head + at_once.push(ids[split:cut]) == singly, f"cut after {cut} of {ids}"
+
+
+def test_a_stop_filter_holds_back_only_what_could_still_become_a_stop():
+    without = StopFilter(())
+    assert [without.feed(d) for d in ("ab", "c")] == [("ab", False), ("c", False)] and without.flush() == ""
+    stops = StopFilter(("END",))
+    assert [stops.feed(d) for d in ("abE", "N", "D!")] == [("a", False), ("b", False), ("", True)]
+    stops = StopFilter(("END",))
+    assert stops.feed("xEN") == ("x", False) and stops.flush() == "EN"  # the sequence ended first
