@@ -165,6 +165,31 @@ async def test_a_worker_stopped_before_a_turns_completion_is_queued_still_writes
     assert completion.text == "".join(e.text for e in events) and completion.completion_tokens == 3
 
 
+async def test_the_next_request_runs_while_a_finished_turns_completion_waits_to_be_queued(bus, monkeypatch):
+    """The engine's slot goes to the next request once a turn's final event is out, not once its
+    completion is queued (a burst of completions fills the producer's batches, and each then waits
+    for the one before it to go out): with one slot and the first completion held, the second
+    request still streams to its end."""
+    held, completions = asyncio.Event(), TopicCatalog(bus).completions
+    send = RecordSender.send
+
+    async def held_completions(self, topic, record, key, *args, **kwargs):
+        if topic == completions:
+            await held.wait()
+        return await send(self, topic, record, key, *args, **kwargs)
+
+    monkeypatch.setattr(RecordSender, "send", held_completions)
+    async with running_worker(bus, max_num_seqs=1, min_tokens=3, max_tokens=3) as worker, \
+            TokenbusClient(bus, idle_timeout=20) as client:
+        first, second = (client.new_request(MODEL, [ChatMessage("user", text)]) for text in ("first", "second"))
+        submitted = [await client.submit(request) for request in (first, second)]
+        streams = [[r.event async for r in stream.events(20)] for stream in submitted]
+        assert [events[-1].finish_reason for events in streams] == ["stop", "stop"]
+        assert worker.completed == 0  # neither completion queued yet
+        held.set()
+        await wait_for(lambda: worker.completed == 2, 30, "both completions acknowledged")
+
+
 async def test_request_past_its_deadline_is_not_generated(each_bus):
     async with running_worker(each_bus), TokenbusClient(each_bus, idle_timeout=20) as client:
         request = client.new_request(MODEL, [ChatMessage("user", "too late")], deadline_ms=now_ms() - 1000)
