@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 from aiokafka.errors import UnknownError
 
 from tests.conftest import MODEL
@@ -134,20 +135,26 @@ async def test_a_request_whose_completion_was_refused_is_served_again_and_billed
     assert sum(r.key == request.request_id.encode() for r in replies) == 5  # generated once
 
 
-async def test_a_worker_stopped_before_a_turns_completion_is_queued_still_writes_it(bus, monkeypatch):
-    """A worker stopped between a turn's final event and its completion (whose send can wait a
-    metadata round trip, for a topic the producer has not written lately) queues the completion
-    before it lets the request go, and the flush on stopping writes it: the turn is billed without
-    waiting for the request's next owner, which may never come (a model scaled to zero)."""
+@pytest.fixture
+def held_completions(bus, monkeypatch) -> asyncio.Event:
+    """Completions wait to be queued until the event returned is set (token events go on)."""
     held, completions = asyncio.Event(), TopicCatalog(bus).completions
     send = RecordSender.send
 
-    async def held_completions(self, topic, record, key, *args, **kwargs):
+    async def send_when_let(self, topic, record, key, *args, **kwargs):
         if topic == completions:
             await held.wait()
         return await send(self, topic, record, key, *args, **kwargs)
 
-    monkeypatch.setattr(RecordSender, "send", held_completions)
+    monkeypatch.setattr(RecordSender, "send", send_when_let)
+    return held
+
+
+async def test_a_worker_stopped_before_a_turns_completion_is_queued_still_writes_it(bus, held_completions):
+    """A worker stopped between a turn's final event and its completion (whose send can wait a
+    metadata round trip, for a topic the producer has not written lately) queues the completion
+    before it lets the request go, and the flush on stopping writes it: the turn is billed without
+    waiting for the request's next owner, which may never come (a model scaled to zero)."""
     async with running_worker(bus, min_tokens=3, max_tokens=3) as worker, TokenbusClient(bus, idle_timeout=20) as client:
         request = client.new_request(MODEL, [ChatMessage("user", "stop right after")])
         events = [r.event async for r in client.stream(request)]
@@ -156,29 +163,20 @@ async def test_a_worker_stopped_before_a_turns_completion_is_queued_still_writes
         serving = worker._finishing[request.request_id].task
         worker.stop()
         await wait_for(lambda: serving.cancelling(), 30, "the stop to cancel the request's task")
-        held.set()
+        held_completions.set()
 
     assert worker.completed == 0  # never acknowledged while it ran: the request stays uncommitted
-    records = await read_written(bus, completions)
+    records = await read_written(bus, TopicCatalog(bus).completions)
     (completion,) = [codec.decode(r.value, Completion) for r in records]
     assert completion.request_id == request.request_id
     assert completion.text == "".join(e.text for e in events) and completion.completion_tokens == 3
 
 
-async def test_the_next_request_runs_while_a_finished_turns_completion_waits_to_be_queued(bus, monkeypatch):
+async def test_the_next_request_runs_while_a_finished_turns_completion_waits_to_be_queued(bus, held_completions):
     """The engine's slot goes to the next request once a turn's final event is out, not once its
     completion is queued (a burst of completions fills the producer's batches, and each then waits
     for the one before it to go out): with one slot and the first completion held, the second
     request still streams to its end."""
-    held, completions = asyncio.Event(), TopicCatalog(bus).completions
-    send = RecordSender.send
-
-    async def held_completions(self, topic, record, key, *args, **kwargs):
-        if topic == completions:
-            await held.wait()
-        return await send(self, topic, record, key, *args, **kwargs)
-
-    monkeypatch.setattr(RecordSender, "send", held_completions)
     async with running_worker(bus, max_num_seqs=1, min_tokens=3, max_tokens=3) as worker, \
             TokenbusClient(bus, idle_timeout=20) as client:
         first, second = (client.new_request(MODEL, [ChatMessage("user", text)]) for text in ("first", "second"))
@@ -186,7 +184,7 @@ async def test_the_next_request_runs_while_a_finished_turns_completion_waits_to_
         streams = [[r.event async for r in stream.events(20)] for stream in submitted]
         assert [events[-1].finish_reason for events in streams] == ["stop", "stop"]
         assert worker.completed == 0  # neither completion queued yet
-        held.set()
+        held_completions.set()
         await wait_for(lambda: worker.completed == 2, 30, "both completions acknowledged")
 
 
