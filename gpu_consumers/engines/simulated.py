@@ -180,7 +180,7 @@ def tool_markup(inp: GenerationInput, seed_material: str) -> str:
                      for t in planned_calls(inp))
 
 
-@dataclass(eq=False, slots=True)  # its fields are read for every token
+@dataclass(eq=False)
 class _Sequence:
     inp: GenerationInput
     rng: random.Random
