@@ -323,15 +323,12 @@ class GpuWorker:
         self.scheduler.add(pending)
         self._admit_waiting()
 
-    def _release_slot(self, running: RunningSequence, finishing: bool = False) -> None:
-        """The engine is done with ``running``: its slot goes to the next request. ``finishing``:
-        its completion is still to be queued, which a release waits for."""
+    def _release_slot(self, running: RunningSequence) -> None:
+        """The engine is done with ``running``: its slot goes to the next request."""
         request_id = running.pending.request.request_id
         if self._running.get(request_id) is not running:
             return
         del self._running[request_id]
-        if finishing:
-            self._finishing[request_id] = running
         self._cancelled.pop(request_id, None)
         self._tokens_in_flight -= running.cost
         if not self._stopping.is_set():
@@ -392,8 +389,10 @@ class GpuWorker:
         if final.prompt_tokens:
             self.metrics.prompt(final.prompt_tokens, final.cached_tokens or 0)
         # The next request need not wait for the completion to be queued: a burst of completions
-        # fills the producer's batches, and each waits for the one before it to go out.
-        self._release_slot(running, finishing=True)
+        # fills the producer's batches, and each waits for the one before it to go out. A release
+        # waits for it meanwhile (``_finishing``).
+        self._finishing[request.request_id] = running
+        self._release_slot(running)
         try:
             deliveries.append(await self._publish_completion(request, turn))
         finally:
