@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tokenbus.gpu_consumers.engines import chat_template
@@ -65,6 +66,10 @@ class TrtLlmEngineSettings(BaseSettings):
     enable_block_reuse: bool = True
     tokens_per_block: int = 32  # the engine's KV-cache block size (TensorRT-LLM's default)
     kv_event_buffer: int = 4096  # KV-cache events the engine buffers between reads (0: none, no reports)
+    # A response every this many engine iterations, with their tokens: fewer, larger steps for the
+    # consumer's event loop to handle (the LLM API's ``stream_interval``, of its PyTorch backend).
+    # 1: every iteration, and the setting is not passed (other backends do not take it).
+    stream_interval: int = Field(default=1, ge=1)
     default_max_tokens: int = 256
 
 
@@ -116,7 +121,9 @@ class TrtPrefixCache:
 class _TrtStream:
     """Adapts a streaming ``RequestOutput``. Text comes from our own detokenizer over prefix and
     new tokens, not TensorRT-LLM's ``text_diff``: after a takeover the engine sees the prefix as
-    prompt and would decode the new tokens on their own, which can differ at the boundary.
+    prompt and would decode the new tokens on their own, which can differ at the boundary. So the
+    LLM API is asked for token ids only (``detokenize=False``): by default it decodes every
+    response's tokens itself, in the process that reads them, which would double that cost.
     ``output`` is None for a sequence taken over at its token limit: it only ends."""
 
     def __init__(self, output: Any | None, inp: GenerationInput, tokenizer: Any, prompt_tokens: int,
@@ -192,9 +199,10 @@ class TrtLlmEngine:
         kv_cache = KvCacheConfig(enable_block_reuse=s.enable_block_reuse,
                                  free_gpu_memory_fraction=s.kv_cache_free_gpu_memory_fraction,
                                  event_buffer_max_size=s.kv_event_buffer if s.enable_block_reuse else 0)
+        extra = {"stream_interval": s.stream_interval} if s.stream_interval > 1 else {}
         self._llm = await asyncio.to_thread(
             LLM, model=s.model, tokenizer=s.tokenizer or None, max_batch_size=s.max_batch_size,
-            max_num_tokens=s.max_num_tokens, kv_cache_config=kv_cache,
+            max_num_tokens=s.max_num_tokens, kv_cache_config=kv_cache, **extra,
         )
         self._stats = asyncio.create_task(self._watch_stats(), name="trtllm-stats")
         if s.enable_block_reuse and s.kv_event_buffer and hasattr(self._llm, "get_kv_cache_events"):
@@ -252,6 +260,7 @@ class TrtLlmEngine:
             top_p=s.top_p,
             seed=s.seed,
             stop=list(s.stop) or None,
+            detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
         )
         # A taken-over sequence continues after the tokens already published.
         output = self._llm.generate_async(prompt + list(inp.prefix_token_ids), params, streaming=True)

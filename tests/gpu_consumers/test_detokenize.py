@@ -1,6 +1,8 @@
 """The incremental detokenizer against a real byte-level BPE tokenizer: the deltas it streams
 join to exactly what decoding the whole sequence gives, however the tokens are grouped into
-steps, split characters included, and a taken-over sequence continues without repeating text."""
+steps, split characters included, and a taken-over sequence continues without repeating text.
+Each runs twice: through tokenizers' Rust ``DecodeStream`` (a fast tokenizer) and through
+``WindowDecodeStream``, its Python twin, for a tokenizer that only has ``decode``."""
 
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ import random
 import pytest
 
 from tests.gpu_consumers.tiny_model import build_tiny_model
-from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer, StopFilter
+from tokenbus.gpu_consumers.engines.detokenize import (
+    REPLACEMENT_CHAR,
+    IncrementalDetokenizer,
+    StopFilter,
+    WindowDecodeStream,
+    rust_tokenizer,
+)
 
 TEXTS = [
     "Paris is the capital of France. Berlin is the capital of Germany.",
@@ -18,11 +26,23 @@ TEXTS = [
 ]
 
 
+class DecodeOnly:
+    """A tokenizer with no Rust backend to find: only ``decode`` (and ``encode`` for the tests)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.encode, self.decode = tokenizer.encode, tokenizer.decode
+
+
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
+def fast_tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module", params=["rust", "python"])
+def tokenizer(request, fast_tokenizer):
+    return fast_tokenizer if request.param == "rust" else DecodeOnly(fast_tokenizer)
 
 
 def steps(ids: list[int], rng: random.Random) -> list[list[int]]:
@@ -40,7 +60,7 @@ def test_deltas_join_to_the_full_decode(tokenizer, text, seed):
     ids = tokenizer.encode(text, add_special_tokens=False)
     detokenizer = IncrementalDetokenizer(tokenizer)
     deltas = [detokenizer.push(step) for step in steps(ids, random.Random(seed))]
-    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True) == detokenizer.emitted
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     assert detokenizer.token_ids == ids
 
 
@@ -80,10 +100,52 @@ def test_work_per_step_does_not_grow_with_the_output(tokenizer):
             return tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     detokenizer = IncrementalDetokenizer(Counting())
+    assert isinstance(detokenizer._stream, WindowDecodeStream)
     for i in ids:
         detokenizer.push([i])
     assert len(ids) > 300
-    assert max(decoded_lengths) <= IncrementalDetokenizer.CONTEXT_TOKENS + 4
+    assert max(decoded_lengths) <= IncrementalDetokenizer.MAX_SPLIT_TOKENS + 1
+
+
+def test_the_rust_stream_is_used_wherever_a_fast_tokenizer_can_be_found(fast_tokenizer):
+    class TensorRtLlmWrapper:  # tensorrt_llm.llmapi.tokenizer.TransformersTokenizer keeps it as .tokenizer
+        def __init__(self, tokenizer) -> None:
+            self.tokenizer = tokenizer
+
+    backend = fast_tokenizer.backend_tokenizer
+    assert rust_tokenizer(fast_tokenizer) is backend
+    assert rust_tokenizer(TensorRtLlmWrapper(fast_tokenizer)) is backend
+    assert rust_tokenizer(DecodeOnly(fast_tokenizer)) is None
+    fast_tokenizer.clean_up_tokenization_spaces = True  # decode() then edits the text the backend gives
+    try:
+        assert rust_tokenizer(fast_tokenizer) is None
+    finally:
+        fast_tokenizer.clean_up_tokenization_spaces = False
+
+
+def test_the_python_stream_gives_out_what_the_rust_one_does_step_for_step(fast_tokenizer):
+    from tokenizers.decoders import DecodeStream
+
+    ids = fast_tokenizer.encode("".join(TEXTS), add_special_tokens=False)
+    for primed in (0, 3, 9):
+        rust = DecodeStream(ids[:primed], skip_special_tokens=True)
+        python = WindowDecodeStream(ids[:primed], skip_special_tokens=True)
+        backend = fast_tokenizer.backend_tokenizer
+        steps = [(rust.step(backend, i), python.step(fast_tokenizer, i)) for i in ids[primed:]]
+        assert [r for r, _ in steps] == [p for _, p in steps]
+        assert None in [r for r, _ in steps]  # split characters were held back on the way
+
+
+def test_a_window_that_decodes_differently_starts_afresh():
+    """Some tokenizers' decoding is not monotonic: a window's text need not start with its
+    context's. The stream starts a fresh window rather than failing the sequence (vLLM does too)."""
+
+    class Ligature:
+        def decode(self, ids, skip_special_tokens=False):
+            return "Xyz" if ids[-2:] == [7, 8] else "".join({7: "a", 8: "bb", 9: "c"}[i] for i in ids)
+
+    detokenizer = IncrementalDetokenizer(Ligature())
+    assert [detokenizer.push([i]) for i in (7, 8, 9)] == ["a", "bb", "c"]
 
 
 @pytest.mark.parametrize("text", TEXTS[1:2])

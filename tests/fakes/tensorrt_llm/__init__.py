@@ -7,7 +7,8 @@ and ``generate_async(inputs, sampling_params, streaming=True)`` returning a
 ``RequestOutput`` that is async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``)
 carries cumulative ``text`` / ``token_ids`` and per-step ``text_diff`` /
 ``token_ids_diff`` and ``finish_reason`` ("stop", "length", "cancelled"), with
-``finished`` and ``abort()``, and ``get_stats(timeout)``, a list of iteration stats whose
+``finished`` and ``abort()`` (text only while ``SamplingParams.detokenize``, a response every
+``stream_interval`` steps of the LLM's), and ``get_stats(timeout)``, a list of iteration stats whose
 ``kvCacheStats`` holds ``maxNumBlocks``, ``usedNumBlocks``, ``freeNumBlocks`` and
 ``tokensPerBlock`` (blocks held by the unfinished requests). Tokens are a deterministic function of every token
 before them, so a continuation after a prefix equals the uninterrupted output, as
@@ -41,6 +42,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] | None = None
     end_id: int | None = None
+    detokenize: bool = True  # False: outputs carry token ids only, no text
 
 
 @dataclass
@@ -70,7 +72,10 @@ class RequestOutput:
         return self._llm.token_for(context)
 
     async def __aiter__(self):
+        """A response every ``stream_interval`` steps (the LLM's setting), with that many tokens."""
         completion = self.outputs[0]
+        interval = self._llm.kwargs.get("stream_interval", 1)
+        text, steps, sent_ids, sent_text = "", 0, 0, ""
         while not self.finished:
             await asyncio.sleep(STEP_SECONDS)
             if self._aborted:
@@ -80,6 +85,9 @@ class RequestOutput:
                 return
             token = self._next_token()
             completion.token_ids.append(token)
+            steps += 1
+            # Stop strings end generation whether or not outputs carry text (the real engine
+            # matches them as token sequences).
             text = self._llm.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             stops = [i for s in self._params.stop or [] if (i := text.find(s)) != -1]
             if stops:
@@ -89,10 +97,13 @@ class RequestOutput:
                 completion.finish_reason = "stop"
             elif len(completion.token_ids) >= self._params.max_tokens:
                 completion.finish_reason = "length"
-            completion.text_diff = text[len(completion.text):]
-            completion.token_ids_diff = [token]
-            completion.text = text
             self.finished = completion.finish_reason is not None
+            if steps % interval and not self.finished:
+                continue
+            completion.token_ids_diff, sent_ids = completion.token_ids[sent_ids:], len(completion.token_ids)
+            if self._params.detokenize:
+                completion.text_diff, sent_text = text[len(sent_text):], text
+                completion.text = text
             yield self
 
 

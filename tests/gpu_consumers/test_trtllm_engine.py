@@ -1,0 +1,75 @@
+"""What the `trtllm` engine asks of TensorRT-LLM's LLM API beyond the engine contract, against
+tests/fakes/tensorrt_llm (TensorRT-LLM cannot be installed here; the contract suite's
+`trtllm-real` runs on a GPU host): token ids only, since the adapter detokenizes them itself, and
+the engine's stream interval when one is set."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.gpu_consumers.tiny_model import build_tiny_model
+from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
+from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR
+from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
+from tokenbus.schemas import ChatMessage
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+FAKES = Path(__file__).parent.parent / "fakes"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_tensorrt_llm():
+    sys.path.insert(0, str(FAKES))
+    yield
+    sys.path.remove(str(FAKES))
+    sys.modules.pop("tensorrt_llm", None)
+    sys.modules.pop("tensorrt_llm.llmapi", None)
+
+
+async def outputs(tiny_model: Path, **settings) -> tuple[TrtLlmEngine, list]:
+    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=24, **settings))
+    await engine.start()
+    try:
+        inp = GenerationInput("trt-1", (ChatMessage("user", "tell me a story"),), SamplingParams(max_tokens=24))
+        return engine, [out async for out in engine.generate(inp)]
+    finally:
+        await engine.close()
+
+
+async def test_the_engine_is_asked_for_token_ids_and_the_adapter_gives_the_text(tiny_model):
+    asked = []
+    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=24))
+    await engine.start()
+    generate_async = engine._llm.generate_async
+    engine._llm.generate_async = lambda ids, params, **kw: asked.append(params) or generate_async(ids, params, **kw)
+    try:
+        inp = GenerationInput("trt-0", (ChatMessage("user", "tell me a story"),), SamplingParams(max_tokens=24))
+        outs = [out async for out in engine.generate(inp)]
+    finally:
+        await engine.close()
+    assert [p.detokenize for p in asked] == [False]
+    ids = [t for o in outs for t in o.token_ids_diff]
+    assert len(ids) == 24
+    # The fake's random bytes may end inside a character, which a stream never gives out.
+    whole = engine._llm.tokenizer.decode(ids, skip_special_tokens=True).rstrip(REPLACEMENT_CHAR)
+    assert "".join(o.text_diff for o in outs) == whole != ""
+
+
+async def test_a_stream_interval_gives_fewer_steps_with_the_same_tokens_and_text(tiny_model):
+    every, every_outs = await outputs(tiny_model)
+    fourth, fourth_outs = await outputs(tiny_model, stream_interval=4)
+    assert "stream_interval" not in every._llm.kwargs  # 1 is not passed: not every backend takes it
+    assert fourth._llm.kwargs["stream_interval"] == 4
+    assert len(every_outs) == 24 and len(fourth_outs) == 6
+    assert [len(o.token_ids_diff) for o in fourth_outs] == [4] * 6
+    assert [t for o in fourth_outs for t in o.token_ids_diff] == [t for o in every_outs for t in o.token_ids_diff]
+    assert "".join(o.text_diff for o in fourth_outs) == "".join(o.text_diff for o in every_outs)
+    assert (fourth_outs[-1].completion_tokens, fourth_outs[-1].finish_reason) == (24, every_outs[-1].finish_reason)
