@@ -148,13 +148,21 @@ class _TrtStream:
         if self._output is None:  # taken over at its limit: nothing to generate
             yield self._step(held_back_text(self._detokenizer, self._stops), (), FINISH_LENGTH)
             return
+        output = self._output
+        waiting = getattr(output, "aqueue", None)  # the LLM API's responses not handled yet
+        read = 0  # of the output's token ids
         try:
-            async for out in self._output:
+            async for out in output:
                 if self._aborted:
                     yield self._step("", (), FINISH_CANCELLED)
                     return
+                # A reader that fell behind handles the responses that waited now and gives them
+                # out as one step (vLLM's output collector merges a slow reader's deltas the same
+                # way): one token event for them, not one each, just when the worker must catch up.
+                while waiting is not None and not out.finished and not waiting.empty():
+                    await output.__anext__()  # returns at once: a response is waiting
                 completion = out.outputs[0]
-                ids = tuple(completion.token_ids_diff)
+                ids, read = tuple(completion.token_ids[read:]), len(completion.token_ids)
                 text, stopped = self._stops.feed(self._detokenizer.push(list(ids)))
                 if stopped:
                     self.abort()

@@ -7,8 +7,9 @@ and ``generate_async(inputs, sampling_params, streaming=True)`` returning a
 ``RequestOutput`` that is async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``)
 carries cumulative ``text`` / ``token_ids`` and per-step ``text_diff`` /
 ``token_ids_diff`` and ``finish_reason`` ("stop", "length", "cancelled"), with
-``finished`` and ``abort()`` (text only while ``SamplingParams.detokenize``, a response every
-``stream_interval`` steps of the LLM's), and ``get_stats(timeout)``, a list of iteration stats whose
+``finished`` and ``abort()`` (text only while ``SamplingParams.detokenize``; the engine runs
+ahead of its reader, queuing a response every ``stream_interval`` steps of the LLM's in the
+result's ``aqueue``), and ``get_stats(timeout)``, a list of iteration stats whose
 ``kvCacheStats`` holds ``maxNumBlocks``, ``usedNumBlocks``, ``freeNumBlocks`` and
 ``tokensPerBlock`` (blocks held by the unfinished requests). Tokens are a deterministic function of every token
 before them, so a continuation after a prefix equals the uninterrupted output, as
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,56 +56,92 @@ class CompletionOutput:
     token_ids_diff: list[int] = field(default_factory=list)
 
 
+class ResponseQueue:
+    """``tensorrt_llm.llmapi.utils.AsyncQueue``, the part a result uses: responses the engine
+    produced and the reader has not handled yet; ``get`` returns at once while one waits."""
+
+    def __init__(self) -> None:
+        self._responses: deque[tuple[str | None, list[int]]] = deque()
+        self._event = asyncio.Event()
+
+    def empty(self) -> bool:
+        return not self._responses
+
+    def put(self, response: tuple[str | None, list[int]]) -> None:
+        self._responses.append(response)
+        self._event.set()
+
+    async def get(self) -> tuple[str | None, list[int]]:
+        while not self._responses:
+            await self._event.wait()
+        response = self._responses.popleft()
+        if not self._responses:
+            self._event.clear()
+        return response
+
+
 class RequestOutput:
+    """The LLM API's ``GenerationResult``: the engine runs ahead of the reader (a task here, its
+    own threads there), putting a response every ``stream_interval`` iterations (the LLM's
+    setting) into ``aqueue``; each ``__anext__`` handles one response, updating ``outputs``."""
+
     def __init__(self, llm: LLM, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._llm = llm
         self.prompt_token_ids = prompt_token_ids
         self._params = params
         self.outputs = [CompletionOutput()]
         self.finished = False
-        self._aborted = False
+        self.generated: list[int] = []  # the engine's side: what its KV cache holds
+        self.aqueue = ResponseQueue()
+        self._abort_requested = False
+        self._engine = asyncio.get_running_loop().create_task(self._iterate())
 
     def abort(self) -> None:
-        self._aborted = True
+        self._abort_requested = True
 
-    def _next_token(self) -> int:
-        context = self.prompt_token_ids + self.outputs[0].token_ids
-        return self._llm.token_for(context)
-
-    async def __aiter__(self):
-        """A response every ``stream_interval`` steps (the LLM's setting), with that many tokens."""
-        completion = self.outputs[0]
+    async def _iterate(self) -> None:
         interval = self._llm.kwargs.get("stream_interval", 1)
-        text, steps, sent_ids, sent_text = "", 0, 0, ""
-        while not self.finished:
+        tokenizer, pending = self._llm.tokenizer, []
+        while True:
             await asyncio.sleep(STEP_SECONDS)
-            if self._aborted:
-                completion.finish_reason, completion.text_diff, completion.token_ids_diff = "cancelled", "", []
-                self.finished = True
-                yield self
+            if self._abort_requested:
+                self.aqueue.put(("cancelled", []))
                 return
-            token = self._next_token()
-            completion.token_ids.append(token)
-            steps += 1
+            token = self._llm.token_for(self.prompt_token_ids + self.generated)
+            self.generated.append(token)
+            pending.append(token)
             # Stop strings end generation whether or not outputs carry text (the real engine
             # matches them as token sequences).
+            text = tokenizer.decode(self.generated, skip_special_tokens=True)
+            reason = None
+            if any(stop in text for stop in self._params.stop or []) or token == tokenizer.eos_token_id:
+                reason = "stop"
+            elif len(self.generated) >= self._params.max_tokens:
+                reason = "length"
+            if reason is not None or len(pending) >= interval:
+                self.aqueue.put((reason, pending))
+                pending = []
+            if reason is not None:
+                return
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        reason, tokens = await self.aqueue.get()
+        completion = self.outputs[0]
+        completion.token_ids_diff = tokens
+        completion.token_ids = completion.token_ids + tokens
+        if self._params.detokenize:
             text = self._llm.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            stops = [i for s in self._params.stop or [] if (i := text.find(s)) != -1]
-            if stops:
-                text = text[: min(stops)]
-                completion.finish_reason = "stop"
-            elif token == self._llm.tokenizer.eos_token_id:
-                completion.finish_reason = "stop"
-            elif len(completion.token_ids) >= self._params.max_tokens:
-                completion.finish_reason = "length"
-            self.finished = completion.finish_reason is not None
-            if steps % interval and not self.finished:
-                continue
-            completion.token_ids_diff, sent_ids = completion.token_ids[sent_ids:], len(completion.token_ids)
-            if self._params.detokenize:
-                completion.text_diff, sent_text = text[len(sent_text):], text
-                completion.text = text
-            yield self
+            stops = [i for stop in self._params.stop or [] if (i := text.find(stop)) != -1]
+            text = text[: min(stops)] if stops else text
+            completion.text_diff, completion.text = text[len(completion.text):], text
+        completion.finish_reason = reason
+        self.finished = reason is not None
+        return self
 
 
 MAX_BLOCKS = 256
@@ -156,8 +193,8 @@ class LLM:
         return events
 
     def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
-        self._requests = [r for r in self._requests if not r.finished]
-        used = sum(-(-(len(r.prompt_token_ids) + len(r.outputs[0].token_ids)) // TOKENS_PER_BLOCK)
+        self._requests = [r for r in self._requests if not r._engine.done()]
+        used = sum(-(-(len(r.prompt_token_ids) + len(r.generated)) // TOKENS_PER_BLOCK)
                    for r in self._requests)
         return [{"iter": 0, "kvCacheStats": {"maxNumBlocks": MAX_BLOCKS, "usedNumBlocks": used,
                                              "freeNumBlocks": MAX_BLOCKS - used, "tokensPerBlock": TOKENS_PER_BLOCK}}]
@@ -180,4 +217,6 @@ class LLM:
         return output
 
     def shutdown(self) -> None:
-        pass
+        # Called from a thread (the engine awaits it with asyncio.to_thread), as the real one may be.
+        for request in self._requests:
+            request._engine.get_loop().call_soon_threadsafe(request._engine.cancel)
