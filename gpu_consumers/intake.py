@@ -148,7 +148,9 @@ class RequestIntake:
             await self._dead_letters.send(record, exc.reason, exc.detail)
             self._offsets.finished(tp, record.offset)
             return
-        if request.tier not in self._topics_by_tier or request.model != self._settings.model:
+        if request.model != self._settings.model or request.tier != self._tiers_by_topic.get(record.topic):
+            # Served here it would jump (or lose) its place among the tiers: the topic says where it
+            # was queued, the record how it is scheduled. The express lane refuses it the same way.
             await self._dead_letters.send(record, "wrong_route", f"model={request.model} tier={request.tier}")
             self._offsets.finished(tp, record.offset)
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
@@ -18,8 +19,9 @@ from tokenbus.topics import BusSettings, make_consumer, topic_partitions
 @contextlib.asynccontextmanager
 async def running_worker(bus: BusSettings, max_num_seqs: int = 8, worker_id: str = "w-test",
                          engine_type: type[SimulatedEngine] = SimulatedEngine,
-                         **engine_settings) -> AsyncIterator[GpuWorker]:
-    settings = WorkerSettings(bus=bus, model=MODEL, max_num_seqs=max_num_seqs, worker_id=worker_id)
+                         worker_settings: dict[str, Any] | None = None, **engine_settings) -> AsyncIterator[GpuWorker]:
+    settings = WorkerSettings(bus=bus, model=MODEL, max_num_seqs=max_num_seqs, worker_id=worker_id,
+                              **(worker_settings or {}))
     engine_settings.setdefault("ttft_ms", 1)
     engine_settings.setdefault("tokens_per_s", 1000)
     worker = GpuWorker(settings, engine_type(SimulatedEngineSettings(**engine_settings)))
