@@ -10,12 +10,14 @@ earlier calls are written back the same way.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 from collections import OrderedDict
 from typing import Any
 
 from tokenbus.gpu_consumers.engines.base import GenerationInput
+from tokenbus.gpu_consumers.engines.detokenize import rust_tokenizer
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ChatMessage
 from tokenbus.schemas.prefixes import segment_hashes
@@ -64,9 +66,8 @@ def instruction(inp: GenerationInput) -> str:
     return text
 
 
-def prompt_ids(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool = True) -> list[int]:
-    """The prompt's token ids; without ``add_generation_prompt``, just its messages (a prefix of a
-    longer prompt, for the prefix cache's layout)."""
+def _conversation(tokenizer: Any, inp: GenerationInput) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and options the chat template is given for ``inp``."""
     template = str(getattr(tokenizer, "chat_template", "") or "")
     knows_tools = "tools" in template
     messages = [template_message(m, knows_tools) for m in inp.messages]
@@ -78,30 +79,102 @@ def prompt_ids(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool
             messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{instruction(inp)}"}
         else:
             messages.insert(0, {"role": "system", "content": instruction(inp)})
+    return messages, options
+
+
+def prompt_ids(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool = True) -> list[int]:
+    """The prompt's token ids; without ``add_generation_prompt``, just its messages (a prefix of a
+    longer prompt, for the prefix cache's layout)."""
+    messages, options = _conversation(tokenizer, inp)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **options)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
 
 
+def prompt_text(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool = True) -> str:
+    """The prompt as the chat template writes it, before tokenizing."""
+    messages, options = _conversation(tokenizer, inp)
+    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             **options))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    """A prompt's text and where each of its token ids ends in it (characters), non-decreasing."""
+
+    text: str
+    token_ends: tuple[int, ...]
+
+    def tokens_within(self, chars: int) -> int:
+        """How many of the prompt's first tokens lie within its first ``chars`` characters."""
+        return bisect.bisect_right(self.token_ends, chars)
+
+
+class PromptTokens:
+    """``prompt_ids`` remembered for the request last asked about. A worker asks its engine for a
+    request's generation and its prefix cache for the request's layout back to back
+    (gpu_consumers/worker.py), and templating and tokenizing a long conversation costs milliseconds
+    of the consumer's event loop (2.8 ms for 1,700 tokens of SmolLM2's tokenizer here), so it is
+    done once. With a fast tokenizer the text is tokenized by its Rust tokenizer directly (what
+    ``apply_chat_template`` does), which also says where each token ends, for ``SegmentEnds``.
+    The ids returned are shared: callers must not change them."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._rust = rust_tokenizer(tokenizer)
+        self._last: tuple[tuple[Any, ...], list[int], Rendered | None] | None = None
+
+    def _remembered(self, inp: GenerationInput) -> tuple[list[int], Rendered | None]:
+        # Everything the prompt is rendered from (the ids of a taken-over sequence's output are not).
+        key = (inp.request_id, inp.messages, inp.tools, inp.tool_choice, inp.tool_choice_name)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1], self._last[2]
+        rendered = None
+        if self._rust is None:
+            ids = prompt_ids(self._tokenizer, inp)
+        else:
+            text = prompt_text(self._tokenizer, inp)
+            encoding = self._rust.encode(text, add_special_tokens=False)
+            ids, rendered = list(encoding.ids), Rendered(text, tuple(end for _, end in encoding.offsets))
+        self._last = (key, ids, rendered)
+        return ids, rendered
+
+    def __call__(self, inp: GenerationInput) -> list[int]:
+        return self._remembered(inp)[0]
+
+    def rendered(self, inp: GenerationInput) -> Rendered | None:
+        """The prompt's text and token ends, where the tokenizer says them."""
+        return self._remembered(inp)[1]
+
+
 class SegmentEnds:
-    """Where each segment of a prompt (schemas/prefixes.py) ends in its token ids, found by rendering
-    the prompt's first messages. The functions are written into the first message, so they end no
-    prefix of their own (0). An end depends only on its prefix, so the last few thousand are kept."""
+    """Where each segment of a prompt (schemas/prefixes.py) ends in its token ids: the tokens of the
+    prompt that lie within the text of its first messages, as the template writes them alone; or,
+    where the tokens' places in the text are not known or the template writes a prefix of the
+    messages differently, where the ids of those messages alone stop agreeing with the prompt's.
+    The functions are written into the first message, so they end no prefix of their own (0). An
+    end depends only on its prefix, so the last few thousand are kept."""
 
     def __init__(self, tokenizer: Any, remembered: int = 4096) -> None:
         self._tokenizer = tokenizer
         self._remembered = remembered
         self._ends: OrderedDict[int, int] = OrderedDict()
 
-    def __call__(self, inp: GenerationInput, ids: list[int]) -> tuple[int, ...]:
+    def __call__(self, inp: GenerationInput, ids: list[int], rendered: Rendered | None = None) -> tuple[int, ...]:
         ends = [0] if inp.offers_tools else []
         for i, prefix in enumerate(segment_hashes(inp)[len(ends):]):
             end = self._ends.get(prefix)
             if end is None:
-                part = prompt_ids(self._tokenizer, dataclasses.replace(inp, messages=inp.messages[:i + 1]),
-                                  add_generation_prompt=False)
-                end = next((n for n, (a, b) in enumerate(zip(part, ids)) if a != b), min(len(part), len(ids)))
+                end = self._end_of(dataclasses.replace(inp, messages=inp.messages[:i + 1]), ids, rendered)
                 self._ends[prefix] = end
                 while len(self._ends) > self._remembered:
                     self._ends.popitem(last=False)
             ends.append(end)
         return tuple(ends)
+
+    def _end_of(self, part: GenerationInput, ids: list[int], rendered: Rendered | None) -> int:
+        if rendered is not None:
+            text = prompt_text(self._tokenizer, part, add_generation_prompt=False)
+            if rendered.text.startswith(text):
+                return rendered.tokens_within(len(text))
+        part_ids = prompt_ids(self._tokenizer, part, add_generation_prompt=False)
+        return next((n for n, (a, b) in enumerate(zip(part_ids, ids)) if a != b), min(len(part_ids), len(ids)))

@@ -189,7 +189,7 @@ class HfPrefixCache:
     def layout(self, inp: GenerationInput) -> PromptLayout:
         ids = self._engine.prompt_ids(inp)
         return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens, chain=self._hash),
-                            self._segment_ends(inp, ids))
+                            self._segment_ends(inp, ids, self._engine.prompt_rendered(inp)))
 
     def resident(self, hashes: Iterable[int]) -> set[int]:
         ledger = self._ledger()
@@ -286,10 +286,12 @@ class HfEngine:
         self._model: Any = None
         self._manager: Any = None
         self._ids = itertools.count()
+        self._prompt_tokens: chat_template.PromptTokens | None = None
         self.prefix_cache: HfPrefixCache | None = None
 
     async def start(self) -> None:
         self.tokenizer, self._model, self.device = await asyncio.to_thread(load_model, self.settings)
+        self._prompt_tokens = chat_template.PromptTokens(self.tokenizer)
         self._manager = await asyncio.to_thread(self._start_manager)
         self.prefix_cache = HfPrefixCache(self, self.settings.page_size)
         log.info("hf engine ready on %s", self.device)
@@ -330,7 +332,12 @@ class HfEngine:
             return None
 
     def prompt_ids(self, inp: GenerationInput) -> list[int]:
-        return chat_template.prompt_ids(self.tokenizer, inp)
+        assert self._prompt_tokens is not None, "the engine is not started"
+        return self._prompt_tokens(inp)
+
+    def prompt_rendered(self, inp: GenerationInput) -> chat_template.Rendered | None:
+        assert self._prompt_tokens is not None, "the engine is not started"
+        return self._prompt_tokens.rendered(inp)
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
         prompt = self.prompt_ids(inp)

@@ -83,10 +83,10 @@ class TrtPrefixCache:
     so each stored block is renamed by our chain hash over its tokens (engines/blocks.py), which a
     prompt's blocks can be named by too."""
 
-    def __init__(self, tokenizer: Any, block_tokens: int) -> None:
+    def __init__(self, tokenizer: Any, block_tokens: int, prompt_tokens: chat_template.PromptTokens) -> None:
         self.block_tokens = block_tokens
         self._segment_ends = chat_template.SegmentEnds(tokenizer)
-        self._tokenizer = tokenizer
+        self._prompt_tokens = prompt_tokens  # the engine's: a request's prompt is tokenized once
         self._ours: dict[int, int] = {}  # the engine's block hash -> ours
         self.held: set[int] = set()
 
@@ -111,8 +111,9 @@ class TrtPrefixCache:
         return leading_held(blocks, self.held) * self.block_tokens
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
-        ids = chat_template.prompt_ids(self._tokenizer, inp)
-        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens), self._segment_ends(inp, ids))
+        ids = self._prompt_tokens(inp)
+        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens),
+                            self._segment_ends(inp, ids, self._prompt_tokens.rendered(inp)))
 
     def resident(self, hashes: Iterable[int]) -> set[int]:
         return {h for h in hashes if h in self.held}
@@ -192,6 +193,7 @@ class TrtLlmEngine:
         self._kv_cache_usage: float | None = None
         self._stats: asyncio.Task[None] | None = None
         self._kv_events: asyncio.Task[None] | None = None
+        self._prompt_tokens: chat_template.PromptTokens | None = None
         self.prefix_cache: TrtPrefixCache | None = None
 
     async def start(self) -> None:
@@ -212,9 +214,10 @@ class TrtLlmEngine:
             LLM, model=s.model, tokenizer=s.tokenizer or None, max_batch_size=s.max_batch_size,
             max_num_tokens=s.max_num_tokens, kv_cache_config=kv_cache, **extra,
         )
+        self._prompt_tokens = chat_template.PromptTokens(self._llm.tokenizer)
         self._stats = asyncio.create_task(self._watch_stats(), name="trtllm-stats")
         if s.enable_block_reuse and s.kv_event_buffer and hasattr(self._llm, "get_kv_cache_events"):
-            self.prefix_cache = TrtPrefixCache(self._llm.tokenizer, s.tokens_per_block)
+            self.prefix_cache = TrtPrefixCache(self._llm.tokenizer, s.tokens_per_block, self._prompt_tokens)
             self._kv_events = asyncio.create_task(self._watch_kv_events(self.prefix_cache), name="trtllm-kv-events")
 
     def kv_cache_usage(self) -> float | None:
@@ -253,7 +256,8 @@ class TrtLlmEngine:
             await asyncio.to_thread(self._llm.shutdown)
 
     def prompt_ids(self, inp: GenerationInput) -> list[int]:
-        return chat_template.prompt_ids(self._llm.tokenizer, inp)
+        assert self._prompt_tokens is not None, "the engine is not started"
+        return self._prompt_tokens(inp)
 
     def generate(self, inp: GenerationInput) -> _TrtStream:
         prompt = self.prompt_ids(inp)

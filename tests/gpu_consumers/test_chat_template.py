@@ -1,0 +1,97 @@
+"""A request's prompt token ids (gpu_consumers/engines/chat_template.py), against a real byte-level
+BPE tokenizer: ``PromptTokens`` templates and tokenizes a request once when its engine and its
+engine's prefix cache both ask (back to back, as the worker does), and again for anything else."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.gpu_consumers.tiny_model import build_tiny_model
+from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
+from tokenbus.gpu_consumers.engines.chat_template import PromptTokens, Rendered, SegmentEnds, prompt_ids
+from tokenbus.schemas import ChatMessage, ToolSpec
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting the prompts it renders."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.chat_template = tokenizer.chat_template
+        self.rendered = 0
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.rendered += 1
+        return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def request(request_id: str = "r-1", content: str = "hello there") -> GenerationInput:
+    return GenerationInput(request_id, (ChatMessage("system", "be brief"), ChatMessage("user", content)),
+                           SamplingParams())
+
+
+def test_a_request_asked_for_twice_is_rendered_once_and_gives_the_same_ids(tokenizer):
+    counting = CountingTokenizer(tokenizer)
+    tokens = PromptTokens(counting)
+    first = tokens(request())
+    assert first == prompt_ids(tokenizer, request()) != []
+    # The prefix cache's layout is asked with an input made from the same request, a takeover's
+    # output ids aside (they follow the prompt, not in it).
+    again = tokens(dataclasses.replace(request(), prefix_token_ids=(5, 6), prefix_text="ab"))
+    assert again is first and counting.rendered == 1
+
+
+def test_anything_the_prompt_is_rendered_from_renders_it_again(tokenizer):
+    counting = CountingTokenizer(tokenizer)
+    tokens = PromptTokens(counting)
+    base = tokens(request())
+    other_request = tokens(request("r-2"))
+    other_words = tokens(request("r-2", "goodbye now"))
+    offered = tokens(dataclasses.replace(request("r-2", "goodbye now"),
+                                         tools=(ToolSpec("get_weather", "Weather now", '{"type":"object"}'),)))
+    assert counting.rendered == 4
+    assert other_request == base and other_words != base and offered != other_words
+
+
+def conversation(turns: int, tools: bool = False) -> GenerationInput:
+    messages = [ChatMessage("system", "answer as the bus would")]
+    for i in range(turns):
+        messages += [ChatMessage("user", f"question {i}: héllo 東京 🚀"), ChatMessage("assistant", f"answer {i} ✓")]
+    offered = (ToolSpec("get_weather", "Weather now", '{"type":"object"}'),) if tools else ()
+    return GenerationInput("conv", (*messages, ChatMessage("user", "and now?")), SamplingParams(), tools=offered)
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_segment_ends_from_the_tokens_places_in_the_text_agree_with_tokenizing_each_prefix(tokenizer, tools):
+    """With a fast tokenizer a segment's end is read off where the prompt's tokens end in its text
+    (one tokenization per request), not found by tokenizing the segment's prefix again."""
+    inp = conversation(3, tools)
+    tokens = PromptTokens(tokenizer)
+    ids, rendered = tokens(inp), tokens.rendered(inp)
+    assert rendered is not None and ids == prompt_ids(tokenizer, inp)
+    from_text = SegmentEnds(tokenizer)(inp, ids, rendered)
+    by_tokenizing = SegmentEnds(tokenizer)(inp, ids)
+    assert from_text == by_tokenizing
+    assert len(from_text) == len(inp.messages) + tools and list(from_text) == sorted(from_text)
+    # Where the template writes the first messages otherwise than as the start of the prompt, each
+    # prefix is tokenized after all.
+    assert SegmentEnds(tokenizer)(inp, ids, Rendered("another text", rendered.token_ends)) == by_tokenizing
+
+
+def test_a_tokenizer_without_a_rust_tokenizer_gives_no_places_and_the_same_ids(tokenizer):
+    class DecodeAndTemplateOnly:
+        chat_template = tokenizer.chat_template
+        apply_chat_template = tokenizer.apply_chat_template
+
+    tokens = PromptTokens(DecodeAndTemplateOnly())
+    inp = conversation(1)
+    assert tokens(inp) == prompt_ids(tokenizer, inp) and tokens.rendered(inp) is None
