@@ -42,18 +42,30 @@ class RunningSequence:
         if self.stream is not None:
             self.stream.abort()
 
+    def _expired(self, published: Published) -> bool:
+        deadline = self.pending.request.deadline_ms
+        return not published.events and deadline is not None and now_ms() > deadline
+
+    def _input(self, published: Published) -> GenerationInput:
+        # A continuation generates after its turn's delivered output (and a takeover after both).
+        request = self.pending.request
+        return GenerationInput.from_request(request, (*request.prefix_token_ids, *published.token_ids),
+                                            request.prefix_text + published.text)
+
+    async def prepare(self, engine: Engine, published: Published) -> None:
+        """Let the engine work out what it can before generating, off the event loop."""
+        if not self.cancelled and not self._expired(published):
+            await engine.prepare(self._input(published))
+
     def outputs(self, engine: Engine, published: Published) -> AsyncIterable[StepOutput]:
         """The steps to publish after ``published`` (what another worker published already). The
         reader calls ``stop()`` when done with them, however it leaves."""
         request = self.pending.request
         if self.cancelled:
             return _one(StepOutput("", (), 0, len(request.prefix_token_ids) + len(published.token_ids), FINISH_CANCELLED))
-        if not published.events and request.deadline_ms is not None and now_ms() > request.deadline_ms:
+        if self._expired(published):
             return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
-        # A continuation generates after its turn's delivered output (and a takeover after both).
-        inp = GenerationInput.from_request(request, (*request.prefix_token_ids, *published.token_ids),
-                                           request.prefix_text + published.text)
-        self.stream = engine.generate(inp)
+        self.stream = engine.generate(self._input(published))
         return self.stream
 
     def stop(self) -> None:

@@ -350,6 +350,7 @@ class GpuWorker:
         topic, partition, key = request.reply_topic, request.reply_partition, request.request_id
         steps = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
                            running.admitted_at_ms)
+        await running.prepare(self.engine, published)  # the prompt tokenized in a thread, for one
         outputs = running.outputs(self.engine, published)
         if self._prefix_reports is not None and running.stream is not None:  # the engine has the prompt
             self._prefix_reports.admitted(request)

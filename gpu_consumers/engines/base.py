@@ -136,6 +136,11 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
+    async def prepare(self, inp: GenerationInput) -> None:
+        """What ``generate`` will need of ``inp`` that can be worked out off the event loop first
+        (the prompt's token ids); never raises: a prompt that cannot be made fails in ``generate``."""
+        ...
+
     def generate(self, inp: GenerationInput) -> GenerationStream: ...
 
     def kv_cache_usage(self) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -110,33 +111,58 @@ class Rendered:
 
 
 class PromptTokens:
-    """``prompt_ids`` remembered for the request last asked about. A worker asks its engine for a
-    request's generation and its prefix cache for the request's layout back to back
-    (gpu_consumers/worker.py), and templating and tokenizing a long conversation costs milliseconds
-    of the consumer's event loop (2.8 ms for 1,700 tokens of SmolLM2's tokenizer here), so it is
-    done once. With a fast tokenizer the text is tokenized by its Rust tokenizer directly (what
-    ``apply_chat_template`` does), which also says where each token ends, for ``SegmentEnds``.
-    The ids returned are shared: callers must not change them."""
+    """A request's prompt token ids, made once. A worker asks its engine for a request's generation
+    and its prefix cache for the request's layout back to back (gpu_consumers/worker.py), and
+    templating and tokenizing a long conversation costs milliseconds (4.5 ms for 1,900 tokens of
+    SmolLM2's tokenizer on a slow spell here), so the last one made is remembered. ``prepare`` makes
+    them ahead, in a thread (``Engine.prepare``): with a fast tokenizer the text is tokenized by its
+    Rust tokenizer's ``encode_batch``, which lets go of the GIL (``encode`` holds it), so the event
+    loop goes on meanwhile; the ids are what ``apply_chat_template`` gives, and the tokens' places
+    in the text come with them, for ``SegmentEnds``. The ids returned are shared: callers must not
+    change them."""
+
+    PREPARED = 1024  # prompts made ahead and not yet asked for, at most (the oldest are dropped)
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._rust = rust_tokenizer(tokenizer)
+        self._prepared: OrderedDict[tuple[Any, ...], tuple[list[int], Rendered | None]] = OrderedDict()
+        self._lock = threading.Lock()  # ``prepare`` runs in threads
         self._last: tuple[tuple[Any, ...], list[int], Rendered | None] | None = None
 
-    def _remembered(self, inp: GenerationInput) -> tuple[list[int], Rendered | None]:
+    @staticmethod
+    def _key(inp: GenerationInput) -> tuple[Any, ...]:
         # Everything the prompt is rendered from (the ids of a taken-over sequence's output are not).
-        key = (inp.request_id, inp.messages, inp.tools, inp.tool_choice, inp.tool_choice_name)
+        return (inp.request_id, inp.messages, inp.tools, inp.tool_choice, inp.tool_choice_name)
+
+    def _make(self, inp: GenerationInput) -> tuple[list[int], Rendered | None]:
+        if self._rust is None:
+            return prompt_ids(self._tokenizer, inp), None
+        text = prompt_text(self._tokenizer, inp)
+        encoding = self._rust.encode_batch([text], add_special_tokens=False)[0]
+        return list(encoding.ids), Rendered(text, tuple(end for _, end in encoding.offsets))
+
+    def prepare(self, inp: GenerationInput) -> None:
+        """Make ``inp``'s prompt now (in a thread), for the next ask; a failure is left to that ask."""
+        try:
+            made = self._make(inp)
+        except Exception:
+            return
+        with self._lock:
+            self._prepared[self._key(inp)] = made
+            while len(self._prepared) > self.PREPARED:
+                self._prepared.popitem(last=False)
+
+    def _remembered(self, inp: GenerationInput) -> tuple[list[int], Rendered | None]:
+        key = self._key(inp)
         if self._last is not None and self._last[0] == key:
             return self._last[1], self._last[2]
-        rendered = None
-        if self._rust is None:
-            ids = prompt_ids(self._tokenizer, inp)
-        else:
-            text = prompt_text(self._tokenizer, inp)
-            encoding = self._rust.encode(text, add_special_tokens=False)
-            ids, rendered = list(encoding.ids), Rendered(text, tuple(end for _, end in encoding.offsets))
-        self._last = (key, ids, rendered)
-        return ids, rendered
+        with self._lock:
+            made = self._prepared.pop(key, None)
+        if made is None:
+            made = self._make(inp)
+        self._last = (key, *made)
+        return made
 
     def __call__(self, inp: GenerationInput) -> list[int]:
         return self._remembered(inp)[0]

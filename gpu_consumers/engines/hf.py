@@ -339,6 +339,11 @@ class HfEngine:
         assert self._prompt_tokens is not None, "the engine is not started"
         return self._prompt_tokens.rendered(inp)
 
+    async def prepare(self, inp: GenerationInput) -> None:
+        """The prompt templated and tokenized in a thread (chat_template.PromptTokens)."""
+        if self._prompt_tokens is not None:
+            await asyncio.to_thread(self._prompt_tokens.prepare, inp)
+
     def generate(self, inp: GenerationInput) -> _HfSequence:
         prompt = self.prompt_ids(inp)
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)

@@ -294,6 +294,9 @@ class SimulatedEngine:
         held = sum(-(-(seq.prompt_tokens + seq.generated) // block) * block for seq in self._running)
         return min(1.0, held / self.settings.kv_cache_tokens)
 
+    async def prepare(self, inp: GenerationInput) -> None:
+        """Nothing: the simulated tokenizer costs next to nothing."""
+
     def generate(self, inp: GenerationInput) -> _Sequence:
         s = self.settings
         seed_material = f"{s.seed}:{inp.sampling.seed if inp.sampling.seed is not None else inp.request_id}"

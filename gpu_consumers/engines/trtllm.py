@@ -259,6 +259,11 @@ class TrtLlmEngine:
         assert self._prompt_tokens is not None, "the engine is not started"
         return self._prompt_tokens(inp)
 
+    async def prepare(self, inp: GenerationInput) -> None:
+        """The prompt templated and tokenized in a thread (chat_template.PromptTokens)."""
+        if self._prompt_tokens is not None:
+            await asyncio.to_thread(self._prompt_tokens.prepare, inp)
+
     def generate(self, inp: GenerationInput) -> _TrtStream:
         prompt = self.prompt_ids(inp)
         s = inp.sampling

@@ -95,3 +95,35 @@ def test_a_tokenizer_without_a_rust_tokenizer_gives_no_places_and_the_same_ids(t
     tokens = PromptTokens(DecodeAndTemplateOnly())
     inp = conversation(1)
     assert tokens(inp) == prompt_ids(tokenizer, inp) and tokens.rendered(inp) is None
+
+
+def test_a_prompt_prepared_ahead_is_not_made_again_when_asked_for(tokenizer):
+    """``prepare`` (run in a thread by the engines) makes the prompt; the asks that follow take it."""
+    counting = CountingTokenizer(tokenizer)
+    tokens = PromptTokens(counting)
+    tokens.prepare(request("r-1"))
+    tokens.prepare(request("r-2", "another"))
+    assert counting.rendered == 2
+    assert tokens(request("r-2", "another")) == prompt_ids(tokenizer, request("r-2", "another"))
+    assert tokens(request("r-1")) == prompt_ids(tokenizer, request("r-1"))
+    assert counting.rendered == 2
+
+
+def test_a_prompt_that_cannot_be_made_ahead_fails_when_asked_for(tokenizer):
+    class Failing(CountingTokenizer):
+        def apply_chat_template(self, *args, **kwargs):
+            raise ValueError("the template cannot render this")
+
+    tokens = PromptTokens(Failing(tokenizer))
+    tokens.prepare(request())  # never raises: the engine's generate reports it
+    with pytest.raises(ValueError):
+        tokens(request())
+
+
+def test_prepared_prompts_of_a_fast_tokenizer_are_its_ids_and_places(tokenizer):
+    inp = conversation(2, tools=True)
+    tokens = PromptTokens(tokenizer)
+    tokens.prepare(inp)
+    rendered = tokens.rendered(inp)
+    assert tokens(inp) == prompt_ids(tokenizer, inp) and rendered is not None
+    assert SegmentEnds(tokenizer)(inp, tokens(inp), rendered) == SegmentEnds(tokenizer)(inp, tokens(inp))

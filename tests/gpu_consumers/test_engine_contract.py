@@ -106,6 +106,20 @@ async def test_max_tokens_caps_the_output(engine):
         assert outs[-1].finish_reason == FINISH_LENGTH
 
 
+async def test_a_request_prepared_first_streams_what_it_would_have(engine):
+    """``prepare`` (what the worker awaits before ``generate``: the prompt tokenized in a thread)
+    moves work, and changes nothing in the outputs."""
+    plain = await collect(engine, request(11, "prepared or not", max_tokens=6))
+    inp = request(11, "prepared or not", max_tokens=6)
+    await engine.prepare(inp)
+    prepared = await collect(engine, inp)
+    # The same tokens, text and counts (how steps group depends on how fast the reader reads).
+    assert [t for o in prepared for t in o.token_ids_diff] == [t for o in plain for t in o.token_ids_diff]
+    assert text_of(prepared) == text_of(plain)
+    assert (prepared[-1].prompt_tokens, prepared[-1].completion_tokens, prepared[-1].finish_reason) == \
+        (plain[-1].prompt_tokens, plain[-1].completion_tokens, plain[-1].finish_reason)
+
+
 async def test_longer_prompts_count_more_prompt_tokens(engine):
     short = await collect(engine, request(content="hi", max_tokens=2))
     long = await collect(engine, request(content="hi " * 30, max_tokens=2))

@@ -254,3 +254,39 @@ def test_worker_serves_prometheus_metrics(stack):
                  "tokenbus:request_queue_time_seconds_bucket", "tokenbus:batch_occupancy",
                  "tokenbus:num_requests_waiting", "tokenbus:requests_taken_over_total"):
         assert name in body
+
+
+async def collect(replies) -> list:
+    return [reply async for reply in replies]
+
+
+class PreparingEngine(SimulatedEngine):
+    """The simulated engine, noting each ``prepare`` and ``generate`` it is asked for."""
+
+    def __init__(self, settings: SimulatedEngineSettings) -> None:
+        super().__init__(settings)
+        self.calls: list[tuple[str, GenerationInput]] = []
+
+    async def prepare(self, inp: GenerationInput) -> None:
+        await asyncio.sleep(0.01)  # as a thread's work would, the event loop goes on meanwhile
+        self.calls.append(("prepare", inp))
+
+    def generate(self, inp: GenerationInput):
+        self.calls.append(("generate", inp))
+        return super().generate(inp)
+
+
+async def test_the_engine_prepares_each_request_before_generating_it(bus):
+    """The worker awaits ``Engine.prepare`` (the hf and trtllm engines tokenize the prompt in a
+    thread there) and then generates the same input."""
+    async with (running_worker(bus, engine_type=PreparingEngine, min_tokens=2, max_tokens=2) as worker,
+                TokenbusClient(bus, idle_timeout=20) as client):
+        requests = [client.new_request(MODEL, [ChatMessage("user", f"prepared {i}")]) for i in range(3)]
+        served = await asyncio.gather(*(collect(client.stream(r)) for r in requests))
+    assert all(len(events) == 2 for events in served)
+    engine = worker.engine
+    assert isinstance(engine, PreparingEngine)
+    for request in requests:
+        calls = [(kind, inp) for kind, inp in engine.calls if inp.request_id == request.request_id]
+        assert [kind for kind, _ in calls] == ["prepare", "generate"]
+        assert calls[0][1] == calls[1][1]
