@@ -146,19 +146,22 @@ class PromptTokens:
         """Make ``inp``'s prompt now (in a thread), for the next ask; a failure is left to that ask."""
         try:
             made = self._make(inp)
+            with self._lock:
+                self._prepared[self._key(inp)] = made  # (a list where a tuple belongs cannot be a key)
+                while len(self._prepared) > self.PREPARED:
+                    self._prepared.popitem(last=False)
         except Exception:
             return
-        with self._lock:
-            self._prepared[self._key(inp)] = made
-            while len(self._prepared) > self.PREPARED:
-                self._prepared.popitem(last=False)
 
     def _remembered(self, inp: GenerationInput) -> tuple[list[int], Rendered | None]:
         key = self._key(inp)
         if self._last is not None and self._last[0] == key:
             return self._last[1], self._last[2]
-        with self._lock:
-            made = self._prepared.pop(key, None)
+        try:
+            with self._lock:
+                made = self._prepared.pop(key, None)
+        except TypeError:  # content that cannot be hashed was never prepared
+            made = None
         if made is None:
             made = self._make(inp)
         self._last = (key, *made)

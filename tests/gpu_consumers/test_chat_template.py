@@ -11,7 +11,7 @@ import pytest
 from tests.gpu_consumers.tiny_model import build_tiny_model
 from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.chat_template import PromptTokens, Rendered, SegmentEnds, prompt_ids
-from tokenbus.schemas import ChatMessage, ToolSpec
+from tokenbus.schemas import ChatMessage, ToolCall, ToolSpec
 
 
 class CountingTokenizer:
@@ -127,3 +127,14 @@ def test_prepared_prompts_of_a_fast_tokenizer_are_its_ids_and_places(tokenizer):
     rendered = tokens.rendered(inp)
     assert tokens(inp) == prompt_ids(tokenizer, inp) and rendered is not None
     assert SegmentEnds(tokenizer)(inp, tokens(inp), rendered) == SegmentEnds(tokenizer)(inp, tokens(inp))
+
+
+def test_a_conversation_that_cannot_be_a_key_is_made_when_asked_for(tokenizer):
+    """A list where the schema has a tuple (an SDK user's message built by hand) cannot be hashed:
+    nothing is prepared, and asking still gives the prompt."""
+    calls = [ToolCall("c1", "get_weather", '{"city": "Oslo"}')]
+    inp = GenerationInput("r-list", (ChatMessage("user", "weather?"), ChatMessage("assistant", "", calls)),  # type: ignore[arg-type]
+                          SamplingParams())
+    tokens = PromptTokens(tokenizer)
+    tokens.prepare(inp)
+    assert tokens(inp) == prompt_ids(tokenizer, inp)
