@@ -35,6 +35,7 @@ class RunningSequence:
     cancelled: bool = False
     stop_reason: str = FINISH_CANCELLED
     admitted_at_ms: int = field(default_factory=now_ms)
+    _generation_input: GenerationInput | None = field(default=None, init=False, repr=False)
 
     def cancel(self, reason: str = "") -> None:
         self.cancelled = True
@@ -47,10 +48,13 @@ class RunningSequence:
         return not published.events and deadline is not None and now_ms() > deadline
 
     def _input(self, published: Published) -> GenerationInput:
-        # A continuation generates after its turn's delivered output (and a takeover after both).
-        request = self.pending.request
-        return GenerationInput.from_request(request, (*request.prefix_token_ids, *published.token_ids),
-                                            request.prefix_text + published.text)
+        """What the engine is given, made once for ``prepare`` and ``generate``."""
+        if self._generation_input is None:
+            # A continuation generates after its turn's delivered output (and a takeover after both).
+            request = self.pending.request
+            self._generation_input = GenerationInput.from_request(
+                request, (*request.prefix_token_ids, *published.token_ids), request.prefix_text + published.text)
+        return self._generation_input
 
     async def prepare(self, engine: Engine, published: Published) -> None:
         """Let the engine work out what it can before generating, off the event loop."""

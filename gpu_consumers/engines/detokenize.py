@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -115,7 +116,7 @@ class IncrementalDetokenizer:
             self._stream = self._new_stream([])
             return self._stream.step(self._decoder, token_id)
 
-    def push(self, new_ids: list[int]) -> str:
+    def push(self, new_ids: Sequence[int]) -> str:
         """Add tokens; return the text they complete (empty while a character is still split).
         Several tokens at once (a reader that fell behind its engine) give out the characters
         they complete and keep back only the tokens of a character still split, which the last

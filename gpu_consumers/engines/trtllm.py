@@ -164,7 +164,7 @@ class _TrtStream:
                     await output.__anext__()  # returns at once: a response is waiting
                 completion = out.outputs[0]
                 ids, read = tuple(completion.token_ids[read:]), len(completion.token_ids)
-                text, stopped = self._stops.feed(self._detokenizer.push(list(ids)))
+                text, stopped = self._stops.feed(self._detokenizer.push(ids))
                 if stopped:
                     self.abort()
                     yield self._step(text, ids, FINISH_STOP)

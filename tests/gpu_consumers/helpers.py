@@ -1,10 +1,12 @@
-"""A GPU consumer run in-process against the session's broker, and the waits its tests share."""
+"""A GPU consumer run in-process against the session's broker, the waits its tests share, and TensorRT-LLM's fake."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -14,6 +16,21 @@ from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSetti
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.topics import BusSettings, make_consumer, topic_partitions
+
+FAKES = Path(__file__).parent.parent / "fakes"
+
+
+@contextlib.contextmanager
+def fake_tensorrt_llm() -> Iterator[None]:
+    """``import tensorrt_llm`` finds tests/fakes/tensorrt_llm (TensorRT-LLM cannot be installed
+    here) while this lasts; afterwards it is forgotten, for a real one where there is one."""
+    sys.path.insert(0, str(FAKES))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(FAKES))
+        for name in [n for n in sys.modules if n == "tensorrt_llm" or n.startswith("tensorrt_llm.")]:
+            del sys.modules[name]
 
 
 @contextlib.asynccontextmanager

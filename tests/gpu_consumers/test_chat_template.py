@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 
-from tests.gpu_consumers.tiny_model import build_tiny_model
 from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.chat_template import PromptTokens, Rendered, SegmentEnds, prompt_ids
 from tokenbus.schemas import ChatMessage, ToolCall, ToolSpec
@@ -27,11 +26,9 @@ class CountingTokenizer:
         return self._tokenizer.apply_chat_template(*args, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+@pytest.fixture
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 def request(request_id: str = "r-1", content: str = "hello there") -> GenerationInput:

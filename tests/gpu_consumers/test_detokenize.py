@@ -10,7 +10,6 @@ import random
 
 import pytest
 
-from tests.gpu_consumers.tiny_model import build_tiny_model
 from tokenbus.gpu_consumers.engines.detokenize import (
     REPLACEMENT_CHAR,
     IncrementalDetokenizer,
@@ -33,14 +32,12 @@ class DecodeOnly:
         self.encode, self.decode = tokenizer.encode, tokenizer.decode
 
 
-@pytest.fixture(scope="module")
-def fast_tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+@pytest.fixture
+def fast_tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
-@pytest.fixture(scope="module", params=["rust", "python"])
+@pytest.fixture(params=["rust", "python"])
 def tokenizer(request, fast_tokenizer):
     return fast_tokenizer if request.param == "rust" else DecodeOnly(fast_tokenizer)
 

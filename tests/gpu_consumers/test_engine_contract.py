@@ -4,15 +4,15 @@ because TensorRT-LLM cannot be installed here; with TOKENBUS_TRTLLM_MODEL set on
 GPU host with tensorrt_llm installed, `trtllm-real` runs the same contract for real)."""
 
 import asyncio
+import contextlib
 import dataclasses
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from tests.gpu_consumers.tiny_model import build_tiny_model
+from tests.gpu_consumers.helpers import fake_tensorrt_llm
 from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
@@ -25,13 +25,7 @@ from tokenbus.gpu_consumers.engines import (
 from tokenbus.schemas import ChatMessage, ToolCall, ToolSpec
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-FAKES = Path(__file__).parent.parent / "fakes"
 ENGINES = ["simulated", "hf", "trtllm-fake", "trtllm-real"]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 async def make_engine(name: str, tiny_model: Path):
@@ -44,7 +38,6 @@ async def make_engine(name: str, tiny_model: Path):
     from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
 
     if name == "trtllm-fake":
-        sys.path.insert(0, str(FAKES))
         return TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=40))
     model = os.environ.get("TOKENBUS_TRTLLM_MODEL")
     if not model:
@@ -54,13 +47,11 @@ async def make_engine(name: str, tiny_model: Path):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=ENGINES)
 async def engine(request, tiny_model):
-    engine = await make_engine(request.param, tiny_model)
-    await engine.start()
-    yield engine
-    await engine.close()
-    if request.param == "trtllm-fake":
-        sys.path.remove(str(FAKES))
-        sys.modules.pop("tensorrt_llm", None)
+    with fake_tensorrt_llm() if request.param == "trtllm-fake" else contextlib.nullcontext():
+        engine = await make_engine(request.param, tiny_model)
+        await engine.start()
+        yield engine
+        await engine.close()
 
 
 def request(i: int = 0, content: str = "hello there", **sampling) -> GenerationInput:

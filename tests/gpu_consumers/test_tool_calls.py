@@ -6,7 +6,6 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from tests.gpu_consumers.tiny_model import build_tiny_model
 from tokenbus.gpu_consumers.engines import GenerationInput
 from tokenbus.gpu_consumers.engines.chat_template import prompt_ids
 from tokenbus.gpu_consumers.engines.tool_calls import ARGUMENT_PIECE_CHARS, HermesToolParser, call_id, render_call
@@ -100,9 +99,9 @@ def test_arguments_written_as_json_text_are_accepted():
 
 # -- the prompt --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+@pytest.fixture
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 def tool_turn(**overrides) -> GenerationInput:

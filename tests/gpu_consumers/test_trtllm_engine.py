@@ -5,33 +5,23 @@ the engine's stream interval when one is set."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.gpu_consumers.tiny_model import build_tiny_model
+from tests.gpu_consumers.helpers import fake_tensorrt_llm
 from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR
 from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
 from tokenbus.schemas import ChatMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-FAKES = Path(__file__).parent.parent / "fakes"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def fake_tensorrt_llm():
-    sys.path.insert(0, str(FAKES))
-    yield
-    sys.path.remove(str(FAKES))
-    sys.modules.pop("tensorrt_llm", None)
-    sys.modules.pop("tensorrt_llm.llmapi", None)
+def fake():
+    with fake_tensorrt_llm():
+        yield
 
 
 async def outputs(tiny_model: Path, **settings) -> tuple[TrtLlmEngine, list]:
