@@ -27,7 +27,9 @@ import aiohttp
 import httpx
 
 from bench.stack import MODEL, raise_open_file_limit, sim_env
-from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngineSettings
+from tokenbus.gpu_consumers.engines.simulated import PrefixCacheModel
+from tokenbus.gpu_consumers.prefix_reports import TRACKED_PREFIXES, PrefixReports
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
 from tokenbus.infra.loadgen.metrics import percentile
@@ -156,6 +158,34 @@ def placement_cost_us(workers: int = 4, prefixes_per_worker: int = 5_000, messag
     return round((time.process_time() - started) / len(requests) * 1e6, 1)
 
 
+def report_check_cost_us(watched: int = TRACKED_PREFIXES, reports: int = 100) -> dict[str, float]:
+    """CPU time a busy worker's cache report spends checking which prefixes its engine holds, with
+    ``watched`` prefixes watched (the most it keeps): every one of them, as each report did before
+    and a snapshot still does, against a report's share 100 ms after the one before, in process."""
+
+    async def measure() -> dict[str, float]:
+        cache = PrefixCacheModel(watched * 2 * 16, 16)
+        reports_ = PrefixReports(cache, None, "w", MODEL, lambda: (0, 0), report_interval_ms=100, snapshot_interval_s=10)
+        for i in range(watched):  # a conversation: one of 50 system prompts and its first turn
+            request = ChatRequest(f"r{i}", MODEL, "standard", [ChatMessage("system", f"system {i % 50} " * 20),
+                                                               ChatMessage("user", f"question {i} " * 20)], "tokens", 0)
+            cache.admit(cache.layout(GenerationInput.from_request(request)).block_hashes, 80)
+            reports_.admitted(request)
+        loop = asyncio.get_running_loop()
+        costs = {}
+        for name, everything in (("every_prefix", True), ("a_reports_share", False)):
+            used = 0.0
+            for _ in range(reports):
+                reports_._checked_at = loop.time() - 0.1  # the report before, 100 ms ago
+                started = time.process_time()
+                reports_.check(everything=everything)
+                used += time.process_time() - started
+            costs[name] = round(used / reports * 1e6, 1)
+        return {"watched": len(reports_._tracked), **costs}
+
+    return asyncio.run(measure())
+
+
 def billed(stack: EmbeddedStack, tenants: dict[str, str], expected: dict[str, int]) -> dict[str, dict[str, int]]:
     """Requests, tokens and cost (nano-USD) billing wrote per tenant, once every request is in."""
     totals: dict[str, dict[str, int]] = {}
@@ -216,12 +246,16 @@ def measure(engine: str) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     return {"scenario": "prefix_routing", "simulated_engine": SIM.model_dump(),
-            "placement_us": placement_cost_us(), "runs": [measure("simulated"), measure("hf")]}
+            "placement_us": placement_cost_us(), "report_check_us": report_check_cost_us(), "runs": [measure("simulated"), measure("hf")]}
 
 
 def table(result: dict[str, Any]) -> str:
     lines = [f"placement decision: {result['placement_us']} µs of CPU (4 consumers holding 5,000 prefixes each, "
              "8-message prompts)"]
+    checks = result["report_check_us"]
+    lines += ["", f"a cache report's check of what the engine holds, {checks['watched']:,} prefixes watched: "
+                  f"{checks['a_reports_share']} µs of CPU (every prefix, as each report did before and a snapshot "
+                  f"does: {checks['every_prefix']} µs)"]
     for run_ in result["runs"]:
         lines += ["", f"{run_['engine']} engine, {run_['consumers']} consumers, {run_['prompts']} system prompts of "
                       f"~{run_['words']} words per round, {run_['requests']} requests per round at concurrency "

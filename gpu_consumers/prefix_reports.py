@@ -3,9 +3,12 @@
 Routers name a prompt's prefixes by chain hashes of its segments (schemas/prefixes.py); engines
 hold blocks of tokens. For each request it admits, the worker asks the engine where the request's
 segments end in its prompt and which block holds the end of each: a prefix counts as cached while
-that block is held (engines evict a prefix's last blocks first). After admissions, and every few
-seconds to catch evictions, the worker checks those blocks and publishes what changed on
-``kvcache`` as a CacheReport, with the request partitions it owns and its load; a full snapshot
+that block is held (engines evict a prefix's last blocks first). After admissions the worker checks
+the new prefixes' blocks (until the engine holds them), and the others in turn, ``CHECKS_PER_REPORT``
+of them at each report or more, so that each prefix watched is checked at least every
+``EVICTION_CHECK_S`` (a busy worker watches 20,000: checking them all at every report cost 23 ms
+on a slow machine, ten times a second); it publishes what
+changed on ``kvcache`` as a CacheReport, with the request partitions it owns and its load; a full snapshot
 goes out when the partitions change and every ``cache_snapshot_interval_s``, so a router that
 starts late or missed a report catches up, and a snapshot is also the worker's heartbeat.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -28,7 +32,8 @@ log = logging.getLogger(__name__)
 
 TRACKED_PREFIXES = 20_000  # prefixes watched at once; the least recently admitted are forgotten
 SNAPSHOT_CHUNK = 5_000  # prefixes per record of a snapshot, to keep records small
-EVICTION_CHECK_S = 2.0  # how often held prefixes are checked when nothing is admitted
+EVICTION_CHECK_S = 2.0  # each prefix watched is checked this often, and a new one at every report for this long
+CHECKS_PER_REPORT = 1_000  # prefixes a report checks at the least (every one while fewer are watched): ~1 ms
 
 
 class PrefixReports:
@@ -45,6 +50,11 @@ class PrefixReports:
         self._seq = 0
         self._tracked: OrderedDict[int, tuple[int, int]] = OrderedDict()  # prefix -> (its last block, tokens)
         self._held: dict[int, int] = {}  # prefix -> tokens, as last reported
+        self._fresh: dict[int, float] = {}  # prefix admitted lately -> until when it is checked at every report
+        self._forgotten: list[int] = []  # held prefixes no longer watched: reported removed
+        self._rotation: list[int] = []  # this round of checks through the prefixes watched ...
+        self._rotation_next = 0  # ... and where it stands
+        self._checked_at: float | None = None
         self._partitions: list[tuple[str, int]] = []
         self._last_load: tuple[int, int] | None = None
         self._changed = asyncio.Event()
@@ -70,13 +80,18 @@ class PrefixReports:
         except Exception:  # a prompt the engine cannot render fails in the engine, where it is reported
             return
         block = layout.block_tokens
+        fresh_until = asyncio.get_running_loop().time() + EVICTION_CHECK_S
         for prefix, end in zip(segment_hashes(request), layout.segment_ends, strict=False):
             full_blocks = min(end // block, len(layout.block_hashes))
             if full_blocks:
                 self._tracked[prefix] = (layout.block_hashes[full_blocks - 1], full_blocks * block)
                 self._tracked.move_to_end(prefix)
+                self._fresh[prefix] = fresh_until
         while len(self._tracked) > TRACKED_PREFIXES:
-            self._tracked.popitem(last=False)
+            prefix, _ = self._tracked.popitem(last=False)
+            self._fresh.pop(prefix, None)
+            if self._held.pop(prefix, None) is not None:
+                self._forgotten.append(prefix)
         self._changed.set()
 
     def load_changed(self) -> None:
@@ -111,11 +126,7 @@ class PrefixReports:
             await asyncio.sleep(self._report_interval)  # bounds the rate of reports
 
     async def _report_changes(self) -> None:
-        resident = self._cache.resident({block for block, _ in self._tracked.values()})
-        now_held = {prefix: tokens for prefix, (block, tokens) in self._tracked.items() if block in resident}
-        stored = [CachedPrefix(p, t) for p, t in now_held.items() if self._held.get(p) != t]
-        removed = [p for p in self._held if p not in now_held]
-        self._held = now_held
+        stored, removed = self.check(everything=self._snapshot_due)
         load = self._load()
         if self._snapshot_due:
             self._snapshot_due = False
@@ -123,6 +134,40 @@ class PrefixReports:
         elif stored or removed or load != self._last_load:
             await self._send(self._report(stored=stored, removed=removed))
         self._last_load = load
+
+    def check(self, everything: bool = False) -> tuple[list[CachedPrefix], list[int]]:
+        """Which watched prefixes the engine now holds and which it let go since they were last
+        checked: the new ones not yet held, and the next share of a round through all of them
+        (``CHECKS_PER_REPORT``, or as much of the round as the time since the last check is of
+        ``EVICTION_CHECK_S``, if more); ``everything`` for a snapshot."""
+        now = asyncio.get_running_loop().time()
+        elapsed = math.inf if everything or self._checked_at is None else now - self._checked_at
+        self._checked_at = now
+        due = dict.fromkeys(self._fresh)
+        share = min(len(self._tracked), max(CHECKS_PER_REPORT,
+                                            math.ceil(len(self._tracked) * min(1.0, elapsed / EVICTION_CHECK_S))))
+        while share > 0:
+            if self._rotation_next >= len(self._rotation):
+                self._rotation, self._rotation_next = list(self._tracked), 0
+            taken = self._rotation[self._rotation_next:self._rotation_next + share]
+            self._rotation_next += len(taken)
+            share -= len(taken)
+            due.update(dict.fromkeys(taken))
+        watched = {prefix: self._tracked[prefix] for prefix in due if prefix in self._tracked}
+        resident = self._cache.resident({block for block, _ in watched.values()})
+        stored: list[CachedPrefix] = []
+        removed, self._forgotten = self._forgotten, []
+        for prefix, (block, tokens) in watched.items():
+            if block in resident:
+                self._fresh.pop(prefix, None)
+                if self._held.get(prefix) != tokens:
+                    self._held[prefix] = tokens
+                    stored.append(CachedPrefix(prefix, tokens))
+            elif self._held.pop(prefix, None) is not None:
+                removed.append(prefix)
+        for prefix in [p for p, until in self._fresh.items() if until <= now]:
+            del self._fresh[prefix]
+        return stored, removed
 
     async def _send_snapshot(self) -> None:
         held = [CachedPrefix(p, t) for p, t in self._held.items()]

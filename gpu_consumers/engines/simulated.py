@@ -79,6 +79,12 @@ class SimulatedEngineSettings(BaseSettings):
     # prompt tokens (0: prefill takes no time).
     prefix_cache_tokens: int = 65_536
     prefill_tokens_per_s: float = 0.0
+    # A step loop that runs late (the event loop was busy) makes up at most one step, and the time
+    # beyond is lost, as if the engine waited for the loop. With catch_up_all it makes up every step
+    # it missed at once, as an engine that generates apart from the consumer's event loop does
+    # (TensorRT-LLM's executor, the hf engine's thread): the tokens wait for their reader, which
+    # takes them as one step.
+    catch_up_all: bool = False
 
 
 MAX_CALLS = 3
@@ -333,7 +339,8 @@ class SimulatedEngine:
 
     async def _step_loop(self) -> None:
         """Steps run on their own clock, like a GPU: work done on the event loop between steps does
-        not stretch them (a late step runs at once, with at most one step of catch-up). As in a real
+        not stretch them (a late step runs at once, with at most one step of catch-up, or with every
+        step missed under ``catch_up_all``). As in a real
         engine, prefill ends with a sequence's first token: a sequence emits it when it is ready
         (``ttft_ms`` after admission, plus its prefill), or at the end of the decode step under way
         then, and advances with the decode steps after that."""
@@ -361,9 +368,16 @@ class SimulatedEngine:
                     await asyncio.sleep(min(waiting) - now)
                 next_step_at = loop.time()
                 continue
-            next_step_at = max(next_step_at + self._step_seconds(len(decoding)), now - self._step_seconds(len(decoding)))
+            step_s = self._step_seconds(len(decoding))
+            next_step_at = next_step_at + step_s if self.settings.catch_up_all else max(next_step_at + step_s, now - step_s)
             await asyncio.sleep(max(0.0, next_step_at - loop.time()))
-            for seq in decoding:
-                seq.step()
-            self.steps += 1
+            missed = int((loop.time() - next_step_at) / step_s) if self.settings.catch_up_all else 0
+            for _ in range(1 + missed):  # back to back: their readers find them waiting
+                for seq in decoding:
+                    seq.step()
+                self.steps += 1
+                decoding = [seq for seq in decoding if not seq.finished]
+                if not decoding:
+                    break
+            next_step_at += missed * step_s
             self._running = [seq for seq in self._running if not seq.finished]

@@ -1,6 +1,7 @@
 import asyncio
 import dataclasses
 import json
+import time
 
 from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
@@ -11,6 +12,7 @@ from tokenbus.gpu_consumers.engines import (
     SamplingParams,
     SimulatedEngine,
     SimulatedEngineSettings,
+    StepOutput,
 )
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
@@ -62,6 +64,34 @@ async def test_the_first_token_ends_prefill_and_decode_steps_bring_the_rest():
     finally:
         await engine.close()
     assert steps_before_each_token == [0, 1, 2]
+
+
+async def tokens_after_a_stall(catch_up_all: bool) -> tuple[int, list[StepOutput]]:
+    """The tokens of the first output a reader gets after it held the event loop for 20 steps."""
+    engine = SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=200, min_tokens=60, max_tokens=60,
+                                                     catch_up_all=catch_up_all))
+    await engine.start()
+    try:
+        outs = []
+        async for out in engine.generate(inp()):
+            outs.append(out)
+            if len(outs) == 2:
+                time.sleep(20 / 200)  # the loop busy: the engine's step loop cannot run
+        return len(outs[2].token_ids_diff), outs
+    finally:
+        await engine.close()
+
+
+async def test_an_engine_apart_from_the_loop_makes_up_every_step_and_the_reader_takes_them_as_one():
+    """``catch_up_all`` models an engine that generates apart from the consumer's event loop
+    (TensorRT-LLM's executor): the steps it made meanwhile wait and are read as one output. By
+    default a late step loop makes up one step and loses the rest of the time."""
+    apart, outs = await tokens_after_a_stall(catch_up_all=True)
+    held_back, _ = await tokens_after_a_stall(catch_up_all=False)
+    assert apart >= 10
+    assert held_back <= 2
+    assert sum(len(o.token_ids_diff) for o in outs) == 60 and outs[-1].completion_tokens == 60
+    assert [o.completion_tokens for o in outs] == sorted(o.completion_tokens for o in outs)
 
 
 async def test_max_tokens_finishes_with_length():
