@@ -246,7 +246,8 @@ def measure(engine: str) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     return {"scenario": "prefix_routing", "simulated_engine": SIM.model_dump(),
-            "placement_us": placement_cost_us(), "report_check_us": report_check_cost_us(), "runs": [measure("simulated"), measure("hf")]}
+            "placement_us": placement_cost_us(), "report_check_us": report_check_cost_us(),
+            "runs": [measure("simulated"), measure("hf")]}
 
 
 def table(result: dict[str, Any]) -> str:
