@@ -165,7 +165,7 @@ def report_check_cost_us(watched: int = TRACKED_PREFIXES, reports: int = 100) ->
 
     async def measure() -> dict[str, float]:
         cache = PrefixCacheModel(watched * 2 * 16, 16)
-        reports_ = PrefixReports(cache, None, "w", MODEL, lambda: (0, 0), report_interval_ms=100, snapshot_interval_s=10)
+        reports_ = PrefixReports(cache, None, "w", MODEL, lambda: (256, 0), report_interval_ms=100, snapshot_interval_s=10)
         for i in range(watched):  # a conversation: one of 50 system prompts and its first turn
             request = ChatRequest(f"r{i}", MODEL, "standard", [ChatMessage("system", f"system {i % 50} " * 20),
                                                                ChatMessage("user", f"question {i} " * 20)], "tokens", 0)

@@ -6,11 +6,12 @@ segments end in its prompt and which block holds the end of each: a prefix count
 that block is held (engines evict a prefix's last blocks first). After admissions the worker checks
 the new prefixes' blocks (until the engine holds them), and the others in turn, ``CHECKS_PER_REPORT``
 of them at each report or more, so that each prefix watched is checked at least every
-``EVICTION_CHECK_S`` (a busy worker watches 20,000: checking them all at every report cost 23 ms
-on a slow machine, ten times a second); it publishes what
-changed on ``kvcache`` as a CacheReport, with the request partitions it owns and its load; a full snapshot
-goes out when the partitions change and every ``cache_snapshot_interval_s``, so a router that
-starts late or missed a report catches up, and a snapshot is also the worker's heartbeat.
+``EVICTION_CHECK_S`` while requests run (a busy worker watches 20,000: checking them all at every
+report cost 23 ms on a slow machine, ten times a second), and once more when it has been idle that
+long. It publishes what changed on ``kvcache`` as a CacheReport, with the request partitions it
+owns and its load; a full snapshot goes out when the partitions change and every
+``cache_snapshot_interval_s``, so a router that starts late or missed a report catches up, and a
+snapshot is also the worker's heartbeat.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class PrefixReports:
         self._rotation: list[int] = []  # this round of checks through the prefixes watched ...
         self._rotation_next = 0  # ... and where it stands
         self._checked_at: float | None = None
+        self._quiet_since: float | None = None  # since when nothing ran or waited, while so
+        self._settled = False  # all checked once nothing ran for EVICTION_CHECK_S: nothing to check until something runs
         self._partitions: list[tuple[str, int]] = []
         self._last_load: tuple[int, int] | None = None
         self._changed = asyncio.Event()
@@ -139,8 +142,20 @@ class PrefixReports:
         """Which watched prefixes the engine now holds and which it let go since they were last
         checked: the new ones not yet held, and the next share of a round through all of them
         (``CHECKS_PER_REPORT``, or as much of the round as the time since the last check is of
-        ``EVICTION_CHECK_S``, if more); ``everything`` for a snapshot."""
+        ``EVICTION_CHECK_S``, if more); ``everything`` for a snapshot. Once nothing has run or
+        waited for ``EVICTION_CHECK_S`` (an engine lets blocks go only to make room), all are
+        checked once more and then none until something runs: an idle worker that served
+        thousands of conversations does not look them over every two seconds."""
         now = asyncio.get_running_loop().time()
+        if self._fresh or self._load() != (0, 0):
+            self._quiet_since, self._settled = None, False
+        elif self._quiet_since is None:
+            self._quiet_since = now
+        elif self._settled:
+            removed, self._forgotten = self._forgotten, []
+            return [], removed
+        elif now - self._quiet_since >= EVICTION_CHECK_S:
+            everything = self._settled = True
         elapsed = math.inf if everything or self._checked_at is None else now - self._checked_at
         self._checked_at = now
         due = dict.fromkeys(self._fresh)

@@ -87,7 +87,8 @@ async def test_a_busy_worker_checks_its_new_prefixes_and_a_share_of_the_rest_at_
     clock = FakeClock(asyncio.get_running_loop())
     monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
     cache = BlocksCache()
-    reports = PrefixReports(cache, None, "w", MODEL, lambda: (0, 0), report_interval_ms=100, snapshot_interval_s=60)
+    busy = lambda: (200, 50)  # noqa: E731  (running, waiting)
+    reports = PrefixReports(cache, None, "w", MODEL, busy, report_interval_ms=100, snapshot_interval_s=60)
     for i in range(5000):
         reports.admitted(conversation(i))
     cache.held = {block("s")} | {block(f"u{i}") for i in range(5000)}
@@ -121,3 +122,34 @@ async def test_a_prefix_no_longer_watched_is_reported_removed(monkeypatch):
     stored, removed = reports.check(everything=True)
     assert removed == [segment_hashes(conversation(0))[1]]
     assert [p.hash for p in stored] == [segment_hashes(conversation(1))[1]]
+
+
+async def test_an_idle_worker_looks_its_prefixes_over_once_then_not_until_something_runs(monkeypatch):
+    """An engine lets blocks go only to make room: once nothing has run for ``EVICTION_CHECK_S``,
+    one last look at every prefix, then none until a request runs again."""
+    clock = FakeClock(asyncio.get_running_loop())
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
+    cache, load = BlocksCache(), [(1, 0)]
+    reports = PrefixReports(cache, None, "w", MODEL, lambda: load[0], report_interval_ms=100, snapshot_interval_s=60)
+    for i in range(3000):
+        reports.admitted(conversation(i))
+    cache.held = {block("s")} | {block(f"u{i}") for i in range(3000)}
+    assert len(reports.check(everything=True)[0]) == 3001
+    load[0] = (0, 0)  # the last request finished
+    cache.held.discard(block("u5"))  # let go as it finished
+    cache.asked.clear()
+    removed = []
+    for _ in range(int(3 * EVICTION_CHECK_S)):  # an idle report loop wakes every EVICTION_CHECK_S ...
+        clock.now += 0.5  # ... or sooner, here
+        removed += reports.check()[1]
+    assert removed == [segment_hashes(conversation(5))[1]]
+    assert cache.asked[-1] == 3001  # the last look took in all of them ...
+    looked = len(cache.asked)
+    for _ in range(10):
+        clock.now += EVICTION_CHECK_S
+        reports.check()
+        reports.check(everything=True)  # a snapshot's
+    assert len(cache.asked) == looked  # ... and none since
+    load[0] = (1, 0)  # a request runs: checks resume
+    reports.check()
+    assert len(cache.asked) == looked + 1
