@@ -29,7 +29,7 @@ import json
 import random
 import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,16 +123,33 @@ def count_prompt_tokens(inp: GenerationInput) -> int:
     return len(tokenize_prompt(inp)[0])
 
 
+class LastPrompt:
+    """``tokenize_prompt``, remembering the last prompt: the worker asks the engine for a request's
+    generation and its prefix cache for the request's layout back to back, and a real engine
+    tokenizes the prompt once for both (engines/chat_template.py's ``PromptTokens``)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[Any, ...], tuple[list[int], list[int]]] | None = None
+
+    def __call__(self, inp: GenerationInput) -> tuple[list[int], list[int]]:
+        key = (inp.request_id, inp.messages, inp.tools, inp.tool_choice, inp.tool_choice_name)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, tokenize_prompt(inp))
+        return self._last[1]
+
+
 class PrefixCacheModel:
     """The most recently used prompt blocks, up to a capacity; a prompt reuses its leading held blocks."""
 
-    def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
+    def __init__(self, capacity_tokens: int, block_tokens: int,
+                 tokenize: Callable[[GenerationInput], tuple[list[int], list[int]]] = tokenize_prompt) -> None:
         self.block_tokens = block_tokens
+        self._tokenize = tokenize
         self.capacity_blocks = capacity_tokens // block_tokens
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
-        ids, ends = tokenize_prompt(inp)
+        ids, ends = self._tokenize(inp)
         return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens), tuple(ends))
 
     def resident(self, hashes: Iterable[int]) -> set[int]:
@@ -283,7 +300,9 @@ class SimulatedEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self.steps = 0
         s = self.settings
-        self.prefix_cache = PrefixCacheModel(s.prefix_cache_tokens, s.kv_block_tokens) if s.prefix_cache_tokens else None
+        self._prompt = LastPrompt()
+        self.prefix_cache = (PrefixCacheModel(s.prefix_cache_tokens, s.kv_block_tokens, self._prompt)
+                             if s.prefix_cache_tokens else None)
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._step_loop(), name="simulated-engine")
@@ -311,7 +330,7 @@ class SimulatedEngine:
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
         for _ in inp.prefix_token_ids:  # replay the draws that produced the prefix
             rng.randrange(len(VOCABULARY))
-        prompt_ids, _ = tokenize_prompt(inp)
+        prompt_ids, _ = self._prompt(inp)
         cached = 0
         if self.prefix_cache is not None:
             cached = self.prefix_cache.admit(block_hashes(prompt_ids, s.kv_block_tokens), len(prompt_ids))

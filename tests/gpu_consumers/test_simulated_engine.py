@@ -13,7 +13,9 @@ from tokenbus.gpu_consumers.engines import (
     SimulatedEngine,
     SimulatedEngineSettings,
     StepOutput,
+    simulated,
 )
+from tokenbus.gpu_consumers.engines.blocks import block_hashes
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.token_log import Published
@@ -92,6 +94,26 @@ async def test_an_engine_apart_from_the_loop_makes_up_every_step_and_the_reader_
     assert held_back <= 2
     assert sum(len(o.token_ids_diff) for o in outs) == 60 and outs[-1].completion_tokens == 60
     assert [o.completion_tokens for o in outs] == sorted(o.completion_tokens for o in outs)
+
+
+async def test_a_prompt_is_tokenized_once_for_its_generation_and_its_layout(monkeypatch):
+    """As a real engine's ``PromptTokens``: the worker asks for both back to back."""
+    made = []
+    tokenize = simulated.tokenize_prompt
+    monkeypatch.setattr(simulated, "tokenize_prompt", lambda i: made.append(i.request_id) or tokenize(i))
+    engine = SimulatedEngine(SimulatedEngineSettings(**FAST, min_tokens=2, max_tokens=2))
+    await engine.start()
+    try:
+        layouts = []
+        for request_id in ("a", "b"):
+            first = inp(request_id)
+            stream = engine.generate(first)
+            layouts.append(engine.prefix_cache.layout(dataclasses.replace(first)))  # an equal input, not the same
+            assert len([out async for out in stream]) == 2
+    finally:
+        await engine.close()
+    assert made == ["a", "b"]
+    assert layouts[0].block_hashes == block_hashes(tokenize(inp("a"))[0], engine.settings.kv_block_tokens)
 
 
 async def test_max_tokens_finishes_with_length():
