@@ -40,7 +40,7 @@ from tokenbus.topics.collector import tune_collector
 from tokenbus.topics.event_loops import loop_factory
 
 REPLY_PARTITION = 3
-OWN_CLOCK_REPLY_PARTITION = 4  # the second run's, so that each reads back only its own tokens
+ENGINE_APART_REPLY_PARTITION = 4  # the second run's, so that each reads back only its own tokens
 # (max_num_seqs, requests, output tokens): a real model on a CPU gets a smaller run.
 SIZES = {"simulated": (64, 512, 64), "hf": (16, 64, 32)}
 
@@ -159,17 +159,17 @@ def run() -> dict[str, Any]:
             alone = runner.run(engine_alone())
         with asyncio.Runner(loop_factory=loop_factory(WorkerSettings().loop)) as runner:
             consumer = runner.run(through_consumer(stack.bus_settings()))
-        own_clock = None
+        apart = None
         if engine_name() == "simulated":  # the hf engine generates in a thread of its own already
             with asyncio.Runner(loop_factory=loop_factory(WorkerSettings().loop)) as runner:
-                own_clock = runner.run(through_consumer(stack.bus_settings(), SIM.model_copy(update={"catch_up_all": True}),
-                                                        OWN_CLOCK_REPLY_PARTITION))
+                apart = runner.run(through_consumer(stack.bus_settings(), SIM.model_copy(update={"catch_up_all": True}),
+                                                        ENGINE_APART_REPLY_PARTITION))
     result = {"scenario": "consumer_throughput", "engine": engine_name(),
               "engine_settings": SIM.model_dump() if engine_name() == "simulated" else {},
               "max_num_seqs": MAX_NUM_SEQS, "requests": REQUESTS, "output_tokens": OUTPUT_TOKENS,
               "engine_alone": alone, "through_consumer": consumer, "ratio": ratio(consumer, alone)}
-    if own_clock is not None:
-        result.update(through_consumer_engine_apart=own_clock, ratio_engine_apart=ratio(own_clock, alone))
+    if apart is not None:
+        result.update(through_consumer_engine_apart=apart, ratio_engine_apart=ratio(apart, alone))
     return result
 
 

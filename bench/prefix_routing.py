@@ -181,7 +181,7 @@ def report_check_cost_us(watched: int = TRACKED_PREFIXES, reports: int = 100) ->
                 reports_.check(everything=everything)
                 used += time.process_time() - started
             costs[name] = round(used / reports * 1e6, 1)
-        return {"watched": len(reports_._tracked), **costs}
+        return {"watched": reports_.watched, **costs}
 
     return asyncio.run(measure())
 

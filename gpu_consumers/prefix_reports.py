@@ -97,6 +97,11 @@ class PrefixReports:
                 self._forgotten.append(prefix)
         self._changed.set()
 
+    @property
+    def watched(self) -> int:
+        """How many prefixes are watched now."""
+        return len(self._tracked)
+
     def load_changed(self) -> None:
         """A request was fetched or finished: routers weigh load, so it is reported (at the bounded rate)."""
         self._changed.set()
