@@ -42,6 +42,7 @@ from tokenbus.topics import (
     FetchPacer,
     RecordSender,
     TopicCatalog,
+    acknowledged,
     commit_as_member,
     make_consumer,
     make_producer,
@@ -282,8 +283,7 @@ class GpuWorker:
                 deliveries = await self._generate(running, published)
             # The engine is done with it: its slot goes to the next request while the acks arrive.
             self._release_slot(running)
-            for delivery in deliveries:  # most are acknowledged by now: cheaper than gather's callbacks
-                await asyncio.shield(delivery)  # shared by the sequences of one engine step
+            await acknowledged(deliveries)
         except asyncio.CancelledError:
             # Partition released or shutting down before the request finished: the next owner
             # continues from the log, or finds the final event there and writes the completion again.

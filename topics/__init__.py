@@ -8,7 +8,7 @@ reading one request's token stream (``ReplyRouter`` live, ``replay`` from the lo
 ``per_event_metrics``, the Prometheus series a service updates for every token event;
 ``holes``, how readers on the embedded broker wait for a batch numbered but not stored yet."""
 
-from tokenbus.topics.batching import BatchingPublisher
+from tokenbus.topics.batching import BatchingPublisher, acknowledged
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe
 from tokenbus.topics.clients import (
     cancel_task,
@@ -34,6 +34,7 @@ from tokenbus.topics.tail import TopicTail
 
 __all__ = [
     "BatchingPublisher",
+    "acknowledged",
     "BusSettings",
     "DeadLetterPublisher",
     "FetchPacer",

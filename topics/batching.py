@@ -36,13 +36,35 @@ class _Pass:
         self.delivered: asyncio.Future[None] = loop.create_future()
 
 
+async def acknowledged(deliveries: list[asyncio.Future[Any]]) -> None:
+    """Wait until each of ``deliveries`` is acknowledged, raising a failure as awaiting it would.
+    The last one first: a partition's batches are acknowledged in the order they went out, so
+    by then the others are done, and a request's task waits once rather than once per engine
+    step (a wait costs a future and two callbacks). Through ``asyncio.shield``: a delivery is
+    shared by the sequences of an engine step, and cancelling one waiting task must not cancel
+    it for the others."""
+    if deliveries:
+        await asyncio.shield(deliveries[-1])
+    for delivery in deliveries:
+        if delivery.done():
+            delivery.result()
+        else:
+            await asyncio.shield(delivery)
+
+
 class BatchingPublisher:
     def __init__(self, producer: AIOKafkaProducer, codec: AvroCodec) -> None:
         self._producer = producer
         self._codec = codec
         self._pending: dict[tuple[str, int], _Pass] = {}
-        self._sending: set[asyncio.Task[None]] = set()
-        self._locks: dict[tuple[str, int], asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Passes flushed and not yet handed to aiokafka, per partition, and the one task that hands
+        # them over, in order. aiokafka takes a partition's next batch only once the one before
+        # has gone out in a produce request (one in flight per broker), so on a busy partition
+        # passes queue here meanwhile, and the next Kafka batch takes all of them: one pass a
+        # batch fell behind a hot partition's engine steps by up to 200 ms.
+        self._queued: dict[tuple[str, int], list[_Pass]] = defaultdict(list)
+        self._senders: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._settling: set[asyncio.Task[None]] = set()
         self._hand_over = getattr(producer, "hand_over", None)  # the embedded producer's express lane
 
     def publish(self, topic: str, partition: int, key: str, record: Record, hand_over: bool = False) -> asyncio.Future[None]:
@@ -64,65 +86,83 @@ class BatchingPublisher:
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}
         loop = asyncio.get_running_loop()
-        for (topic, partition), batch in pending.items():
-            task = loop.create_task(self._send(topic, partition, batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+        for partition_key, batch in pending.items():
+            self._queued[partition_key].append(batch)
+            if partition_key not in self._senders:
+                self._senders[partition_key] = loop.create_task(self._send_queued(*partition_key))
 
-    async def _send(self, topic: str, partition: int, batch: _Pass) -> None:
-        # The lock keeps one partition's batches in flush order (asyncio's lock is FIFO); it is
-        # held while batches are handed to aiokafka, not while they are acknowledged.
-        submitted: list[tuple[range, asyncio.Future[Any]]] = []  # the indexes of a Kafka batch's records, its delivery
-        error: Exception | None = None
-        records = batch.records
-        first = 0
-        async with self._locks[(topic, partition)]:
-            while records:
-                kafka_batch = self._producer.create_batch()
-                taken = 0
-                for key, value in records:
-                    if kafka_batch.append(key=key, value=value, timestamp=None) is None:
-                        break
-                    taken += 1
-                if taken == 0:
-                    error = ValueError(f"a record of {len(records[0][1])} bytes exceeds a batch")
+    async def _send_queued(self, topic: str, partition: int) -> None:
+        """Hand the partition's queued passes to aiokafka, as few Kafka batches as they fit in, until
+        none is left; their acknowledgements are awaited apart, so the next passes need not wait."""
+        queue = self._queued[(topic, partition)]
+        try:
+            while queue:
+                passes = queue[:]
+                queue.clear()
+                submitted, error = await self._submit(topic, partition, passes)
+                settling = asyncio.get_running_loop().create_task(self._settle(topic, partition, passes, submitted, error))
+                self._settling.add(settling)
+                settling.add_done_callback(self._settling.discard)
+        finally:
+            del self._senders[(topic, partition)]
+            if not queue:
+                del self._queued[(topic, partition)]
+
+    async def _submit(self, topic: str, partition: int, passes: list[_Pass],
+                      ) -> tuple[list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]], Exception | None]:
+        """The passes' records in order as Kafka batches: each batch's records (their pass and place
+        in it) and its delivery; and the error that stopped it, if one did."""
+        records = [(batch, index, key, value) for batch in passes for index, (key, value) in enumerate(batch.records)]
+        submitted: list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]] = []
+        while records:
+            kafka_batch = self._producer.create_batch()
+            taken = 0
+            for _, _, key, value in records:
+                if kafka_batch.append(key=key, value=value, timestamp=None) is None:
                     break
-                records = records[taken:]
-                try:
-                    submitted.append((range(first, first + taken),
-                                      await self._producer.send_batch(kafka_batch, topic, partition=partition)))
-                except Exception as exc:
-                    error = exc
-                    break
-                first += taken
-        for indexes, delivery in submitted:
+                taken += 1
+            if taken == 0:
+                return submitted, ValueError(f"a record of {len(records[0][3])} bytes exceeds a batch")
+            try:
+                delivery = await self._producer.send_batch(kafka_batch, topic, partition=partition)
+            except Exception as exc:
+                return submitted, exc
+            submitted.append(([(batch, index) for batch, index, _, _ in records[:taken]], delivery))
+            records = records[taken:]
+        return submitted, None
+
+    async def _settle(self, topic: str, partition: int, passes: list[_Pass],
+                      submitted: list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]], error: Exception | None) -> None:
+        """Resolve each pass once every Kafka batch holding its records is acknowledged; a pass with
+        a record in a batch that failed, or not sent, fails."""
+        failed: dict[int, Exception] = {}
+        sent: dict[int, int] = defaultdict(int)  # records of each pass in a Kafka batch
+        for placed, delivery in submitted:
+            for batch, _ in placed:
+                sent[id(batch)] += 1
             try:
                 metadata = await delivery
             except Exception as exc:
-                error = error or exc
+                failed.update((id(batch), exc) for batch, _ in placed)
+                continue
+            for offset, (batch, index) in enumerate(placed, start=metadata.offset):
+                if batch.handed_over and index in batch.handed_over:
+                    assert self._hand_over is not None
+                    self._hand_over(topic, partition, offset, batch.records[index][1])
+        for batch in passes:
+            problem = failed.get(id(batch)) or (error if sent[id(batch)] < len(batch.records) else None)
+            if problem is not None:
+                log.warning("batch of %d records to %s-%s failed: %s", len(batch.records), topic, partition, problem)
+            if batch.delivered.done():  # cancelled by a task that awaited it unshielded; nobody waits
+                continue
+            if problem is not None:
+                batch.delivered.set_exception(problem)
             else:
-                if batch.handed_over:
-                    self._hand_over_acknowledged(topic, partition, batch, indexes, metadata.offset)
-        if error is not None:
-            log.warning("batch of %d records to %s-%s failed: %s", len(batch.records), topic, partition, error)
-        if batch.delivered.done():  # cancelled by a task that awaited it unshielded; nobody waits
-            return
-        if error is not None:
-            batch.delivered.set_exception(error)
-        else:
-            batch.delivered.set_result(None)
-
-    def _hand_over_acknowledged(self, topic: str, partition: int, batch: _Pass, indexes: range, base_offset: int) -> None:
-        """Hand over those of ``batch``'s records to hand over that went in the Kafka batch of
-        ``indexes``, which the broker wrote from ``base_offset`` on."""
-        assert self._hand_over is not None
-        for index in batch.handed_over:
-            if index in indexes:
-                self._hand_over(topic, partition, base_offset + index - indexes.start, batch.records[index][1])
+                batch.delivered.set_result(None)
 
     async def flush(self) -> None:
         """Wait until everything published so far is acknowledged."""
         if self._pending:
             self._flush()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        while self._senders or self._settling:
+            await asyncio.gather(*self._senders.values(), *self._settling, return_exceptions=True)

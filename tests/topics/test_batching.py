@@ -71,6 +71,30 @@ async def test_a_pass_bigger_than_a_batch_goes_out_as_several_in_order(bus):
     assert [e.seq for e in await read_back(bus, topic, 5, 10)] == list(range(10))
 
 
+async def test_passes_that_queue_behind_a_batch_in_flight_go_out_together(bus):
+    """aiokafka takes a partition's next batch once the one before has gone out, one produce
+    request in flight at a time: passes published meanwhile (an engine's steps, a few ms apart)
+    go out as one Kafka batch rather than a round trip each, in order, each pass's future resolved."""
+    topic = TopicCatalog(bus).tokens
+    async with publishing(bus) as publisher:
+        batches = []
+        send_batch = publisher._producer.send_batch
+
+        async def counting(batch, *args, **kwargs):
+            batches.append(batch.record_count())
+            return await send_batch(batch, *args, **kwargs)
+
+        publisher._producer.send_batch = counting
+        futures = []
+        for step in range(40):
+            futures.append(publisher.publish(topic, 7, "r", TokenEvent("r", step, f"{step}")))
+            await asyncio.sleep(0)  # the next pass
+        await asyncio.wait_for(asyncio.gather(*futures), 30)
+    assert sum(batches) == 40
+    assert len(batches) < 40 / 2
+    assert [e.seq for e in await read_back(bus, topic, 7, 40)] == list(range(40))
+
+
 async def test_a_send_that_fails_fails_its_pass_only(bus):
     topic = TopicCatalog(bus).tokens
     async with publishing(bus) as publisher:

@@ -64,10 +64,12 @@ async def handed_over(settings: BusSettings, topics_starting: str) -> AsyncItera
         await client.aclose()
 
 
-async def test_a_publisher_hands_over_what_it_is_asked_to_at_the_offsets_the_broker_gave(embedded):
+@pytest.mark.parametrize("passes_queue", [False, True], ids=["each-pass-acknowledged", "passes-queued"])
+async def test_a_publisher_hands_over_what_it_is_asked_to_at_the_offsets_the_broker_gave(embedded, passes_queue):
     """Several passes, and one pass bigger than a Kafka batch (so its records go out as several
     batches, each with its own base offset): every record asked for is handed over once, with the
-    offset it has in the log and the bytes stored there; no other record is."""
+    offset it has in the log and the bytes stored there; no other record is. Also where passes
+    queue behind a batch in flight and go out together, a Kafka batch holding several passes."""
     topic = TopicCatalog(embedded).tokens
     asked: set[str] = set()
     async with handed_over(embedded, topic) as got, publishing(embedded, max_batch_size=16_384) as publisher:
@@ -78,7 +80,8 @@ async def test_a_publisher_hands_over_what_it_is_asked_to_at_the_offsets_the_bro
                 publisher.publish(topic, 2, f"r{n}", TokenEvent(f"r{n}", step, text), hand_over=hand_over)
                 if hand_over:
                     asked.add(text)
-            await publisher.flush()
+            await (asyncio.sleep(0) if passes_queue else publisher.flush())
+        await publisher.flush()
         await wait_for(lambda: len(got) >= len(asked), 10, "the hand-overs", lambda: f"{len(got)} of {len(asked)}")
     written = {record.offset: record.value for record in await read_all(embedded, topic, expected=24)}
     assert len(written) == 24
