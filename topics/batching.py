@@ -1,6 +1,7 @@
 """Publish many records as few produce batches: everything published during one pass of the
 event loop (for the GPU consumer: one engine step of every running sequence) goes out as one
-record batch per partition, in publish order.
+record batch per partition, in publish order; passes that queued while the partition's previous
+batch was on its way go out together.
 
 aiokafka's per-message ``send`` costs tens of microseconds of Python per record; appending to a
 batch costs a few, which is what lets one consumer process keep up with a busy engine.
@@ -60,8 +61,8 @@ class BatchingPublisher:
         # Passes flushed and not yet handed to aiokafka, per partition, and the one task that hands
         # them over, in order. aiokafka takes a partition's next batch only once the one before
         # has gone out in a produce request (one in flight per broker), so on a busy partition
-        # passes queue here meanwhile, and the next Kafka batch takes all of them: one pass a
-        # batch fell behind a hot partition's engine steps by up to 200 ms.
+        # passes queue here meanwhile, and the next Kafka batch takes all of them: at a batch a
+        # pass, a hot partition fell behind its engine's steps by up to 2 s (BENCHMARKS.md §6).
         self._queued: dict[tuple[str, int], list[_Pass]] = defaultdict(list)
         self._senders: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._settling: set[asyncio.Task[None]] = set()
