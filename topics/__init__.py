@@ -34,7 +34,6 @@ from tokenbus.topics.tail import TopicTail
 
 __all__ = [
     "BatchingPublisher",
-    "acknowledged",
     "BusSettings",
     "DeadLetterPublisher",
     "FetchPacer",
@@ -47,6 +46,7 @@ __all__ = [
     "TopicCatalog",
     "TopicSpec",
     "TopicTail",
+    "acknowledged",
     "cancel_task",
     "commit_as_member",
     "committed_offsets",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tokenbus.schemas import TOOL_CHOICE_AUTO, TOOL_CHOICE_NONE, ChatMessage, ChatRequest, ToolSpec
 
@@ -52,6 +52,12 @@ class GenerationInput:
     @property
     def offers_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != TOOL_CHOICE_NONE
+
+    @property
+    def prompt_key(self) -> tuple[Any, ...]:
+        """Everything the prompt is rendered from (not a taken-over sequence's output): equal keys,
+        equal prompts. Unhashable where a message holds a list the schema has as a tuple."""
+        return (self.request_id, self.messages, self.tools, self.tool_choice, self.tool_choice_name)
 
     @classmethod
     def from_request(cls, request: ChatRequest, prefix_token_ids: tuple[int, ...] = (), prefix_text: str = "") -> GenerationInput:

@@ -130,11 +130,6 @@ class PromptTokens:
         self._lock = threading.Lock()  # ``prepare`` runs in threads
         self._last: tuple[tuple[Any, ...], list[int], Rendered | None] | None = None
 
-    @staticmethod
-    def _key(inp: GenerationInput) -> tuple[Any, ...]:
-        # Everything the prompt is rendered from (the ids of a taken-over sequence's output are not).
-        return (inp.request_id, inp.messages, inp.tools, inp.tool_choice, inp.tool_choice_name)
-
     def _make(self, inp: GenerationInput) -> tuple[list[int], Rendered | None]:
         if self._rust is None:
             return prompt_ids(self._tokenizer, inp), None
@@ -147,14 +142,14 @@ class PromptTokens:
         try:
             made = self._make(inp)
             with self._lock:
-                self._prepared[self._key(inp)] = made  # (a list where a tuple belongs cannot be a key)
+                self._prepared[inp.prompt_key] = made  # (a list where a tuple belongs cannot be a key)
                 while len(self._prepared) > self.PREPARED:
                     self._prepared.popitem(last=False)
         except Exception:
             return
 
     def _remembered(self, inp: GenerationInput) -> tuple[list[int], Rendered | None]:
-        key = self._key(inp)
+        key = inp.prompt_key
         if self._last is not None and self._last[0] == key:
             return self._last[1], self._last[2]
         try:

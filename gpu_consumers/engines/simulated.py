@@ -132,7 +132,7 @@ class LastPrompt:
         self._last: tuple[tuple[Any, ...], tuple[list[int], list[int]]] | None = None
 
     def __call__(self, inp: GenerationInput) -> tuple[list[int], list[int]]:
-        key = (inp.request_id, inp.messages, inp.tools, inp.tool_choice, inp.tool_choice_name)
+        key = inp.prompt_key
         if self._last is None or self._last[0] != key:
             self._last = (key, tokenize_prompt(inp))
         return self._last[1]
