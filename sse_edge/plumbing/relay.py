@@ -102,10 +102,14 @@ class TokenStreamResponse(EventSourceResponse):
         assert writing is not None
         watcher = asyncio.create_task(self._watch(receive, send, writing))
         try:
+            last = b""
             async for chunk in body:
+                if isinstance(chunk, StreamEnd):
+                    last = chunk  # written with the body's end, once the frames' generator has finished
+                    continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             self.active = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": last, "more_body": False})
         except asyncio.CancelledError:
             if not self._client_gone:
                 raise
@@ -143,6 +147,11 @@ def sse_response(frames: AsyncGenerator[bytes, None], heartbeat_s: float, stream
     ping = heartbeat_s if stream_format.event_ids else 0  # 0: no heartbeat (a data-only stream has none)
     return TokenStreamResponse(frames, ping=ping, sep="\n", headers=headers,
                                ping_message_factory=lambda: HEARTBEAT)  # type: ignore[arg-type,return-value]  # bytes pass as-is
+
+
+class StreamEnd(bytes):
+    """A stream's last frames ([DONE], or the error that ends it), which ``TokenStreamResponse``
+    writes together with the end of the response body: one socket write, not two."""
 
 
 def frame(body: dict[str, Any] | str, event_id: str | None = None) -> bytes:
@@ -192,24 +201,31 @@ async def sse_frames(
     started: float, stream_format: StreamFormat, send_role: bool = True,
 ) -> AsyncGenerator[bytes, None]:
     """The frames of one stream. Chunk for chunk the same live and replayed (the role chunk, one per
-    event with text or the final one, the usage chunk), which is what lets a client resume by count."""
+    event with text or the final one, the usage chunk), which is what lets a client resume by count.
+
+    Each yield is what one socket write carries: a token event's chunks together, the role chunk
+    with the first event's (as vLLM's server and OpenAI's send it: when the first token is there),
+    and the usage chunk with ``[DONE]`` as the ``StreamEnd``. On a loopback or a busy host a write
+    costs as much as the rest of relaying an event, and a turn of a few tokens made six of them."""
     finished = False
     last_sent: float | None = None
     skip = stream_format.skip_chunks
     ids = stream_format.event_ids
+    pending: list[bytes] = []  # frames not yet written: they go with the next ones
     metrics.open_streams.inc()
     try:
         if send_role:
             if skip:
                 skip -= 1
             else:
-                yield frame(writer.role())
+                pending.append(frame(writer.role()))
         async for reply in events:
             event = reply.event
             error = generation_error(event) if event.is_final else None
             if error is not None:
                 finished = True
-                yield frame(error.body(), reply.event_id if ids else None)
+                pending.append(frame(error.body(), reply.event_id if ids else None))
+                yield StreamEnd(b"".join(pending))
                 return
             chunks = event_chunks(event, writer)
             if len(chunks) > skip and (event.text or event.tool_calls):
@@ -220,20 +236,25 @@ async def sse_frames(
                 if skip:
                     skip -= 1
                 else:
-                    yield frame(chunk, chunk_id(reply.event_id, i, len(chunks)) if ids else None)
+                    pending.append(frame(chunk, chunk_id(reply.event_id, i, len(chunks)) if ids else None))
+            if pending:
+                yield b"".join(pending)
+                pending = []
             if event.is_final:
                 finished = True
                 await hooks.on_final(event)
                 if writer.include_usage and not skip:
-                    yield frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0,
-                                             event.cached_tokens or 0))
-        yield frame("[DONE]")
+                    pending.append(frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0,
+                                                      event.cached_tokens or 0)))
+        pending.append(frame("[DONE]"))
         metrics.e2e.observe(time.perf_counter() - started)
+        yield StreamEnd(b"".join(pending))
     except ReplyStreamError as exc:
         finished = True
         if exc.code == STREAM_IDLE:
             hooks.on_stalled()
-        yield frame(stream_error(exc).body())
+        pending.append(frame(stream_error(exc).body()))
+        yield StreamEnd(b"".join(pending))
     finally:
         metrics.open_streams.dec()
         await events.aclose()  # a replayed stream holds a Kafka consumer: release it now, not at GC

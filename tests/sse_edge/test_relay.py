@@ -2,6 +2,7 @@
 by a count of chunks, and releasing what a stream holds when a client leaves early: the event
 source (a replay holds a Kafka consumer) and the request's entry in the reply router."""
 
+import asyncio
 import json
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, sse_frames
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, sse_frames, sse_response
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
 from tokenbus.topics import BusSettings, ReplyEvent
 
@@ -31,8 +32,9 @@ async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment(
 
     frames = sse_frames(events(), ChunkWriter("r", "m", False), RelayHooks(on_final, lambda: abandoned.append(1)),
                         EdgeMetrics(), started=0.0, stream_format=StreamFormat())
-    assert b"assistant" in await anext(frames)
-    assert b'"t0"' in await anext(frames)
+    first = await anext(frames)  # the role chunk goes out with the first event's
+    assert b"assistant" in first and b'"t0"' in first
+    assert b'"t1"' in await anext(frames)
     await frames.aclose()  # what the server does when the client disconnects
     assert closed == [True] and abandoned == [1]
 
@@ -101,3 +103,30 @@ async def test_resuming_after_n_chunks_sends_exactly_the_rest(received):
     whole = naive_parse(await stream_bytes(StreamFormat(), ["a", "b", "c"]))
     rest = naive_parse(await stream_bytes(StreamFormat(skip_chunks=received), ["a", "b", "c"]))
     assert whole[:received] + rest == whole
+
+
+async def test_each_write_carries_a_whole_event_and_the_last_ends_the_body():
+    """A socket write per event, not per frame: the role chunk with the first token's, the usage
+    chunk and ``[DONE]`` with the end of the body (a short turn took six writes, now three)."""
+    async def on_final(event):
+        pass
+
+    frames = sse_frames(finished_events(["a", "b"]), ChunkWriter("r", "m", include_usage=True),
+                        RelayHooks(on_final, lambda: None), EdgeMetrics(), 0.0, StreamFormat())
+    messages = []
+
+    async def send(message):
+        messages.append(message)
+
+    async def receive():
+        await asyncio.Event().wait()  # the client stays
+
+    scope = {"type": "http", "method": "POST", "headers": []}
+    await sse_response(frames, heartbeat_s=0, stream_format=StreamFormat())(scope, receive, send)
+    bodies = [m for m in messages if m["type"] == "http.response.body"]
+    assert [m["more_body"] for m in bodies] == [True, True, True, False]
+    written = [naive_parse(m["body"] + b"data: [DONE]\n\n") for m in bodies[:3]]
+    assert [[c["choices"][0]["delta"] for c in chunks] for chunks in written] == [
+        [{"role": "assistant", "content": ""}, {"content": "a"}], [{"content": "b"}], [{}]]
+    assert written[2][0]["choices"][0]["finish_reason"] == "stop"
+    assert bodies[3]["body"].endswith(b"data: [DONE]\n\n") and b'"usage"' in bodies[3]["body"]
