@@ -147,12 +147,15 @@ async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool
     """Open the request's stream and publish it (the SDK's submit: no event can slip past), and
     meanwhile record where the stream lives, so that any edge can find it from the moment the
     client hears of it. The record's position is taken before the request goes out; the Redis
-    write and the produce overlap, which takes a round trip off every request's first token."""
-    record = stream_record(edge, bus_request, include_usage, digest)
+    write and the produce overlap, which takes a round trip off every request's first token.
+    The prompt is reviewed first, so the record keeps the request as it is published: masked
+    where the tier's policy redacts (the ingress route's processor reviews it later instead)."""
+    review = edge.bus.review(bus_request)
+    record = stream_record(edge, review.forward if review is not None else bus_request, include_usage, digest)
     registering = asyncio.ensure_future(register_stream(edge, record))
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
     try:
-        stream = await edge.bus.submit(bus_request, topic=ingress)
+        stream = await edge.bus.submit(bus_request, topic=ingress, review=review)
     except KafkaError as exc:
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
     finally:

@@ -2,8 +2,10 @@
 SIGKILLed, and cancelling the generation of a client that went away."""
 
 import asyncio
+import base64
 import json
 import signal
+import uuid
 
 import httpx
 import openai
@@ -14,7 +16,7 @@ from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.gpu_consumers.helpers import read_all, read_written
 from tokenbus.infra.devstack.processes import free_port
-from tokenbus.schemas import AvroCodec, Completion
+from tokenbus.schemas import AvroCodec, ChatRequest, Completion
 from tokenbus.sse_edge.plumbing.streams import StreamRegistry
 from tokenbus.topics import TopicCatalog
 from tokenbus.topics.provision import TopicAdmin
@@ -94,6 +96,24 @@ async def test_a_streams_record_is_written_before_its_first_chunk_reaches_the_cl
     assert record is not None
     assert (record.request_id, record.model) == (request_id, MODEL)
     assert record.request and record.topic  # what a continuation repeats; where the events are
+
+
+async def test_a_streams_record_keeps_the_request_as_published_masked_where_the_tier_redacts(stack, edge_url):
+    """What a continuation repeats is kept in Redis for a day: the prompt as the model got it, so an
+    address the batch tier's policy masks on the bus is masked there too."""
+    key = await stack.create_key(f"tenant-{uuid.uuid4().hex[:8]}", "batch")  # batch redacts e-mail addresses
+    answer = await openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=key).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Summarise mail from ann@example.com please"}])
+    connection = redis.Redis.from_url(stack.settings.redis_url)
+    try:
+        record = await StreamRegistry(connection, stack.settings.redis_prefix).get(answer.id)
+    finally:
+        await connection.aclose()
+    assert record is not None
+    kept = AvroCodec().decode(base64.b64decode(record.request), ChatRequest)
+    assert kept.request_id == answer.id
+    assert kept.messages[0].content == "Summarise mail from [REDACTED:pii_email] please"
+    assert b"ann@example.com" not in base64.b64decode(record.request)
 
 
 async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack, edge_url, api_key):
