@@ -83,6 +83,7 @@ class EdgeState:
         await self.queues.stop()
         await self.watch.stop()
         await self.bus.stop()
+        await self.admission.close()  # the completion tokens still to be charged, before Redis goes
         await self.redis.aclose()
         if self._transcripts is not None:
             await self._transcripts.close()

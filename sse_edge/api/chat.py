@@ -253,7 +253,7 @@ def relay_hooks(edge: EdgeState, request_id: str, admitted: Admitted) -> RelayHo
     token_buckets = admitted.token_buckets  # what the stream holds on to until it ends
 
     async def on_final(event: TokenEvent) -> None:
-        await edge.admission.charge_completion(token_buckets, event.completion_tokens or 0)
+        edge.admission.charge_completion(token_buckets, event.completion_tokens or 0)
 
     def on_abandoned() -> None:
         edge.in_background(edge.cancel_unless_resumed(request_id))

@@ -15,7 +15,7 @@ from tokenbus.sse_edge.plumbing.auth import Authenticator
 from tokenbus.sse_edge.plumbing.broker_watch import BrokerWatch
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
-from tokenbus.sse_edge.plumbing.ratelimit import Bucket, RateLimiter, RedisUnavailable
+from tokenbus.sse_edge.plumbing.ratelimit import Bucket, CompletionCharges, RateLimiter, RedisUnavailable
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import ApiKey
 
@@ -42,6 +42,7 @@ class Admission:
         self._queues = queues
         self._auth = auth
         self._limiter = limiter
+        self._completions = CompletionCharges(limiter)
         self._max_queue_depth = settings.max_queue_depth
         self._fallback = settings.fallback
         self._shed_tools_at = settings.shed_tools_at
@@ -58,13 +59,13 @@ class Admission:
             headers[FALLBACK_HEADER] = model
         return Admitted(served, [b for b in buckets if b.dimension == "tokens"], headers)
 
-    async def charge_completion(self, token_buckets: list[Bucket], completion_tokens: int) -> None:
-        """Charge what a request generated to its token buckets (best effort: Redis may be away)."""
-        tokens = [Bucket(b.name, b.dimension, b.limit, completion_tokens) for b in token_buckets]
-        try:
-            await self._limiter.charge_completion(tokens)
-        except RedisUnavailable:
-            pass
+    def charge_completion(self, token_buckets: list[Bucket], completion_tokens: int) -> None:
+        """Charge what a request generated to its token buckets, with the others ending now (best
+        effort: Redis may be away)."""
+        self._completions.add([Bucket(b.name, b.dimension, b.limit, completion_tokens) for b in token_buckets])
+
+    async def close(self) -> None:
+        await self._completions.close()
 
     def _check_bus(self) -> None:
         if not self._watch.available:

@@ -4,12 +4,15 @@ applies to a request (per key, per tenant, per model+tier; requests and tokens p
 A bucket holds up to ``limit`` and refills at ``limit`` per minute. Admission charges one
 request and the prompt's estimated tokens, only if every bucket can pay; completion tokens
 are charged when the request ends and may take a bucket into debt, which later requests
-wait out. If Redis cannot be reached the limiter either keeps limiting in this process
+wait out; those of the requests that end within ``CompletionCharges.EVERY_S`` of each other go
+to Redis together. If Redis cannot be reached the limiter either keeps limiting in this process
 (``local``, the default) or refuses requests (``closed``); it never stops authenticating.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -167,3 +170,46 @@ class RateLimiter:
                 log.warning("Redis unreachable (%s): rate limiting in this process only", exc)
             self.degraded = True
             return self._local.charge(buckets, must_fit, now_ms)
+
+
+class CompletionCharges:
+    """Completion tokens charged together: what the requests that end within ``EVERY_S`` of each
+    other generated, summed per bucket, in one Redis call. A request's end used to wait for its
+    own call (a round trip before the stream's ``[DONE]``, and a third Redis command a turn beside
+    admission and the stream record); a bucket now learns of it at most ``EVERY_S`` later, as
+    LiteLLM's proxy batches its usage counters. ``close`` charges at once what is still due."""
+
+    EVERY_S = 0.05
+
+    def __init__(self, limiter: RateLimiter, every_s: float = EVERY_S) -> None:
+        self._limiter = limiter
+        self._every_s = every_s
+        self._due: dict[str, Bucket] = {}  # bucket name -> the bucket, its cost summed
+        self._charging: asyncio.Task[None] | None = None
+
+    def add(self, buckets: list[Bucket]) -> None:
+        for b in buckets:
+            if b.limit <= 0 or b.cost <= 0:
+                continue
+            held = self._due.get(b.name)
+            self._due[b.name] = b if held is None else Bucket(b.name, b.dimension, b.limit, held.cost + b.cost)
+        if self._due and (self._charging is None or self._charging.done()):
+            self._charging = asyncio.create_task(self._charge_while_due(), name="completion-charges")
+
+    async def _charge_while_due(self) -> None:
+        while self._due:  # what arrived while a call was out goes in the next
+            await asyncio.sleep(self._every_s)
+            await self.charge_due()
+
+    async def charge_due(self) -> None:
+        due, self._due = list(self._due.values()), {}
+        if due:
+            with contextlib.suppress(RedisUnavailable):  # best effort, as each charge was: Redis may be away
+                await self._limiter.charge_completion(due)
+
+    async def close(self) -> None:
+        if self._charging is not None:
+            self._charging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._charging
+        await self.charge_due()

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import MODEL, SLOW_MODEL
+from tests.stream_processors.helpers import eventually
 from tokenbus.stores.keys import Limits
 
 pytestmark = pytest.mark.stack
@@ -39,6 +40,20 @@ async def test_a_key_sees_its_limits_and_what_is_left_of_them(stack):
     after = (await call(stack, key, "GET", "/v1/keys/self")).json()
     assert after["quota"]["key"]["remaining_requests"] < before["quota"]["key"]["remaining_requests"]
     assert "key" not in after and "key_hash" not in after
+
+
+async def test_a_turns_completion_tokens_come_off_its_token_limit_once_it_ends(stack):
+    # 120 a minute: two come back a second, so 60 completion tokens show however long the check takes.
+    key = await stack.create_key(tenant(), "standard", limits=Limits(rpm=0, tpm=120))
+    answered = await call(stack, key, "POST", "/v1/chat/completions",
+                          json={"model": SLOW_MODEL, "max_tokens": 60, "messages": [{"role": "user", "content": "go"}]})
+    assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] == 60
+
+    async def charged() -> int | None:
+        left = (await call(stack, key, "GET", "/v1/keys/self")).json()["quota"]["key"]["remaining_tokens"]
+        return left if left <= 120 - 60 + 10 else None  # within 5 s of refill of the 60
+
+    assert await eventually(charged, timeout=10) >= -10
 
 
 async def test_only_a_tenant_admin_key_manages_keys(stack):

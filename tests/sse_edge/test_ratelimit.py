@@ -1,11 +1,19 @@
 """The token-bucket limiter against the real Redis (its Lua script), and its fallbacks."""
 
+import asyncio
 import uuid
 
 import pytest
 import redis.asyncio as redis
 
-from tokenbus.sse_edge.plumbing.ratelimit import Bucket, LocalBuckets, RateLimiter, RedisUnavailable, format_reset
+from tokenbus.sse_edge.plumbing.ratelimit import (
+    Bucket,
+    CompletionCharges,
+    LocalBuckets,
+    RateLimiter,
+    RedisUnavailable,
+    format_reset,
+)
 
 
 @pytest.fixture
@@ -44,6 +52,71 @@ async def test_completion_tokens_are_charged_at_the_end_and_can_make_debt(limite
     decision = await limiter.admit(buckets(0, 600, 10, name))
     assert not decision.allowed and decision.limited_by.dimension == "tokens"
     assert decision.retry_after_s > 5  # a debt of ~50 tokens at 10 tokens/s plus the 10 asked for
+
+
+class CountedCalls:
+    """The limiter's completion charges, counted on their way to Redis."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.calls: list[list[Bucket]] = []
+        self._charge = limiter.charge_completion
+        limiter.charge_completion = self  # type: ignore[method-assign]
+
+    async def __call__(self, buckets: list[Bucket]) -> None:
+        self.calls.append(buckets)
+        await self._charge(buckets)
+
+
+async def remaining_tokens(limiter: RateLimiter, name: str) -> float:
+    (left,) = await limiter.remaining([Bucket(f"{name}:tpm", "tokens", 600, 0)])
+    return left
+
+
+async def test_completions_ending_together_are_charged_in_one_call_summed_per_bucket(limiter):
+    name, other = uuid.uuid4().hex, uuid.uuid4().hex
+    counted = CountedCalls(limiter)
+    charges = CompletionCharges(limiter, every_s=0.05)
+    charges.add([Bucket(f"{name}:tpm", "tokens", 600, 100), Bucket(f"{other}:tpm", "tokens", 600, 7)])
+    charges.add([Bucket(f"{name}:tpm", "tokens", 600, 250)])
+    charges.add([Bucket(f"{name}:tpm", "tokens", 0, 999), Bucket(f"{other}:tpm", "tokens", 600, 0)])  # nothing due
+    assert counted.calls == []  # not yet: the others ending meanwhile go with them
+    await asyncio.sleep(0.3)
+    assert len(counted.calls) == 1
+    assert sorted((b.name, b.cost) for b in counted.calls[0]) == sorted([(f"{name}:tpm", 350), (f"{other}:tpm", 7)])
+    assert 600 - 350 <= await remaining_tokens(limiter, name) < 600 - 300  # 10 a second refill meanwhile
+
+
+async def test_a_charge_made_while_a_call_is_out_goes_in_the_next(limiter):
+    name = uuid.uuid4().hex
+    counted = CountedCalls(limiter)
+    charges = CompletionCharges(limiter, every_s=0.02)
+    charges.add([Bucket(f"{name}:tpm", "tokens", 600, 10)])
+    while not counted.calls:
+        await asyncio.sleep(0)  # the first call is out now
+    charges.add([Bucket(f"{name}:tpm", "tokens", 600, 20)])
+    await asyncio.sleep(0.3)
+    assert [[b.cost for b in call] for call in counted.calls] == [[10], [20]]
+
+
+async def test_closing_charges_at_once_what_is_due(limiter):
+    name = uuid.uuid4().hex
+    charges = CompletionCharges(limiter, every_s=60)
+    charges.add([Bucket(f"{name}:tpm", "tokens", 600, 500)])
+    await charges.close()
+    assert await remaining_tokens(limiter, name) < 600 - 450
+
+
+async def test_charges_while_redis_is_away_are_kept_locally_or_dropped_as_the_mode_says():
+    down = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    local = RateLimiter(down, failure_mode="local")
+    charges = CompletionCharges(local, every_s=60)
+    charges.add([Bucket("k:tpm", "tokens", 600, 590)])
+    await charges.close()
+    assert not (await local.admit([Bucket("k:tpm", "tokens", 600, 20)])).allowed  # the debt, kept here
+    closed = CompletionCharges(RateLimiter(down, failure_mode="closed"), every_s=60)
+    closed.add([Bucket("k:tpm", "tokens", 600, 590)])
+    await closed.close()  # nothing raised: a charge is best effort
+    await down.aclose()
 
 
 async def test_unlimited_buckets_are_skipped(limiter):
