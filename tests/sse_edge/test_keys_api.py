@@ -53,7 +53,7 @@ async def test_a_turns_completion_tokens_come_off_its_token_limit_once_it_ends(s
         left = (await call(stack, key, "GET", "/v1/keys/self")).json()["quota"]["key"]["remaining_tokens"]
         return left if left <= 120 - 60 + 10 else None  # within 5 s of refill of the 60
 
-    assert await eventually(charged, timeout=10) >= -10
+    assert await eventually(charged, timeout=10) >= 120 - 60 - 30  # the prompt came off too, nothing more
 
 
 async def test_only_a_tenant_admin_key_manages_keys(stack):
