@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
@@ -40,6 +40,11 @@ from tokenbus.topics import (
 )
 
 CLOSED_BY = "closer"  # the worker_id of records that close a stream nothing answers
+
+
+class Submission(NamedTuple):
+    stream: ReplyStream
+    landed: RecordMetadata | None  # where the request lies on the bus; None when the policy refused it
 
 
 def new_request_id() -> str:
@@ -145,16 +150,21 @@ class TokenbusClient:
                      review: InputReview | None = None) -> ReplyStream:
         """Open the reply stream first, then publish (by ``review``, this request's, where given):
         no event can slip past. The caller reads ``stream.events()`` and calls ``finish`` when done."""
+        return (await self.submission(request, topic, review)).stream
+
+    async def submission(self, request: ChatRequest, topic: str | None = None,
+                         review: InputReview | None = None) -> Submission:
+        """``submit``, telling also where the request landed."""
         stream = self.router.open(request.request_id, request.reply_partition, request.reply_topic)
         try:
             if self.moderator is not None:
-                await self.moderator.publish(request, topic, review)
+                landed = await self.moderator.publish(request, topic, review)
             else:
-                await self.publisher.publish(request, topic)
+                landed = await self.publisher.publish(request, topic)
         except BaseException:
             self.finish(request.request_id)
             raise
-        return stream
+        return Submission(stream, landed)
 
     def finish(self, request_id: str) -> None:
         """Done with a submitted request's stream: its reply router entry goes, and placement no

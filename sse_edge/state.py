@@ -27,7 +27,7 @@ from tokenbus.sse_edge.plumbing.streams import StreamRecord, StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore
 from tokenbus.stores.transcripts import TranscriptStore, open_store
-from tokenbus.topics import ReplyStreamError, cancel_task, replay
+from tokenbus.topics import ReplyStreamError, cancel_task, record_at, replay
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
 log = logging.getLogger(__name__)
@@ -106,9 +106,16 @@ class EdgeState:
         if ended:
             log.info("shutting down: %d open streams told to resume elsewhere", ended)
 
-    def turn_request(self, record: StreamRecord) -> ChatRequest:
-        """The request a stream record was registered for, as it was published."""
-        return self.bus.codec.decode(base64.b64decode(record.request), ChatRequest)
+    async def turn_request(self, record: StreamRecord) -> ChatRequest | None:
+        """The request a stream record was registered for, as it was published: read from where
+        it landed on the bus; None where the record names none or the log no longer holds it."""
+        if record.request:  # a record written before the request's place was kept holds it
+            return self.bus.codec.decode(base64.b64decode(record.request), ChatRequest)
+        if record.request_offset < 0:
+            return None
+        value = await record_at(self.settings.bus, record.request_topic, record.request_partition,
+                                record.request_offset)
+        return self.bus.codec.decode(value, ChatRequest) if value is not None else None
 
     async def read_stream(self, record: StreamRecord, idle_s: float) -> tuple[list[TokenEvent], bool]:
         """A stream's events as the log holds them, and whether its final event is among them
@@ -129,14 +136,18 @@ class EdgeState:
             record = await self.streams.get(request_id)
         except (redis.RedisError, OSError):
             record = None
-        if record is None or not record.request:
+        if record is None or not record.names_request:
             log.error("could not close %s as incomplete: its stream record is gone", request_id)
             return
         for attempt in range(CLOSE_ATTEMPTS):
             try:
                 events, ended = await self.read_stream(record, CLOSE_READ_IDLE_S)
                 if not ended:
-                    await self.bus.close_incomplete(self.turn_request(record), events)
+                    request = await self.turn_request(record)
+                    if request is None:
+                        log.error("could not close %s as incomplete: the bus no longer holds its request", request_id)
+                        return
+                    await self.bus.close_incomplete(request, events)
                 return
             except KafkaError as exc:
                 log.warning("closing %s as incomplete failed (%s); retrying", request_id, type(exc).__name__)

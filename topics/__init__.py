@@ -25,7 +25,7 @@ from tokenbus.topics.clients import (
 from tokenbus.topics.dead_letters import DeadLetterPublisher
 from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import delete_topics, ensure_topics
-from tokenbus.topics.replay import replay
+from tokenbus.topics.replay import record_at, replay
 from tokenbus.topics.replies import ReplyRouter
 from tokenbus.topics.reply_stream import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
 from tokenbus.topics.sending import RecordSender
@@ -56,6 +56,7 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "profile",
+    "record_at",
     "replay",
     "rewind_recreated",
     "stop_reader",

@@ -1,6 +1,7 @@
 """Read one request's token stream back from the log, from any process: resuming a stream
 on another edge, or attaching to it again from the start. Replay continues into the live
-tail until the final event, in seq order and without duplicates."""
+tail until the final event, in seq order and without duplicates. ``record_at`` reads the one
+record at a known place (a published request, which a stream record names)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,27 @@ async def replay(
             yield reply
     finally:
         await stop_reader(reader, consumer)
+
+
+async def record_at(settings: BusSettings, topic: str, partition: int, offset: int,
+                    timeout_s: float = 5.0) -> bytes | None:
+    """The value of the record at ``offset`` of ``topic``'s ``partition``; None where the log no
+    longer holds it (retention) or nothing came within ``timeout_s``."""
+    tp = TopicPartition(topic, partition)
+    consumer = make_consumer(settings)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            for record in (await consumer.getmany(tp, timeout_ms=200)).get(tp, []):
+                if record.offset == offset:
+                    value: bytes = record.value
+                    return value
+                if record.offset > offset:  # deleted by retention: the log starts after it
+                    return None
+        return None
+    finally:
+        await consumer.stop()

@@ -6,13 +6,13 @@ published again: the client is attached to the first one's stream."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 
 import redis.asyncio as redis
 from aiokafka.errors import KafkaError
+from aiokafka.structs import RecordMetadata
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -91,12 +91,12 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
                                               bus_request.offers_tools)
         bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
         with tracing.current(span):
-            reply_stream = await publish(edge, bus_request, include_usage, digest)
+            reply_stream, registering = await publish(edge, bus_request, include_usage, digest)
     except BaseException as exc:
         tracing.end(span, exc)
         raise
     hooks = relay_hooks(edge, bus_request.request_id, admitted)
-    events = live_events(edge, reply_stream, span)
+    events = live_events(edge, reply_stream, span, registering)
     if stream:
         writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000)
         stream_format = StreamFormat.for_request(request)
@@ -105,12 +105,16 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
     return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, admitted.headers)
 
 
-async def live_events(edge: EdgeState, stream: ReplyStream,
-                      span: tracing.Span | None = None) -> AsyncGenerator[ReplyEvent, None]:
-    """The request's events from this edge's reply router; its entry there (and the turn's span
-    at this edge) goes when this ends."""
+async def live_events(edge: EdgeState, stream: ReplyStream, span: tracing.Span | None = None,
+                      registering: Awaitable[None] | None = None) -> AsyncGenerator[ReplyEvent, None]:
+    """The request's events from this edge's reply router, the first once ``registering`` (the
+    stream's record) is done; its entry there (and the turn's span at this edge) goes when this
+    ends."""
     try:
         async for reply in stream.events(edge.settings.stream_idle_timeout_s):
+            if registering is not None:
+                await registering
+                registering = None
             if span is not None and reply.event.seq == 0:
                 span.add_event("first event")
             yield reply
@@ -143,27 +147,25 @@ async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequ
     return messages
 
 
-async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> ReplyStream:
-    """Open the request's stream and publish it (the SDK's submit: no event can slip past), and
-    meanwhile record where the stream lives, so that any edge can find it from the moment the
-    client hears of it. The record's position is taken before the request goes out; the Redis
-    write and the produce overlap, which takes a round trip off every request's first token.
-    The prompt is reviewed first, so the record keeps the request as it is published: masked
-    where the tier's policy redacts (the ingress route's processor reviews it later instead)."""
-    review = edge.bus.review(bus_request)
-    record = stream_record(edge, review.forward if review is not None else bus_request, include_usage, digest)
-    registering = asyncio.ensure_future(register_stream(edge, record))
+async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool,
+                  digest: str) -> tuple[ReplyStream, asyncio.Future[None]]:
+    """Open the request's stream and publish it (the SDK's submit: no event can slip past), then
+    record where the stream lives and where the request landed, so that any edge can find both:
+    the stream's position is taken before the request goes out, and the record is written while
+    the engine starts on it. The returned future is that write: the stream's events wait for it
+    (``live_events``), so the client hears of the stream only once any edge can find it."""
+    stream_offset = edge.bus.router.position(bus_request.reply_partition, bus_request.reply_topic)
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
     try:
-        stream = await edge.bus.submit(bus_request, topic=ingress, review=review)
+        stream, landed = await edge.bus.submission(bus_request, topic=ingress, review=edge.bus.review(bus_request))
     except KafkaError as exc:
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
-    finally:
-        await registering
+    registering = asyncio.ensure_future(
+        register_stream(edge, stream_record(bus_request, stream_offset, landed, include_usage, digest)))
     if bus_request.conversation_id is not None and bus_request.continues_request_id is None:
         # The conversation's next turn waits for this one (a continuation rewrites a turn stored already).
         await edge.history.published(bus_request.tenant, bus_request.conversation_id, bus_request.request_id)
-    return stream
+    return stream, registering
 
 
 async def claim_idempotency_key(edge: EdgeState, key: ApiKey, idempotency_key: str, digest: str,
@@ -233,13 +235,16 @@ def tool_choice_of(chat: ChatCompletionRequest) -> str:
     return chat.tool_choice if isinstance(chat.tool_choice, str) else TOOL_CHOICE_FUNCTION
 
 
-def stream_record(edge: EdgeState, bus_request: ChatRequest, include_usage: bool, digest: str) -> StreamRecord:
-    """Where the stream will be: taken before the request is published, so no event of it lies
-    before the recorded position."""
-    topic, partition = bus_request.reply_topic, bus_request.reply_partition
-    return StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, partition,
-                        edge.bus.router.position(partition, topic), include_usage, digest,
-                        base64.b64encode(edge.bus.codec.encode(bus_request)).decode(), topic)
+def stream_record(bus_request: ChatRequest, stream_offset: int, landed: RecordMetadata | None, include_usage: bool,
+                  digest: str) -> StreamRecord:
+    """Where the stream is (from ``stream_offset``, taken before the request was published, so no
+    event of it lies before it) and where the request landed (none when the policy refused it)."""
+    return StreamRecord(bus_request.request_id, bus_request.tenant, bus_request.model, bus_request.reply_partition,
+                        stream_offset, include_usage, digest,
+                        request_topic=landed.topic if landed else "",
+                        request_partition=landed.partition if landed else -1,
+                        request_offset=landed.offset if landed else -1,
+                        created_at_ms=bus_request.created_at_ms, topic=bus_request.reply_topic)
 
 
 async def register_stream(edge: EdgeState, record: StreamRecord) -> None:

@@ -21,7 +21,7 @@ from tokenbus.producers import new_request_id
 from tokenbus.schemas import INCOMPLETE_FINISH_REASONS, ChatRequest, TokenEvent, now_ms
 from tokenbus.sse_edge.api.chat import serve
 from tokenbus.sse_edge.api.resume import not_found
-from tokenbus.sse_edge.errors import ApiError, Conflict, Unavailable
+from tokenbus.sse_edge.errors import ApiError, Conflict, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ContinueRequest
 from tokenbus.sse_edge.protocol.validation import json_object, parse_body, read_body
@@ -40,10 +40,13 @@ async def continue_turn(request: Request) -> Response:
         record = await edge.streams.get(request_id)
     except (redis.RedisError, OSError):
         raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
-    if record is None or record.tenant != key.tenant or not record.request:
+    if record is None or record.tenant != key.tenant:
         raise not_found(request_id)
-    turn = edge.turn_request(record)
     delivered = await turn_events(edge, record)
+    turn = await edge.turn_request(record)
+    if turn is None:
+        raise NotFound(f"The request of `{request_id}` is no longer kept and cannot be continued.",
+                       param="completion_id", code="stream_expired")
     continuation = continuation_of(turn, delivered, edge)
     try:
         earlier = await edge.streams.claim_continuation(request_id, continuation.request_id)

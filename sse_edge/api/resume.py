@@ -106,7 +106,11 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
                        on_abandoned=lambda: edge.in_background(edge.cancel_unless_resumed(record.request_id)),
                        on_stalled=lambda: edge.in_background(edge.close_incomplete(record.request_id)))
     if stream:
-        created = edge.turn_request(record).created_at_ms // 1000 if record.request else None
+        created_at_ms = record.created_at_ms
+        if not created_at_ms and record.request:  # a record written before the request's time was kept
+            turn = await edge.turn_request(record)
+            created_at_ms = turn.created_at_ms if turn is not None else 0
+        created = created_at_ms // 1000 if created_at_ms else None
         writer = ChunkWriter(record.request_id, record.model, record.include_usage, created)
         stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None,
                                                  skip_in_event=last_event.chunks_to_skip if last_event else 0)

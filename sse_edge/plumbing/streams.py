@@ -22,10 +22,21 @@ class StreamRecord:
     start_offset: int  # no event of this request lies before it
     include_usage: bool = False
     body_hash: str = ""
-    # The request as published (Avro, base64): what a continuation of an incomplete turn repeats.
-    request: str = ""
+    # Where the request lies on the bus as published (what a continuation of an incomplete turn
+    # repeats): the record names it rather than holding it, prompt and all, for a day in Redis.
+    request_topic: str = ""
+    request_partition: int = -1
+    request_offset: int = -1
+    created_at_ms: int = 0  # the request's, for the ``created`` of a stream resumed later
     # Where its events are written: ``tokens`` when empty, else a rolled reply log (topics/replies.py).
     topic: str = ""
+    # The request itself (Avro, base64), as records written before the request's place was kept
+    # held it; read as such while they last.
+    request: str = ""
+
+    @property
+    def names_request(self) -> bool:
+        return bool(self.request) or self.request_offset >= 0
 
 
 class IdempotencyConflict(Exception):
