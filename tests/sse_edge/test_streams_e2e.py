@@ -2,6 +2,7 @@
 SIGKILLed, and cancelling the generation of a client that went away."""
 
 import asyncio
+import base64
 import json
 import signal
 import uuid
@@ -15,8 +16,10 @@ from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.gpu_consumers.helpers import read_all, read_written
 from tokenbus.infra.devstack.processes import free_port
-from tokenbus.schemas import AvroCodec, ChatRequest, Completion
+from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion
 from tokenbus.sse_edge.plumbing.streams import StreamRegistry
+from tokenbus.sse_edge.settings import EdgeSettings
+from tokenbus.sse_edge.state import EdgeState
 from tokenbus.topics import TopicCatalog, record_at
 from tokenbus.topics.provision import TopicAdmin
 
@@ -118,6 +121,25 @@ async def test_a_streams_record_names_where_its_request_lies_and_holds_no_prompt
     published = AvroCodec().decode(value, ChatRequest)
     assert published.request_id == answer.id and published.created_at_ms == record.created_at_ms
     assert published.messages[0].content == "Summarise mail from [REDACTED:pii_email] please"
+
+
+async def test_a_record_that_holds_its_request_as_records_once_did_is_still_read(stack):
+    """Records an edge wrote before they named the request's place held the request itself (Avro,
+    base64); for as long as they last they are read as such."""
+    request = ChatRequest("chatcmpl-legacy", MODEL, "standard", [ChatMessage("user", "hello")], "replies", 0,
+                          tenant="legacy", created_at_ms=1_700_000_000_000)
+    held = {"request_id": request.request_id, "tenant": "legacy", "model": MODEL, "partition": 0, "start_offset": 5,
+            "include_usage": False, "body_hash": "", "topic": "",
+            "request": base64.b64encode(AvroCodec().encode(request)).decode()}
+    connection = redis.Redis.from_url(stack.settings.redis_url)
+    try:
+        registry = StreamRegistry(connection, stack.settings.redis_prefix)
+        await connection.set(registry._stream(request.request_id), json.dumps(held), ex=60)
+        record = await registry.get(request.request_id)
+    finally:
+        await connection.aclose()
+    assert record is not None and record.names_request and record.request_offset == -1
+    assert await EdgeState(EdgeSettings()).turn_request(record) == request
 
 
 async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack, edge_url, api_key):

@@ -4,7 +4,7 @@ from where the stream starts, and after what a client already has (its Last-Even
 from __future__ import annotations
 
 from tokenbus.schemas import AvroCodec, TokenEvent
-from tokenbus.topics import TopicCatalog, make_producer, replay
+from tokenbus.topics import TopicCatalog, make_producer, record_at, replay
 
 PARTITION = 5
 
@@ -46,3 +46,12 @@ async def test_replay_from_the_start_and_after_the_last_delivered_event(each_bus
     done = [r async for r in replay(each_bus, "replayed", PARTITION, offsets[0], delivered_through=offsets[5],
                                     idle_timeout=20)]
     assert done == []  # the final event was delivered already: nothing more
+
+
+async def test_one_record_is_read_back_at_its_place(each_bus):
+    offsets = await publish_interleaved(each_bus, "placed", "neighbour", 3)
+    topic = TopicCatalog(each_bus).tokens
+    codec = AvroCodec()
+    middle = await record_at(each_bus, topic, PARTITION, offsets[1])
+    assert middle is not None and codec.decode(middle, TokenEvent) == TokenEvent("placed", 1, "t1 ")
+    assert await record_at(each_bus, topic, PARTITION, offsets[-1] + 10, timeout_s=1.0) is None  # nothing there
