@@ -82,7 +82,7 @@ class ClickHouseSink:
             log.exception("%s: batch rejected; writing its records one by one", processor)
             written = await self._write_singly(processor, decoded, write)
         self.ctx.metrics.batch_seconds.labels(processor).observe(time.perf_counter() - started)
-        self.ctx.metrics.events.labels(processor).inc(len(records))
+        self.ctx.metrics.processed(processor, len(records))
         return len(records), written
 
     async def _write_singly(self, processor: str, decoded: list[tuple[Any, Any]],

@@ -174,4 +174,4 @@ class ProcessorContext:
             log.exception("%s failed on %s/%s/%s", processor, message.topic, message.partition, message.offset)
             await self.dead_letter(processor, message, "processing_failed", f"{type(exc).__name__}: {exc}")
             return
-        self.metrics.events.labels(processor).inc()
+        self.metrics.processed(processor)
