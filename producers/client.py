@@ -79,8 +79,7 @@ class TokenbusClient:
         # records at once and a hand-over would only add work (BENCHMARKS.md §11).
         publisher = RequestPublisher(self.sender, self.placement,
                                      lambda: self.router.open_streams <= FetchPacer.LIGHT_IN_FLIGHT)
-        self.moderator = InputModerator(publisher, policy, on_review) if policy is not None else None
-        self.publisher: RequestPublisher | InputModerator = self.moderator or publisher
+        self.publisher = InputModerator(publisher, policy, on_review) if policy is not None else publisher
 
     async def start(self) -> None:
         await self.producer.start()
@@ -141,26 +140,16 @@ class TokenbusClient:
         await self.sender.send_and_wait(self.catalog.completions, completion, request.request_id)
         return completion
 
-    def review(self, request: ChatRequest) -> InputReview | None:
-        """This client's policy's review of the request, which ``submit`` then publishes by; None
-        without a policy."""
-        return self.moderator.review(request) if self.moderator is not None else None
+    async def submit(self, request: ChatRequest, topic: str | None = None) -> ReplyStream:
+        """Open the reply stream first, then publish: no event can slip past. The caller reads
+        ``stream.events()`` and calls ``finish`` when done."""
+        return (await self.submission(request, topic)).stream
 
-    async def submit(self, request: ChatRequest, topic: str | None = None,
-                     review: InputReview | None = None) -> ReplyStream:
-        """Open the reply stream first, then publish (by ``review``, this request's, where given):
-        no event can slip past. The caller reads ``stream.events()`` and calls ``finish`` when done."""
-        return (await self.submission(request, topic, review)).stream
-
-    async def submission(self, request: ChatRequest, topic: str | None = None,
-                         review: InputReview | None = None) -> Submission:
+    async def submission(self, request: ChatRequest, topic: str | None = None) -> Submission:
         """``submit``, telling also where the request landed."""
         stream = self.router.open(request.request_id, request.reply_partition, request.reply_topic)
         try:
-            if self.moderator is not None:
-                landed = await self.moderator.publish(request, topic, review)
-            else:
-                landed = await self.publisher.publish(request, topic)
+            landed = await self.publisher.publish(request, topic)
         except BaseException:
             self.finish(request.request_id)
             raise

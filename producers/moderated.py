@@ -28,21 +28,13 @@ class InputModerator:
         self._sender = publisher.sender
         self._on_review = on_review
 
-    def review(self, request: ChatRequest) -> InputReview:
-        """The policy's verdict on the request, and the request to publish (redacted where its tier
-        says so)."""
+    async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata | None:
+        """Review, then publish the request (redacted where its tier says so) or answer it with the
+        refusal; None when refused. Returns once the decision and the rest are acknowledged."""
         with tracing.span("moderate-input") as span:
             review = review_input(self.policy, request)
             if span is not None:
                 span.set_attribute("tokenbus.moderation.action", review.verdict.action)
-        return review
-
-    async def publish(self, request: ChatRequest, topic: str | None = None,
-                      review: InputReview | None = None) -> RecordMetadata | None:
-        """Review (unless ``review``, this request's, is given), then publish the request (redacted
-        where its tier says so) or answer it with the refusal; None when refused. Returns once the
-        decision and the rest are acknowledged."""
-        review = review or self.review(request)
         decision = self._sender.send_and_wait(self._sender.catalog.moderation, review.decision, request.request_id)
         if review.blocked:
             _, landed = await asyncio.gather(decision, self.answer(request, self.policy.refusal, FINISH_CONTENT_FILTER))

@@ -157,7 +157,7 @@ async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool
     stream_offset = edge.bus.router.position(bus_request.reply_partition, bus_request.reply_topic)
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
     try:
-        stream, landed = await edge.bus.submission(bus_request, topic=ingress, review=edge.bus.review(bus_request))
+        stream, landed = await edge.bus.submission(bus_request, topic=ingress)
     except KafkaError as exc:
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
     registering = asyncio.ensure_future(
