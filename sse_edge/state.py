@@ -22,7 +22,8 @@ from tokenbus.sse_edge.plumbing.context import ContextWindows
 from tokenbus.sse_edge.plumbing.history import ConversationHistory
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
-from tokenbus.sse_edge.plumbing.ratelimit import RateLimiter
+from tokenbus.sse_edge.plumbing.ratelimit import Bucket, RateLimiter
+from tokenbus.sse_edge.plumbing.relay import RelayHooks
 from tokenbus.sse_edge.plumbing.streams import StreamRecord, StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore
@@ -167,3 +168,27 @@ class EdgeState:
         if not resumed:
             await self.bus.cancel(request_id, "client went away")
             self.metrics.cancelled.inc()
+
+
+class TurnHooks(RelayHooks):
+    """What a turn's stream does at this edge when it ends: its completion tokens are charged to
+    its token buckets (none for a resumed stream: the edge that admitted it charges them), a
+    client that went away has the generation cancelled unless it resumes within the grace window,
+    and a stream nothing answered is closed as incomplete."""
+
+    __slots__ = ("_edge", "_request_id", "_token_buckets")
+
+    def __init__(self, edge: EdgeState, request_id: str, token_buckets: list[Bucket] | None = None) -> None:
+        self._edge = edge
+        self._request_id = request_id
+        self._token_buckets = token_buckets
+
+    async def on_final(self, event: TokenEvent) -> None:
+        if self._token_buckets:
+            self._edge.admission.charge_completion(self._token_buckets, event.completion_tokens or 0)
+
+    def on_abandoned(self) -> None:
+        self._edge.in_background(self._edge.cancel_unless_resumed(self._request_id))
+
+    def on_stalled(self) -> None:
+        self._edge.in_background(self._edge.close_incomplete(self._request_id))

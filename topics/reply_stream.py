@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tokenbus.schemas import TokenEvent
 
 DEFAULT_QUEUE_SIZE = 4096
+
+MAX_IDLE_TICK_S = 1.0  # how often at most the idle watch looks over waiting readers
 
 STREAM_IDLE = "stream_timeout"  # nothing arrived for the idle timeout: whatever generated it is gone
 STREAM_OVERFLOW = "stream_overflow"  # the reader fell too far behind
@@ -40,7 +43,7 @@ class ReplyEvent:
         return f"{self.partition}-{self.offset}"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ReplyStream:
     """One request's token events, delivered in ``seq`` order exactly once.
 
@@ -55,6 +58,7 @@ class ReplyStream:
     _waiter: asyncio.Future[None] | None = field(init=False, default=None)
     _early: dict[int, ReplyEvent] = field(init=False, default_factory=dict)
     _done: bool = field(init=False, default=False)
+    _waiting_since: float = field(init=False, default=0.0)  # when the reader began its current wait
 
     @property
     def done(self) -> bool:
@@ -121,15 +125,17 @@ class ReplyStream:
         """Yield events up to and including the final one; a wait of ``idle_timeout`` seconds with
         nothing arriving ends the stream with ``STREAM_IDLE``."""
         loop = asyncio.get_running_loop()
-        idle = None if idle_timeout is None else _IdleTimer(self, loop, idle_timeout)
+        idle = None
+        if idle_timeout is not None:
+            idle = _IdleWatch.of(loop)
+            idle.add(self, idle_timeout)
         try:
             while True:
                 # An event already queued is taken at once; a wait is one future, which the event's
-                # arrival or the idle timer ends (no task, no timer per event: there is one per token).
+                # arrival or the idle watch ends (no task, no timer per event: there is one per token).
                 if not self._items:
                     self._waiter = loop.create_future()
-                    if idle is not None:
-                        idle.waiting()
+                    self._waiting_since = loop.time()
                     try:
                         await self._waiter
                     finally:
@@ -144,46 +150,56 @@ class ReplyStream:
                     return
         finally:
             if idle is not None:
-                idle.cancel()
+                idle.remove(self)
 
-    @property
-    def _reader_waiting(self) -> bool:
-        return self._waiter is not None and not self._waiter.done()
-
-    def _idle(self, timeout: float) -> None:
-        assert self._waiter is not None
+    def _idle_for(self, now: float, timeout: float) -> bool:
+        """Whether the reader has been waiting for ``timeout`` seconds at ``now``; if so, its wait ends."""
+        if self._waiter is None or self._waiter.done() or now - self._waiting_since < timeout:
+            return False
         self._waiter.set_exception(ReplyStreamError(f"no token event for {timeout}s", STREAM_IDLE))
+        return True
 
 
-class _IdleTimer:
-    """Ends a stream's wait that lasts ``timeout``. One timer for the stream's life, looked at
-    when it fires and set again for the current wait's deadline (or a whole timeout on, when the
-    reader is busy), instead of one per wait."""
+class _IdleWatch:
+    """Ends the waits of the readers on one event loop that have waited their idle timeout. One timer
+    for all of them rather than one per stream: a timer handle costs ~0.6 KiB (uvloop's handle, its
+    context, a bound method) and an edge holds thousands of streams. It looks over the readers every
+    quarter of the shortest timeout among them (at most every second), so a wait ends within that
+    much after its timeout, and it stops when no reader is left."""
 
-    __slots__ = ("_stream", "_loop", "_timeout", "_since", "_handle")
+    __slots__ = ("_loop", "_readers", "_handle")
+    _watches: ClassVar[dict[asyncio.AbstractEventLoop, _IdleWatch]] = {}
 
-    def __init__(self, stream: ReplyStream, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
-        self._stream = stream
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._timeout = timeout
-        self._since = 0.0
+        self._readers: dict[ReplyStream, float] = {}  # each reader's idle timeout
         self._handle: asyncio.TimerHandle | None = None
 
-    def waiting(self) -> None:
-        self._since = self._loop.time()
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _IdleWatch:
+        watch = cls._watches.get(loop)
+        if watch is None:
+            watch = cls._watches[loop] = cls(loop)
+        return watch
+
+    def add(self, stream: ReplyStream, timeout: float) -> None:
+        self._readers[stream] = timeout
         if self._handle is None:
-            self._handle = self._loop.call_at(self._since + self._timeout, self._check)
+            self._handle = self._loop.call_later(self._tick(), self._look)
 
-    def _check(self) -> None:
-        now, self._handle = self._loop.time(), None
-        if not self._stream._reader_waiting:  # busy with what it has: look again a whole timeout on
-            self._handle = self._loop.call_at(now + self._timeout, self._check)
-        elif now - self._since >= self._timeout:
-            self._stream._idle(self._timeout)
-        else:  # this wait began after the one the timer was set for
-            self._handle = self._loop.call_at(self._since + self._timeout, self._check)
+    def remove(self, stream: ReplyStream) -> None:
+        self._readers.pop(stream, None)
+        if not self._readers:
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+            self._watches.pop(self._loop, None)  # nothing of a closed loop is kept
 
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+    def _tick(self) -> float:
+        return min(MAX_IDLE_TICK_S, min(self._readers.values()) / 4)
+
+    def _look(self) -> None:
+        now = self._loop.time()
+        for stream, timeout in list(self._readers.items()):
+            stream._idle_for(now, timeout)
+        self._handle = self._loop.call_later(self._tick(), self._look) if self._readers else None

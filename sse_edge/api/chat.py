@@ -22,7 +22,6 @@ from tokenbus.schemas import (
     TOOL_CHOICE_FUNCTION,
     ChatMessage,
     ChatRequest,
-    TokenEvent,
     ToolCall,
     ToolSpec,
 )
@@ -36,14 +35,13 @@ from tokenbus.sse_edge.errors import (
     Unavailable,
     model_not_found,
 )
-from tokenbus.sse_edge.plumbing.admission import Admitted
 from tokenbus.sse_edge.plumbing.history import ConversationNotFound
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.relay import StreamFormat, collect_completion, sse_frames, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
-from tokenbus.sse_edge.state import EdgeState
+from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.topics import ReplyEvent, ReplyStream, tracing
 
@@ -95,7 +93,7 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
     except BaseException as exc:
         tracing.end(span, exc)
         raise
-    hooks = relay_hooks(edge, bus_request.request_id, admitted)
+    hooks = TurnHooks(edge, bus_request.request_id, admitted.token_buckets)
     events = live_events(edge, reply_stream, span, registering)
     if stream:
         writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000)
@@ -252,18 +250,3 @@ async def register_stream(edge: EdgeState, record: StreamRecord) -> None:
         await edge.streams.register(record)
     except (redis.RedisError, OSError):
         pass  # the stream is served; it just cannot be resumed elsewhere
-
-
-def relay_hooks(edge: EdgeState, request_id: str, admitted: Admitted) -> RelayHooks:
-    token_buckets = admitted.token_buckets  # what the stream holds on to until it ends
-
-    async def on_final(event: TokenEvent) -> None:
-        edge.admission.charge_completion(token_buckets, event.completion_tokens or 0)
-
-    def on_abandoned() -> None:
-        edge.in_background(edge.cancel_unless_resumed(request_id))
-
-    def on_stalled() -> None:
-        edge.in_background(edge.close_incomplete(request_id))
-
-    return RelayHooks(on_final, on_abandoned, on_stalled)

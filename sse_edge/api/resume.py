@@ -15,12 +15,11 @@ import redis.asyncio as redis
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.relay import StreamFormat, collect_completion, sse_frames, sse_response
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
-from tokenbus.sse_edge.state import EdgeState
+from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.topics import replay
 
@@ -102,9 +101,7 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
     events = replay(edge.settings.bus, record.request_id, record.partition, record.start_offset, topic=record.topic,
                     delivered_through=last_event.delivered_through if last_event else None,
                     idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
-    hooks = RelayHooks(on_final=_nothing_to_charge,
-                       on_abandoned=lambda: edge.in_background(edge.cancel_unless_resumed(record.request_id)),
-                       on_stalled=lambda: edge.in_background(edge.close_incomplete(record.request_id)))
+    hooks = TurnHooks(edge, record.request_id)  # nothing to charge: the edge that admitted the turn does
     if stream:
         created_at_ms = record.created_at_ms
         if not created_at_ms and record.request:  # a record written before the request's time was kept
@@ -118,8 +115,4 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
                             send_role=last_event is None)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format)
     return await collect_completion(request, events, record.request_id, record.model, hooks, {})
-
-
-async def _nothing_to_charge(event: TokenEvent) -> None:
-    """The request was charged by the call that made it; attaching again costs nothing."""
 

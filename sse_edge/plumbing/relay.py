@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -41,7 +41,11 @@ CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 HEARTBEAT = b": ping\n"
 
 
-@dataclass(frozen=True)
+def heartbeat() -> bytes:
+    return HEARTBEAT
+
+
+@dataclass(frozen=True, slots=True)
 class StreamFormat:
     """How one client's stream is written: ``event_ids`` (and heartbeats) for SSE clients, and how
     many leading chunks to leave out because the client resuming already has them."""
@@ -146,7 +150,7 @@ def sse_response(frames: AsyncGenerator[bytes, None], heartbeat_s: float, stream
     """The streaming response: ``frames`` as they come; for SSE clients a heartbeat every ``heartbeat_s``."""
     ping = heartbeat_s if stream_format.event_ids else 0  # 0: no heartbeat (a data-only stream has none)
     return TokenStreamResponse(frames, ping=ping, sep="\n", headers=headers,
-                               ping_message_factory=lambda: HEARTBEAT)  # type: ignore[arg-type,return-value]  # bytes pass as-is
+                               ping_message_factory=heartbeat)  # type: ignore[arg-type,return-value]  # bytes pass as-is
 
 
 class StreamEnd(bytes):
@@ -186,14 +190,22 @@ def stream_error(exc: ReplyStreamError) -> ApiError:
     return ApiError(504, str(exc), "server_error", code=exc.code)
 
 
-@dataclass
 class RelayHooks:
     """What the relay reports back: usage when the stream ends, that the client went away first,
-    or that nothing answered for the idle timeout."""
+    or that nothing answered for the idle timeout. Here each does nothing; the edge's turns say
+    what they do (``TurnHooks``, sse_edge/state.py). Methods of a slotted object rather than three
+    callables: an open stream holds its hooks for its whole life, and three closures cost ~0.7 KiB."""
 
-    on_final: Callable[[TokenEvent], Awaitable[None]]
-    on_abandoned: Callable[[], None]
-    on_stalled: Callable[[], None] = lambda: None
+    __slots__ = ()
+
+    async def on_final(self, event: TokenEvent) -> None:
+        """The final event is out (its usage is what the turn generated)."""
+
+    def on_abandoned(self) -> None:
+        """The client went away before the final event."""
+
+    def on_stalled(self) -> None:
+        """Nothing arrived for the idle timeout: whatever generated the stream is gone."""
 
 
 async def sse_frames(

@@ -197,6 +197,8 @@ _json_string = json.JSONEncoder(ensure_ascii=False).encode
 class ChunkWriter:
     """Builds the ``chat.completion.chunk`` bodies of one streamed response."""
 
+    __slots__ = ("request_id", "model", "created", "include_usage", "_content_head", "_content_tail")
+
     def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None) -> None:
         """``created``: the request's time in seconds, so that a stream resumed later carries the
         same ``created`` as the chunks before it (now when unknown)."""

@@ -27,11 +27,15 @@ async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment(
         finally:
             closed.append(True)
 
-    async def on_final(event):
-        raise AssertionError("the stream never finished")
+    class Hooks(RelayHooks):
+        async def on_final(self, event):
+            raise AssertionError("the stream never finished")
 
-    frames = sse_frames(events(), ChunkWriter("r", "m", False), RelayHooks(on_final, lambda: abandoned.append(1)),
-                        EdgeMetrics(), started=0.0, stream_format=StreamFormat())
+        def on_abandoned(self):
+            abandoned.append(1)
+
+    frames = sse_frames(events(), ChunkWriter("r", "m", False), Hooks(), EdgeMetrics(), started=0.0,
+                        stream_format=StreamFormat())
     first = await anext(frames)  # the role chunk goes out with the first event's
     assert b"assistant" in first and b'"t0"' in first
     assert b'"t1"' in await anext(frames)
@@ -61,11 +65,8 @@ def finished_events(texts: list[str]):
 
 
 async def stream_bytes(stream_format: StreamFormat, texts: list[str], send_role: bool = True) -> bytes:
-    async def on_final(event):
-        pass
-
     frames = sse_frames(finished_events(texts), ChunkWriter("r", "m", include_usage=True),
-                        RelayHooks(on_final, lambda: None), EdgeMetrics(), 0.0, stream_format, send_role)
+                        RelayHooks(), EdgeMetrics(), 0.0, stream_format, send_role)
     return b"".join([f async for f in frames])
 
 
@@ -108,11 +109,8 @@ async def test_resuming_after_n_chunks_sends_exactly_the_rest(received):
 async def test_each_write_carries_a_whole_event_and_the_last_ends_the_body():
     """A socket write per event, not per frame: the role chunk with the first token's, the usage
     chunk and ``[DONE]`` with the end of the body (a short turn took six writes, now three)."""
-    async def on_final(event):
-        pass
-
     frames = sse_frames(finished_events(["a", "b"]), ChunkWriter("r", "m", include_usage=True),
-                        RelayHooks(on_final, lambda: None), EdgeMetrics(), 0.0, StreamFormat())
+                        RelayHooks(), EdgeMetrics(), 0.0, StreamFormat())
     messages = []
 
     async def send(message):

@@ -6,6 +6,7 @@ import pytest
 
 from tokenbus.schemas import TokenEvent
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
+from tokenbus.topics.reply_stream import _IdleWatch
 
 
 def reply(seq: int, text: str = "", final: bool = False, offset: int | None = None) -> ReplyEvent:
@@ -112,3 +113,33 @@ async def test_the_idle_timeout_counts_from_the_start_of_each_wait():
         async for _ in quiet.events(idle_timeout=0.1):
             pass
     assert idle.value.code == STREAM_IDLE and loop.time() - started >= 0.1
+
+
+async def test_one_watch_keeps_every_readers_idle_timeout_and_goes_when_they_do():
+    """Idle timeouts are kept by one watch per event loop, not a timer per stream: a quiet stream's
+    wait ends after its timeout while a fed stream beside it goes on to its end, and once neither
+    reads, nothing of the watch is left."""
+    loop = asyncio.get_running_loop()
+    quiet, fed = ReplyStream("q"), ReplyStream("f")
+    for seq in range(8):
+        loop.call_later(0.06 * (seq + 1), fed.offer, reply(seq, final=seq == 7))
+
+    async def read_quiet() -> tuple[str, float]:
+        started = loop.time()
+        with pytest.raises(ReplyStreamError) as idle:
+            async for _ in quiet.events(idle_timeout=0.2):
+                pass
+        return idle.value.code, loop.time() - started
+
+    async def read_fed() -> list[int]:
+        read = []
+        async for r in fed.events(idle_timeout=0.2):
+            read.append(r.event.seq)
+            if r.event.seq == 0:
+                assert set(_IdleWatch._watches[loop]._readers) == {quiet, fed}
+        return read
+
+    (code, waited), read = await asyncio.gather(read_quiet(), read_fed())
+    assert code == STREAM_IDLE and 0.2 <= waited < 0.2 + 1.0
+    assert read == list(range(8))
+    assert loop not in _IdleWatch._watches
