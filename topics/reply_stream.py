@@ -152,12 +152,10 @@ class ReplyStream:
             if idle is not None:
                 idle.remove(self)
 
-    def _idle_for(self, now: float, timeout: float) -> bool:
-        """Whether the reader has been waiting for ``timeout`` seconds at ``now``; if so, its wait ends."""
-        if self._waiter is None or self._waiter.done() or now - self._waiting_since < timeout:
-            return False
-        self._waiter.set_exception(ReplyStreamError(f"no token event for {timeout}s", STREAM_IDLE))
-        return True
+    def _end_wait_if_idle(self, now: float, timeout: float) -> None:
+        """End the reader's wait with ``STREAM_IDLE`` if it has lasted ``timeout`` seconds at ``now``."""
+        if self._waiter is not None and not self._waiter.done() and now - self._waiting_since >= timeout:
+            self._waiter.set_exception(ReplyStreamError(f"no token event for {timeout}s", STREAM_IDLE))
 
 
 class _IdleWatch:
@@ -201,5 +199,5 @@ class _IdleWatch:
     def _look(self) -> None:
         now = self._loop.time()
         for stream, timeout in list(self._readers.items()):
-            stream._idle_for(now, timeout)
+            stream._end_wait_if_idle(now, timeout)
         self._handle = self._loop.call_later(self._tick(), self._look) if self._readers else None
