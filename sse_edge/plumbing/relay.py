@@ -150,7 +150,7 @@ def sse_response(frames: AsyncGenerator[bytes, None], heartbeat_s: float, stream
     """The streaming response: ``frames`` as they come; for SSE clients a heartbeat every ``heartbeat_s``."""
     ping = heartbeat_s if stream_format.event_ids else 0  # 0: no heartbeat (a data-only stream has none)
     return TokenStreamResponse(frames, ping=ping, sep="\n", headers=headers,
-                               ping_message_factory=heartbeat)  # type: ignore[arg-type,return-value]  # bytes pass as-is
+                               ping_message_factory=heartbeat)  # type: ignore[arg-type]  # bytes pass as-is
 
 
 class StreamEnd(bytes):
