@@ -25,10 +25,10 @@ FALLBACK_HEADER = "x-tokenbus-fallback-from"  # the model asked for, when anothe
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """A request let in: the model that serves it, the token buckets it was charged to (its
-    completion tokens are charged to them when it ends; only these are kept, as an open stream
-    holds this for its whole life) and the headers for its response (``x-ratelimit-*``, and which
-    model serves it)."""
+    """A request let in: the model that serves it, the token buckets with a limit it was charged to
+    (its completion tokens are charged to them when it ends; only these are kept, as an open stream
+    holds this for its whole life, and none for a key without token limits at any level) and the
+    headers for its response (``x-ratelimit-*``, and which model serves it)."""
 
     model: str
     token_buckets: list[Bucket]
@@ -57,7 +57,7 @@ class Admission:
         headers = {**await self._charge(buckets), MODEL_HEADER: served}
         if served != model:
             headers[FALLBACK_HEADER] = model
-        return Admitted(served, [b for b in buckets if b.dimension == "tokens"], headers)
+        return Admitted(served, [b for b in buckets if b.dimension == "tokens" and b.limit > 0], headers)
 
     def charge_completion(self, token_buckets: list[Bucket], completion_tokens: int) -> None:
         """Charge what a request generated to its token buckets, with the others ending now (best
