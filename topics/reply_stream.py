@@ -135,7 +135,8 @@ class ReplyStream:
                 # arrival or the idle watch ends (no task, no timer per event: there is one per token).
                 if not self._items:
                     self._waiter = loop.create_future()
-                    self._waiting_since = loop.time()
+                    if idle is not None:
+                        self._waiting_since = loop.time()
                     try:
                         await self._waiter
                     finally:

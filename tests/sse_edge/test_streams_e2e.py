@@ -115,6 +115,7 @@ async def test_a_streams_record_names_where_its_request_lies_and_holds_no_prompt
     finally:
         await connection.aclose()
     assert raw is not None and not json.loads(raw)["request"] and len(raw) < 1000  # no request, no prompt
+    assert b"Summarise" not in raw and b"example.com" not in raw
     assert record is not None and record.request_topic == TopicCatalog(stack.bus_settings()).requests(MODEL, "batch")
     value = await record_at(stack.bus_settings(), record.request_topic, record.request_partition, record.request_offset)
     assert value is not None
