@@ -10,15 +10,18 @@ codec keeps fastavro's reader. It reads with the writer's schema only: a record 
 older schema is resolved against the current one by fastavro.
 
 A reader takes the bytes and where the value starts, and returns the value (as fastavro's: dicts,
-lists, strings) and where it ends. Malformed bytes raise ``ValueError`` (or ``IndexError`` when
+lists, strings; or, for the record types it was given classes for, instances of them) and where it
+ends. Malformed bytes raise ``ValueError`` (or ``IndexError`` when
 they end too soon, ``UnicodeDecodeError`` for a bad string); a length read past the end shows as
 an end position past the data, which the caller checks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import keyword
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tokenbus.schemas.avro_source import NotCompiled, SchemaSource, schema_name
@@ -39,10 +42,12 @@ def long_at(data: bytes, pos: int) -> tuple[int, int]:
     return (n >> 1) ^ -(n & 1), pos
 
 
-def compile_reader(schema: Any) -> Reader:
+def compile_reader(schema: Any, classes: Mapping[str, type] | None = None) -> Reader:
     """The reader of ``schema`` as fastavro's ``parse_schema`` returns it (named types defined once,
-    then referred to by full name)."""
-    reader: Reader = _ReaderSource().build(schema, {
+    then referred to by full name). A record type named in ``classes`` (by full name) is read as an
+    instance of its class, its fields passed by name, rather than as a dict: what a caller would
+    make of the dict anyway, without building it (a fifth of reading a token event)."""
+    reader: Reader = _ReaderSource(classes or {}).build(schema, {
         "long_at": long_at, "unpack_float": struct.Struct("<f").unpack_from,
         "unpack_double": struct.Struct("<d").unpack_from})
     return reader
@@ -50,6 +55,10 @@ def compile_reader(schema: Any) -> Reader:
 
 class _ReaderSource(SchemaSource):
     role = "reader"
+
+    def __init__(self, classes: Mapping[str, type]) -> None:
+        super().__init__()
+        self.classes = classes
 
     def function_for(self, schema: Any) -> str:
         if isinstance(schema, dict) and schema.get("type") == "record":
@@ -67,8 +76,14 @@ class _ReaderSource(SchemaSource):
         for field in schema["fields"]:
             target = self.fresh("v")
             self.value(field["type"], lines, 1, target)
-            values.append(f"{field['name']!r}: {target}")
-        lines.append(f"    return {{{', '.join(values)}}}, pos")
+            values.append((field["name"], target))
+        cls = self.classes.get(schema["name"])
+        if cls is None:
+            lines.append(f"    return {{{', '.join(f'{field!r}: {v}' for field, v in values)}}}, pos")
+        else:
+            constructor = self.fresh("record_class")
+            self.constants[constructor] = cls
+            lines.append(f"    return {constructor}({_arguments(cls, dict(values))}), pos")
         return name
 
     def call_record(self, function: str, lines: list[str], depth: int, target: str) -> None:
@@ -150,3 +165,16 @@ class _ReaderSource(SchemaSource):
             self.value("string", lines, depth + 2, key)
         self.value(items, lines, depth + 2, item)
         lines.append(f"{pad}        {target}[{key}] = {item}" if is_map else f"{pad}        {target}.append({item})")
+
+
+def _arguments(cls: type, values: dict[str, str]) -> str:
+    """The arguments that make an instance of ``cls`` from a record's fields (each read into the
+    variable named in ``values``): in order where ``cls`` is a dataclass of exactly those fields (a
+    call of 17 arguments by name took 1.2 µs, in order 0.5), by name otherwise."""
+    if dataclasses.is_dataclass(cls):
+        order = [f.name for f in dataclasses.fields(cls) if f.init]
+        if sorted(order) == sorted(values):
+            return ", ".join(values[name] for name in order)
+    if not all(name.isidentifier() and not keyword.iskeyword(name) for name in values):
+        raise NotCompiled(f"a field of {cls.__name__} is no Python name: it cannot be passed by name")
+    return ", ".join(f"{name}={variable}" for name, variable in values.items())

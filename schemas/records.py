@@ -59,6 +59,8 @@ class ToolCallDelta:
     """A piece of a function call in a token stream. The first piece of a call carries its ``id``
     and ``name``; every piece may carry more ``arguments`` text. ``index`` orders the calls of a reply."""
 
+    schema_name: ClassVar[str] = "tokenbus.ToolCallDelta"  # a record inside a token event
+
     index: int
     id: str | None = None
     name: str | None = None
@@ -185,8 +187,10 @@ class TokenEvent:
 
     schema_name: ClassVar[str] = "tokenbus.TokenEvent"
     # ``to_avro`` is its fields as they are (its tool-call deltas' too): the codec writes a token
-    # event, one per token of every sequence, straight from its attributes.
+    # event, one per token of every sequence, straight from its attributes, and reads one straight
+    # into this class and those of the records inside it (``from_avro`` is for older schemas).
     avro_from_attributes: ClassVar[bool] = True
+    avro_record_classes: ClassVar[tuple[type, ...]] = (ToolCallDelta,)
 
     request_id: str
     seq: int
