@@ -5,7 +5,7 @@ once, through a small bounded queue, ending with the final event or an error tha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -14,6 +14,7 @@ from tokenbus.schemas import TokenEvent
 DEFAULT_QUEUE_SIZE = 4096
 
 MAX_IDLE_TICK_S = 1.0  # how often at most the idle watch looks over waiting readers
+FED = float("inf")  # a wait's start while events go to ``direct``: the idle watch restarts it at its next look
 
 STREAM_IDLE = "stream_timeout"  # nothing arrived for the idle timeout: whatever generated it is gone
 STREAM_OVERFLOW = "stream_overflow"  # the reader fell too far behind
@@ -49,7 +50,13 @@ class ReplyStream:
 
     Its queue is a list and at most one waiting future, not an ``asyncio.Queue`` (three deques
     and an event) nor a deque (~0.7 KiB even empty): an edge holds one of these per open stream, a
-    stream has one reader, and its queue holds an event or two at a time."""
+    stream has one reader, and its queue holds an event or two at a time.
+
+    A reader may also take events as they arrive, in the router's callback, with no wake-up of its
+    task: ``direct`` is offered each event that comes while the reader waits with nothing queued,
+    and takes it (True) or leaves it to be queued (False), which wakes the reader. The edge writes a
+    stream's events to its client so (sse_edge/plumbing/relay.py, ``DirectWrites``): a task's
+    wake-up costs as much Python as relaying the event."""
 
     request_id: str
     queue_size: int = DEFAULT_QUEUE_SIZE
@@ -59,6 +66,7 @@ class ReplyStream:
     _early: dict[int, ReplyEvent] = field(init=False, default_factory=dict)
     _done: bool = field(init=False, default=False)
     _waiting_since: float = field(init=False, default=0.0)  # when the reader began its current wait
+    direct: Callable[[ReplyEvent], bool] | None = field(init=False, default=None)
 
     @property
     def done(self) -> bool:
@@ -117,9 +125,13 @@ class ReplyStream:
         self._put(item)
 
     def _put(self, item: ReplyEvent | ReplyStreamError | None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():  # the reader waits, nothing is queued
+            if self.direct is not None and type(item) is ReplyEvent and self.direct(item):
+                self._waiting_since = FED  # taken: the wait goes on, yet not idle
+                return
+            waiter.set_result(None)
         self._items.append(item)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
     async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
         """Yield events up to and including the final one; a wait of ``idle_timeout`` seconds with
@@ -154,8 +166,11 @@ class ReplyStream:
                 idle.remove(self)
 
     def _end_wait_if_idle(self, now: float, timeout: float) -> None:
-        """End the reader's wait with ``STREAM_IDLE`` if it has lasted ``timeout`` seconds at ``now``."""
-        if self._waiter is not None and not self._waiter.done() and now - self._waiting_since >= timeout:
+        """End the reader's wait with ``STREAM_IDLE`` if nothing arrived for ``timeout`` seconds at ``now``
+        (an event taken by ``direct`` since the last look counts as arriving now)."""
+        if self._waiting_since == FED:
+            self._waiting_since = now
+        elif self._waiter is not None and not self._waiter.done() and now - self._waiting_since >= timeout:
             self._waiter.set_exception(ReplyStreamError(f"no token event for {timeout}s", STREAM_IDLE))
 
 

@@ -36,7 +36,13 @@ from tokenbus.sse_edge.errors import (
     model_not_found,
 )
 from tokenbus.sse_edge.plumbing.history import ConversationNotFound
-from tokenbus.sse_edge.plumbing.relay import StreamFormat, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.relay import (
+    DirectWrites,
+    StreamFormat,
+    collect_completion,
+    sse_frames,
+    sse_response,
+)
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter
@@ -98,8 +104,9 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
     if stream:
         writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000)
         stream_format = StreamFormat.for_request(request)
-        return sse_response(sse_frames(events, writer, hooks, edge.metrics, started, stream_format),
-                            edge.settings.heartbeat_s, stream_format, admitted.headers)
+        direct = DirectWrites(reply_stream)
+        return sse_response(sse_frames(events, writer, hooks, edge.metrics, started, stream_format, direct=direct),
+                            edge.settings.heartbeat_s, stream_format, admitted.headers, direct)
     return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, admitted.headers)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,7 +29,7 @@ from tokenbus.schemas import TokenEvent, ToolCall, whole_tool_calls
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
-from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
+from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
@@ -87,6 +87,7 @@ class TokenStreamResponse(EventSourceResponse):
     act on a response's start only, and would otherwise hold their frames for the whole stream."""
 
     _client_gone = False  # set by the watcher: a cancellation of the writing task is the client's
+    direct: DirectWrites | None = None  # a live stream's events written as they arrive (set by sse_response)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"].upper() == "HEAD" or self.send_timeout is not None:
@@ -105,14 +106,21 @@ class TokenStreamResponse(EventSourceResponse):
         writing = asyncio.current_task()
         assert writing is not None
         watcher = asyncio.create_task(self._watch(receive, send, writing))
+        direct = self.direct
+        if direct is not None:
+            direct.attach(send)
         try:
             last = b""
             async for chunk in body:
                 if isinstance(chunk, StreamEnd):
                     last = chunk  # written with the body's end, once the frames' generator has finished
                     continue
+                if direct is not None:
+                    await direct.settle()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             self.active = False
+            if direct is not None:
+                await direct.settle()
             await send({"type": "http.response.body", "body": last, "more_body": False})
         except asyncio.CancelledError:
             if not self._client_gone:
@@ -121,6 +129,8 @@ class TokenStreamResponse(EventSourceResponse):
         finally:
             self.active = False
             watcher.cancel()
+            if direct is not None:
+                direct.stop()
             await body.aclose()  # its cleanup runs now, also when a send was interrupted
         if self.background is not None:
             await self.background()
@@ -146,11 +156,107 @@ class TokenStreamResponse(EventSourceResponse):
 
 
 def sse_response(frames: AsyncGenerator[bytes, None], heartbeat_s: float, stream_format: StreamFormat,
-                 headers: dict[str, str] | None = None) -> EventSourceResponse:
-    """The streaming response: ``frames`` as they come; for SSE clients a heartbeat every ``heartbeat_s``."""
+                 headers: dict[str, str] | None = None, direct: DirectWrites | None = None) -> EventSourceResponse:
+    """The streaming response: ``frames`` as they come; for SSE clients a heartbeat every ``heartbeat_s``.
+    ``direct``: the one ``frames`` was made with, for a live stream."""
     ping = heartbeat_s if stream_format.event_ids else 0  # 0: no heartbeat (a data-only stream has none)
-    return TokenStreamResponse(frames, ping=ping, sep="\n", headers=headers,
-                               ping_message_factory=heartbeat)  # type: ignore[arg-type]  # bytes pass as-is
+    response = TokenStreamResponse(frames, ping=ping, sep="\n", headers=headers,
+                                   ping_message_factory=heartbeat)  # type: ignore[arg-type]  # bytes pass as-is
+    response.direct = direct
+    return response
+
+
+class DirectWrites:
+    """A live stream's events after its first, written to the client as each arrives, from the reply
+    router's callback (``ReplyStream.direct``), rather than by waking the stream's task to pass the
+    event through its generators: a wake-up and that passage cost as much Python as the rest of
+    relaying an event, and an edge relays one per token of every stream.
+
+    A write runs ``send`` at once and, as uvicorn's does unless the client's socket is full, it
+    completes without waiting. One that must wait is finished by a task, and until the stream's
+    task has seen it done (``settle``) the events that come meanwhile are queued for that task: so
+    the frames go out in order. What ends the stream (the final event, an error) is left to the
+    stream's task, which runs the turn's hooks."""
+
+    __slots__ = ("_stream", "_send", "_frames", "_waiting", "_failure")
+
+    def __init__(self, stream: ReplyStream) -> None:
+        self._stream = stream
+        self._send: Send | None = None
+        self._frames: EventFrames | None = None
+        self._waiting: asyncio.Future[None] | None = None  # a write that had to wait, finishing
+        self._failure: Exception | None = None
+
+    def attach(self, send: Send) -> None:
+        """Where the body is written (by the response, when it starts writing)."""
+        self._send = send
+
+    def start(self, frames: EventFrames) -> None:
+        """Take the stream's events from now on (by its frames' generator, once the first is out)."""
+        if self._frames is None and self._send is not None:
+            self._frames = frames
+            self._stream.direct = self._take
+
+    def stop(self) -> None:
+        self._stream.direct = None
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def settle(self) -> None:
+        """Before the stream's task writes: the direct write that had to wait is done (or its error raised)."""
+        if self._waiting is not None:
+            try:
+                await self._waiting
+            finally:
+                self._waiting = None
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+    def _take(self, reply: ReplyEvent) -> bool:
+        if reply.event.finish_reason is not None or self._waiting is not None or self._failure is not None:
+            return False
+        assert self._frames is not None and self._send is not None
+        try:
+            written = self._frames.of(reply)
+            if written:
+                self._write(self._send({"type": "http.response.body", "body": written, "more_body": True}))
+        except Exception as exc:  # raised by the stream's task, where the stream ends (never in the router)
+            self._failure = exc
+            return False
+        return True
+
+    def _write(self, sending: Awaitable[None]) -> None:
+        if not isinstance(sending, Coroutine):  # an ASGI server's send that is no coroutine function
+            self._waiting = asyncio.ensure_future(sending)
+            return
+        try:
+            waits_on = sending.send(None)
+        except StopIteration:
+            return  # written
+        self._waiting = asyncio.ensure_future(_finish(sending, waits_on))
+
+
+async def _finish(coroutine: Coroutine[Any, Any, None], waits_on: Any) -> None:
+    """Run ``coroutine`` on from where it stopped, waiting on ``waits_on`` (a future, or nothing for a
+    bare yield), as a task would have run it."""
+    while True:
+        try:
+            if waits_on is None:
+                await asyncio.sleep(0)
+            else:
+                waits_on._asyncio_future_blocking = False  # taken up, as a task takes up what a coroutine yields
+                await waits_on
+        except BaseException as exc:  # cancelled, or what the future raised: the coroutine's to handle
+            try:
+                waits_on = coroutine.throw(exc)
+            except StopIteration:
+                return
+            continue
+        try:
+            waits_on = coroutine.send(None)
+        except StopIteration:
+            return
 
 
 class StreamEnd(bytes):
@@ -208,9 +314,52 @@ class RelayHooks:
         """Nothing arrived for the idle timeout: whatever generated the stream is gone."""
 
 
+class EventFrames:
+    """What one stream writes for its token events: each event's chunks as SSE frames (with their ids
+    for SSE clients), less the chunks a resuming client has already; the time to the first content
+    chunk and between them observed as they go. The stream's task and its direct writes share it."""
+
+    __slots__ = ("writer", "metrics", "started", "ids", "skip", "last_sent")
+
+    def __init__(self, writer: ChunkWriter, metrics: EdgeMetrics, started: float, stream_format: StreamFormat) -> None:
+        self.writer = writer
+        self.metrics = metrics
+        self.started = started
+        self.ids = stream_format.event_ids
+        self.skip = stream_format.skip_chunks
+        self.last_sent: float | None = None
+
+    def role(self) -> bytes:
+        if self.skip:
+            self.skip -= 1
+            return b""
+        return frame(self.writer.role())
+
+    def of(self, reply: ReplyEvent) -> bytes:
+        """The frames of one event that ends nothing, or the final one that ends well (``b""``: none)."""
+        event = reply.event
+        chunks = event_chunks(event, self.writer)
+        if len(chunks) > self.skip and (event.text or event.tool_calls):
+            now = time.perf_counter()
+            if self.last_sent is None:
+                self.metrics.ttft.observe(now - self.started)
+            else:
+                self.metrics.itl.observe(now - self.last_sent)
+            self.last_sent = now
+        if len(chunks) == 1 and not self.skip and not self.ids:  # nearly every event
+            return frame(chunks[0])
+        out = []
+        for i, chunk in enumerate(chunks):
+            if self.skip:
+                self.skip -= 1
+            else:
+                out.append(frame(chunk, chunk_id(reply.event_id, i, len(chunks)) if self.ids else None))
+        return b"".join(out)
+
+
 async def sse_frames(
     events: AsyncGenerator[ReplyEvent, None], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
-    started: float, stream_format: StreamFormat, send_role: bool = True,
+    started: float, stream_format: StreamFormat, send_role: bool = True, direct: DirectWrites | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The frames of one stream. Chunk for chunk the same live and replayed (the role chunk, one per
     event with text or the final one, the usage chunk), which is what lets a client resume by count.
@@ -218,46 +367,38 @@ async def sse_frames(
     Each yield is what one socket write carries: a token event's chunks together, the role chunk
     with the first event's (as vLLM's server and OpenAI's send it: when the first token is there),
     and the usage chunk with ``[DONE]`` as the ``StreamEnd``. On a loopback or a busy host a write
-    costs as much as the rest of relaying an event, and a turn of a few tokens made six of them."""
+    costs as much as the rest of relaying an event, and a turn of a few tokens made six of them.
+
+    With ``direct`` (a live stream), the events after the first are written as they arrive, by
+    ``direct``, until one ends the stream; they come here only when the client's socket is full."""
     finished = False
-    last_sent: float | None = None
-    skip = stream_format.skip_chunks
-    ids = stream_format.event_ids
+    frames = EventFrames(writer, metrics, started, stream_format)
     pending: list[bytes] = []  # frames not yet written: they go with the next ones
     metrics.open_streams.inc()
     try:
         if send_role:
-            if skip:
-                skip -= 1
-            else:
-                pending.append(frame(writer.role()))
+            pending.append(frames.role())
         async for reply in events:
             event = reply.event
             error = generation_error(event) if event.is_final else None
             if error is not None:
                 finished = True
-                pending.append(frame(error.body(), reply.event_id if ids else None))
+                pending.append(frame(error.body(), reply.event_id if frames.ids else None))
                 yield StreamEnd(b"".join(pending))
                 return
-            chunks = event_chunks(event, writer)
-            if len(chunks) > skip and (event.text or event.tool_calls):
-                now = time.perf_counter()
-                metrics.ttft.observe(now - started) if last_sent is None else metrics.itl.observe(now - last_sent)
-                last_sent = now
-            for i, chunk in enumerate(chunks):
-                if skip:
-                    skip -= 1
-                else:
-                    pending.append(frame(chunk, chunk_id(reply.event_id, i, len(chunks)) if ids else None))
-            if pending:
-                yield b"".join(pending)
-                pending = []
+            pending.append(frames.of(reply))
+            written = b"".join(pending)
+            pending = []
+            if written:
+                yield written
             if event.is_final:
                 finished = True
                 await hooks.on_final(event)
-                if writer.include_usage and not skip:
+                if writer.include_usage and not frames.skip:
                     pending.append(frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0,
                                                       event.cached_tokens or 0)))
+            elif direct is not None:
+                direct.start(frames)  # the first event is out (and the stream registered): the rest may go direct
         pending.append(frame("[DONE]"))
         metrics.e2e.observe(time.perf_counter() - started)
         yield StreamEnd(b"".join(pending))

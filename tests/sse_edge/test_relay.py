@@ -1,6 +1,7 @@
 """Relaying: the two stream formats (data lines only, or with event ids for SSE clients), resuming
-by a count of chunks, and releasing what a stream holds when a client leaves early: the event
-source (a replay holds a Kafka consumer) and the request's entry in the reply router."""
+by a count of chunks, releasing what a stream holds when a client leaves early (the event source,
+as a replay holds a Kafka consumer, and the request's entry in the reply router), and a live
+stream's events written as they arrive, in order, when a write must wait or fails."""
 
 import asyncio
 import json
@@ -12,9 +13,16 @@ from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, StreamFormat, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.relay import (
+    DirectWrites,
+    RelayHooks,
+    StreamFormat,
+    frame,
+    sse_frames,
+    sse_response,
+)
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
-from tokenbus.topics import BusSettings, ReplyEvent
+from tokenbus.topics import BusSettings, ReplyEvent, ReplyStream
 
 
 async def test_a_client_leaving_closes_the_event_source_and_reports_abandonment():
@@ -128,3 +136,98 @@ async def test_each_write_carries_a_whole_event_and_the_last_ends_the_body():
         [{"role": "assistant", "content": ""}, {"content": "a"}], [{"content": "b"}], [{}]]
     assert written[2][0]["choices"][0]["finish_reason"] == "stop"
     assert bodies[3]["body"].endswith(b"data: [DONE]\n\n") and b'"usage"' in bodies[3]["body"]
+
+
+class LiveTurn:
+    """A live stream as the edge relays it (its frames' generator, the response, ``DirectWrites``),
+    fed by offers as the reply router makes them; ``send`` is the ASGI server's."""
+
+    def __init__(self, send) -> None:
+        self.stream = ReplyStream("r")
+        direct = DirectWrites(self.stream)
+
+        async def events():
+            async for reply in self.stream.events(idle_timeout=5):
+                yield reply
+
+        frames = sse_frames(events(), ChunkWriter("r", "m", include_usage=True), RelayHooks(), EdgeMetrics(), 0.0,
+                            StreamFormat(), direct=direct)
+        response = sse_response(frames, heartbeat_s=0, stream_format=StreamFormat(), direct=direct)
+
+        async def receive():
+            await asyncio.Event().wait()  # the client stays
+
+        self.task = asyncio.create_task(response({"type": "http", "method": "POST", "headers": []}, receive, send))
+
+    def offer(self, seq: int, text: str = "", final: bool = False) -> None:
+        event = TokenEvent("r", seq, text, finish_reason="stop", prompt_tokens=3, completion_tokens=seq) if final \
+            else TokenEvent("r", seq, text)
+        self.stream.offer(ReplyEvent(event, 0, 40 + seq))
+
+
+def bodies_of(messages: list[dict]) -> list[bytes]:
+    return [m["body"] for m in messages if m["type"] == "http.response.body"]
+
+
+async def test_a_live_streams_events_after_the_first_are_written_as_they_arrive():
+    """After the first event, each event is written in the reply router's call that offers it (no
+    wake-up of the stream's task), and the client gets exactly the bytes a stream written by its
+    task would have carried."""
+    messages = []
+
+    async def send(message):
+        messages.append(message)
+
+    turn = LiveTurn(send)
+    turn.offer(0, "a")
+    await asyncio.sleep(0.01)  # the task writes the first event, with the role chunk, then lets events go direct
+    assert len(bodies_of(messages)) == 1
+    for seq, text in enumerate(["b", "c", "d"], start=1):
+        turn.offer(seq, text)
+        assert bodies_of(messages)[-1] == frame(ChunkWriter("r", "m", include_usage=True).delta(text, None))
+    assert len(bodies_of(messages)) == 4
+    turn.offer(4, final=True)  # the final event is the task's: it runs the turn's hooks
+    await turn.task
+    assert b"".join(bodies_of(messages)) == await stream_bytes(StreamFormat(), ["a", "b", "c", "d"])
+
+
+async def test_a_write_that_has_to_wait_keeps_every_frame_once_and_in_order():
+    """A full socket: the write of ``c`` waits. It is finished by a task; what arrives meanwhile goes
+    to the stream's task, which writes it only after ``c`` is out."""
+    messages, socket_full = [], asyncio.Event()
+
+    async def send(message):
+        if b'"c"' in message.get("body", b""):
+            await socket_full.wait()
+        messages.append(message)
+
+    turn = LiveTurn(send)
+    turn.offer(0, "a")
+    await asyncio.sleep(0.01)
+    turn.offer(1, "b")
+    turn.offer(2, "c")  # starts writing, then waits
+    turn.offer(3, "d")
+    turn.offer(4, "e")
+    await asyncio.sleep(0.01)
+    assert b'"d"' not in b"".join(bodies_of(messages))  # queued behind c
+    socket_full.set()
+    turn.offer(5, final=True)
+    await turn.task
+    assert naive_parse(b"".join(bodies_of(messages))) == naive_parse(
+        await stream_bytes(StreamFormat(), ["a", "b", "c", "d", "e"]))
+
+
+async def test_a_direct_write_that_fails_ends_the_stream_in_its_task_not_in_the_router():
+    messages = []
+
+    async def send(message):
+        if b'"b"' in message.get("body", b""):
+            raise RuntimeError("the server refused the write")
+        messages.append(message)
+
+    turn = LiveTurn(send)
+    turn.offer(0, "a")
+    await asyncio.sleep(0.01)
+    turn.offer(1, "b")  # the router's call returns: the failure is not its own
+    with pytest.raises(RuntimeError, match="refused the write"):
+        await turn.task

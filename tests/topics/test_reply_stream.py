@@ -1,4 +1,4 @@
-"""ReplyStream's ordering and dedup rules and its idle timeout, without a broker."""
+"""ReplyStream's ordering and dedup rules, its idle timeout and its direct reader, without a broker."""
 
 import asyncio
 
@@ -143,3 +143,60 @@ async def test_one_watch_keeps_every_readers_idle_timeout_and_goes_when_they_do(
     assert code == STREAM_IDLE and 0.2 <= waited < 0.2 + 1.0
     assert read == list(range(8))
     assert loop not in _IdleWatch._watches
+
+
+def taker(taken: list[int]):
+    """A ``direct`` that takes every event but the final one, noting its seq."""
+    def take(r: ReplyEvent) -> bool:
+        if r.event.is_final:
+            return False
+        taken.append(r.event.seq)
+        return True
+    return take
+
+
+async def test_direct_takes_what_arrives_while_the_reader_waits_and_leaves_the_rest_queued_in_order():
+    """Events that come while the reader waits with nothing queued go to ``direct``, in the offering
+    call and without waking the reader; one it leaves (here the final) wakes the reader, and nothing
+    comes to ``direct`` while the reader has events to read: every event once, in seq order."""
+    stream = ReplyStream("r")
+    taken: list[int] = []
+    stream.direct = taker(taken)
+    read = []
+
+    async def reader() -> None:
+        async for r in stream.events(idle_timeout=5):
+            read.append(r.event.seq)
+
+    stream.offer(reply(0))  # before the reader waits: queued
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0.01)
+    assert read == [0] and taken == []
+    for seq in (2, 1, 3):  # out of order: 1 restores 1, 2 and 3 in order
+        stream.offer(reply(seq))
+    assert taken == [1, 2, 3] and read == [0]  # taken in the offering calls; the reader slept through them
+    stream.offer(reply(4, final=True))
+    await task
+    assert read == [0, 4] and taken == [1, 2, 3]
+
+
+async def test_events_taken_by_direct_keep_a_stream_from_idling_out():
+    loop = asyncio.get_running_loop()
+    stream = ReplyStream("r")
+    taken: list[int] = []
+    stream.direct = taker(taken)
+    for seq in range(1, 9):  # 0.48 s of events, each 0.06 s apart, against an idle timeout of 0.2 s
+        loop.call_later(0.06 * seq, stream.offer, reply(seq))
+    loop.call_later(0.6, stream.offer, reply(9, final=True))
+    stream.offer(reply(0))
+    assert [r.event.seq async for r in stream.events(idle_timeout=0.2)] == [0, 9]
+    assert taken == list(range(1, 9))
+
+    quiet = ReplyStream("q")  # an event taken, then nothing: the wait ends a timeout after that event
+    quiet.direct = taker([])
+    loop.call_later(0.05, quiet.offer, reply(0))
+    started = loop.time()
+    with pytest.raises(ReplyStreamError) as idle:
+        async for _ in quiet.events(idle_timeout=0.2):
+            pass
+    assert idle.value.code == STREAM_IDLE and loop.time() - started >= 0.25
