@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Coroutine
 from dataclasses import dataclass
+from types import CoroutineType
 from typing import Any, cast
 
 from sse_starlette import EventSourceResponse
@@ -227,7 +228,7 @@ class DirectWrites:
         return True
 
     def _write(self, sending: Awaitable[None]) -> None:
-        if not isinstance(sending, Coroutine):  # an ASGI server's send that is no coroutine function
+        if type(sending) is not CoroutineType:  # an ASGI server's send that is no coroutine function
             self._waiting = asyncio.ensure_future(sending)
             return
         try:
