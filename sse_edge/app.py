@@ -21,7 +21,7 @@ from tokenbus.sse_edge.api.resume import resume_stream
 from tokenbus.sse_edge.api.usage import tenant_usage
 from tokenbus.sse_edge.errors import HANDLERS
 from tokenbus.sse_edge.plumbing.framing import RefuseAmbiguousFraming
-from tokenbus.sse_edge.plumbing.relay import DEFERRED_BODY
+from tokenbus.sse_edge.plumbing.stream_response import DEFERRED_BODY
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.sse_edge.state import EdgeState
 
@@ -48,7 +48,7 @@ class CountResponses:
 
 class EdgeApp(Starlette):
     """Starlette, except that a token stream's body is written here, once the middleware and
-    routing have returned (sse_edge/plumbing/relay.py, ``DEFERRED_BODY``): they act on a response's
+    routing have returned (sse_edge/plumbing/stream_response.py, ``DEFERRED_BODY``): they act on a response's
     start only, yet would hold a dozen coroutine frames and closures for as long as each stream
     lasts, about 4 KiB a stream on an edge holding thousands. So a middleware added below must not
     need to see a stream's body; an exception in the body reaches the server as it did through them

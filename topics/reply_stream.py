@@ -55,7 +55,7 @@ class ReplyStream:
     A reader may also take events as they arrive, in the router's callback, with no wake-up of its
     task: ``direct`` is offered each event that comes while the reader waits with nothing queued,
     and takes it (True) or leaves it to be queued (False), which wakes the reader. The edge writes a
-    stream's events to its client so (sse_edge/plumbing/relay.py, ``DirectWrites``): a task's
+    stream's events to its client so (sse_edge/plumbing/stream_response.py, ``DirectWrites``): a task's
     wake-up costs as much Python as relaying the event."""
 
     request_id: str

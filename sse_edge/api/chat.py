@@ -36,13 +36,8 @@ from tokenbus.sse_edge.errors import (
     model_not_found,
 )
 from tokenbus.sse_edge.plumbing.history import ConversationNotFound
-from tokenbus.sse_edge.plumbing.relay import (
-    DirectWrites,
-    StreamFormat,
-    collect_completion,
-    sse_frames,
-    sse_response,
-)
+from tokenbus.sse_edge.plumbing.relay import collect_completion, sse_frames
+from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter

@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
-from tokenbus.sse_edge.plumbing.relay import StreamFormat, collect_completion, sse_frames, sse_response
+from tokenbus.sse_edge.plumbing.relay import collect_completion, sse_frames
+from tokenbus.sse_edge.plumbing.stream_response import StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
 from tokenbus.sse_edge.state import EdgeState, TurnHooks

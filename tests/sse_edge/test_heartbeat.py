@@ -12,7 +12,8 @@ import json
 
 from openai._streaming import SSEDecoder
 
-from tokenbus.sse_edge.plumbing.relay import HEARTBEAT, StreamFormat, frame, sse_response
+from tokenbus.sse_edge.plumbing.relay import frame
+from tokenbus.sse_edge.plumbing.stream_response import HEARTBEAT, StreamFormat, sse_response
 
 
 def decoded(raw: bytes) -> list[str]:

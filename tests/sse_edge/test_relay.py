@@ -13,14 +13,8 @@ from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
-from tokenbus.sse_edge.plumbing.relay import (
-    DirectWrites,
-    RelayHooks,
-    StreamFormat,
-    frame,
-    sse_frames,
-    sse_response,
-)
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, frame, sse_frames
+from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
 from tokenbus.topics import BusSettings, ReplyEvent, ReplyStream
 
