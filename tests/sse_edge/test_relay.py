@@ -66,8 +66,12 @@ def finished_events(texts: list[str]):
     return events()
 
 
+# Every stream here has the same ``created``: streams written apart, maybe a second apart, are compared.
+CREATED = 1_795_000_000
+
+
 async def stream_bytes(stream_format: StreamFormat, texts: list[str], send_role: bool = True) -> bytes:
-    frames = sse_frames(finished_events(texts), ChunkWriter("r", "m", include_usage=True),
+    frames = sse_frames(finished_events(texts), ChunkWriter("r", "m", include_usage=True, created=CREATED),
                         RelayHooks(), EdgeMetrics(), 0.0, stream_format, send_role)
     return b"".join([f async for f in frames])
 
@@ -144,8 +148,8 @@ class LiveTurn:
             async for reply in self.stream.events(idle_timeout=5):
                 yield reply
 
-        frames = sse_frames(events(), ChunkWriter("r", "m", include_usage=True), RelayHooks(), EdgeMetrics(), 0.0,
-                            StreamFormat(), direct=direct)
+        frames = sse_frames(events(), ChunkWriter("r", "m", include_usage=True, created=CREATED), RelayHooks(),
+                            EdgeMetrics(), 0.0, StreamFormat(), direct=direct)
         response = sse_response(frames, heartbeat_s=0, stream_format=StreamFormat(), direct=direct)
 
         async def receive():
@@ -178,7 +182,7 @@ async def test_a_live_streams_events_after_the_first_are_written_as_they_arrive(
     assert len(bodies_of(messages)) == 1
     for seq, text in enumerate(["b", "c", "d"], start=1):
         turn.offer(seq, text)
-        assert bodies_of(messages)[-1] == frame(ChunkWriter("r", "m", include_usage=True).delta(text, None))
+        assert bodies_of(messages)[-1] == frame(ChunkWriter("r", "m", True, CREATED).delta(text, None))
     assert len(bodies_of(messages)) == 4
     turn.offer(4, final=True)  # the final event is the task's: it runs the turn's hooks
     await turn.task
