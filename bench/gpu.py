@@ -5,7 +5,12 @@ Builds a random-weight Llama shaped like Llama-3.2-1B from its config on the GPU
 (its 49,152-token vocabulary), and zeroes the ``lm_head`` rows of the special tokens so greedy
 decoding never stops early: every request runs to its ``max_tokens``. Then, in one run:
 
-- the ``hf`` engine alone at 1, 16, 64 and 256 concurrent requests: tokens/s, TTFT, ITL;
+- the ``hf`` engine alone at 1, 16, 64 and 256 concurrent requests: tokens/s, TTFT, ITL, with its
+  default batching on CUDA (slots: decode steps replayed as CUDA graphs), and at 64 with
+  transformers' continuous-batching manager for comparison;
+- greedy agreement: the engine's first tokens for a few prompts against plain ``generate`` run on
+  each prompt alone (bf16 kernels for different batch shapes may round differently, so a random
+  model's near-tied tokens can part: reported, not asserted);
 - plain ``generate`` on a static batch of 64, the ceiling transformers reaches without batching
   machinery;
 - the same engine behind one GPU consumer: a backlog of requests on the bus, drained by the
@@ -163,28 +168,31 @@ def plain_generate(model: Any, tokenizer: Any, batch: int = 64) -> dict[str, Any
             "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1), **gpu.summary()}
 
 
-def hf_engine(model_dir: Path, max_num_seqs: int) -> Any:
+def hf_engine(model_dir: Path, max_num_seqs: int, batching: str = "") -> Any:
+    """The engine as ``TOKENBUS_HF_*`` configure it, on this model; ``batching`` overrides theirs."""
     from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
 
-    return HfEngine(HfEngineSettings(model_path=str(model_dir), device="cuda",
-                                     default_max_tokens=OUTPUT_TOKENS), max_num_seqs=max_num_seqs)
+    chosen = {"batching": batching} if batching else {}
+    return HfEngine(HfEngineSettings(model_path=str(model_dir), device="cuda", default_max_tokens=OUTPUT_TOKENS,
+                                     **chosen), max_num_seqs=max_num_seqs)
 
 
-async def engine_alone(model_dir: Path) -> list[dict[str, Any]]:
+async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "") -> list[dict[str, Any]]:
     import torch
 
-    engine = hf_engine(model_dir, max(CONCURRENCIES))
+    engine = hf_engine(model_dir, max(concurrencies), batching)
     await engine.start()
     rows = []
     try:
-        await run_load(engine_sender(engine), prompts(4), max_concurrency=4)  # warm-up (graphs, caches)
-        for concurrency in CONCURRENCIES:
+        for warm_up in sorted({1, *concurrencies}):  # graphs captured, caches made, before anything is timed
+            await run_load(engine_sender(engine), prompts(warm_up), max_concurrency=warm_up)
+        for concurrency in concurrencies:
             torch.cuda.reset_peak_memory_stats()
             with GpuSampler() as gpu:
                 results, duration = await run_load(engine_sender(engine), prompts(requests_for(concurrency)),
                                                    max_concurrency=concurrency)
             s = summarize(results, duration, (50.0, 99.0))
-            rows.append({"concurrency": concurrency, "requests": s.completed, "failed": s.failed,
+            rows.append({"batching": engine.batching, "concurrency": concurrency, "requests": s.completed, "failed": s.failed,
                          "prompt_tokens_mean": round(s.total_input_tokens / max(s.completed, 1), 1),
                          "tokens_per_s": round(s.output_throughput, 1), "ttft_ms": s.ttft_ms, "itl_ms": s.itl_ms,
                          "torch_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
@@ -192,6 +200,34 @@ async def engine_alone(model_dir: Path) -> list[dict[str, Any]]:
     finally:
         await engine.close()
     return rows
+
+
+async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) -> dict[str, Any]:
+    """How many of each prompt's first ``tokens`` tokens the engine (``count`` at once) and plain
+    ``generate`` (that prompt alone, same prompt ids) have in common before they first differ."""
+    import torch
+
+    from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
+
+    engine = hf_engine(model_dir, count)
+    await engine.start()
+    try:
+        inputs = [GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
+                  for i, p in enumerate(prompts(count))]
+
+        async def ids_of(inp: GenerationInput) -> list[int]:
+            return [t async for out in engine.generate(inp) for t in out.token_ids_diff]
+
+        served = await asyncio.gather(*(ids_of(inp) for inp in inputs))
+        common = []
+        for inp, ids in zip(inputs, served, strict=True):
+            prompt = torch.tensor([engine.prompt_ids(inp)], device=engine.model.device)
+            plain = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
+                                          min_new_tokens=tokens, do_sample=False)[0, prompt.shape[1]:].tolist()
+            common.append(next((i for i, (a, b) in enumerate(zip(ids, plain, strict=False)) if a != b), len(ids)))
+    finally:
+        await engine.close()
+    return {"batching": engine.batching, "tokens": tokens, "common_leading_tokens": common}
 
 
 async def through_consumer(model_dir: Path, bus: BusSettings, requests: int) -> dict[str, Any]:
@@ -221,20 +257,24 @@ def run() -> dict[str, Any]:
     model_dir = Path(tempfile.mkdtemp(prefix="tokenbus-gpu-model-"))
     try:
         model = build_model(model_dir)
-        alone = asyncio.run(engine_alone(model_dir))
+        alone = asyncio.run(engine_alone(model_dir, CONCURRENCIES))
+        agreement = asyncio.run(greedy_agreement(model_dir))
+        if alone[0]["batching"] != "manager":
+            alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), "manager"))
         sim = SimulatedEngineSettings()  # the stack starts no worker; only the bus is used
         with bench_stack(sim, start_services=False, redis=False) as stack:
             consumer = asyncio.run(through_consumer(model_dir, stack.bus_settings(), requests_for(CONSUMER_SEQS)))
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
-    at_consumer_seqs = next(r for r in alone if r["concurrency"] == CONSUMER_SEQS)
+    at_consumer_seqs = next(r for r in alone if r["concurrency"] == CONSUMER_SEQS)  # the default batching's
     ratio = consumer["tokens_per_s"] / max(at_consumer_seqs["tokens_per_s"], 1e-9)
     from tokenbus.gpu_consumers.engines.hf import HfEngineSettings
 
     return {"scenario": "gpu", "device": device, "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "hf_settings": HfEngineSettings().model_dump(),
             "model": {k: v for k, v in model.items() if k != "plain_generate"}, "output_tokens": OUTPUT_TOKENS,
-            "engine_alone": alone, "plain_generate": model["plain_generate"], "through_consumer": consumer,
+            "engine_alone": alone,
+            "greedy_agreement": agreement, "plain_generate": model["plain_generate"], "through_consumer": consumer,
             "consumer_over_engine": round(ratio, 3)}
 
 
@@ -246,7 +286,7 @@ def table(result: dict[str, Any]) -> str:
              "| path | concurrency | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU util mean % | GPU mem MiB |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["engine_alone"]:
-        lines.append(f"| `hf` engine alone | {r['concurrency']} | {r['tokens_per_s']:,.0f} | "
+        lines.append(f"| `hf` engine alone, {r['batching']} | {r['concurrency']} | {r['tokens_per_s']:,.0f} | "
                      f"{r['ttft_ms']['median']:.0f} / {r['ttft_ms']['p99']:.0f} | "
                      f"{r['itl_ms']['median']:.1f} / {r['itl_ms']['p99']:.1f} | "
                      f"{r.get('gpu_util_mean_pct', '-')} | {r.get('gpu_mem_used_max_mib', '-')} |")
@@ -255,5 +295,8 @@ def table(result: dict[str, Any]) -> str:
                  f"{g.get('gpu_util_mean_pct', '-')} | {g.get('gpu_mem_used_max_mib', '-')} |")
     lines.append(f"| through one GPU consumer, delivered to Kafka | {c['max_num_seqs']} | {c['tokens_per_s']:,.0f} | - | - "
                  f"| {c.get('gpu_util_mean_pct', '-')} | {c.get('gpu_mem_used_max_mib', '-')} |")
-    lines += ["", f"consumer / engine alone at {c['max_num_seqs']}: **{result['consumer_over_engine']:.3f}**"]
+    a = result["greedy_agreement"]
+    lines += ["", f"consumer / engine alone at {c['max_num_seqs']}: **{result['consumer_over_engine']:.3f}**",
+              f"greedy agreement with plain `generate` ({a['batching']}): leading tokens in common of "
+              f"{a['tokens']}: {a['common_leading_tokens']}"]
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from tokenbus.gpu_consumers.engines.base import (
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
+from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest, unsupported
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 
 log = logging.getLogger(__name__)
@@ -72,12 +73,19 @@ class HfEngineSettings(BaseSettings):
     # Requests in one engine step. 0: 16 on the CPU; on CUDA the worker's max_num_seqs, so that every
     # sequence the worker admits runs in the same step.
     max_requests_per_batch: int = 0
-    # CUDA only. Empty: the model's default attention (SDPA); a flash implementation where installed.
+    # How sequences are batched. auto: slots on CUDA where the model is Llama-shaped, transformers'
+    # continuous-batching manager otherwise; slots (engines/hf_slots.py: a static cache, decode steps
+    # replayed as CUDA graphs); manager.
+    batching: str = "auto"
+    # Slots only: positions of the cache each sequence owns (prompt and output). 0: the model's
+    # maximum, at most 4096.
+    max_model_len: int = 0
+    # Manager only, CUDA only. Empty: the model's default attention (SDPA); a flash implementation where installed.
     # cuDNN attention re-plans for every new key length. Graphs and async batching: None lets
     # transformers decide (on for flash attention only).
     attn_implementation: str = ""
     cudnn_attention: bool = False
-    cuda_graphs: bool | None = None
+    cuda_graphs: bool | None = None  # slots: graphs unless False
     async_batching: bool | None = None
     compile_level: int = 0  # transformers' default_compile_level (0-3): torch.compile the step
     # CPU only: torch's threads (0: torch's default, one per core). Its OpenMP threads spin while
@@ -134,6 +142,18 @@ def batching_config(settings: HfEngineSettings, device: str, max_num_seqs: int) 
         use_async_batching=settings.async_batching if on_cuda else False,
         default_compile_level=settings.compile_level,
     )
+
+
+def uses_slots(settings: HfEngineSettings, device: str, model: Any) -> bool:
+    """Slot batching where it is chosen, or by default on CUDA for a model it can run."""
+    if settings.batching not in ("auto", "slots", "manager"):
+        raise ValueError(f"TOKENBUS_HF_BATCHING={settings.batching!r}: auto, slots or manager")
+    if settings.batching == "manager":
+        return False
+    reason = unsupported(model)
+    if settings.batching == "slots" and reason:
+        raise ValueError(f"TOKENBUS_HF_BATCHING=slots cannot run this model: {reason}")
+    return reason is None and (settings.batching == "slots" or device == "cuda")
 
 
 def load_model(settings: HfEngineSettings) -> tuple[Any, Any, str]:
@@ -197,21 +217,21 @@ class HfPrefixCache:
 
 
 class _HfSequence:
-    """One request's stream. The manager's thread hands its outputs to the event loop
-    (``on_result``); they become steps only as the stream is read, so an abort ends the stream at
-    its next read however far the manager has run ahead, and a final's count of completion tokens
-    is always what the stream gave out."""
+    """One request's stream. The generating thread's outputs reach the event loop as deltas
+    (``on_delta``, or ``on_result`` for the manager's cumulative outputs); they become steps only as
+    the stream is read, so an abort ends the stream at its next read however far generation has
+    run ahead, and a final's count of completion tokens is always what the stream gave out."""
 
     def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int]) -> None:
         self._engine = engine
         self._internal_id = internal_id
-        self._results: Mailbox[Any] = Mailbox()  # the manager's outputs; None wakes a reader
-        self._ending: str | None = None  # a finish decided here, not by the manager: cancelled, or length
+        self._deltas: Mailbox[Delta | None] = Mailbox()  # None wakes a reader
+        self._ending: str | None = None  # a finish decided here, not by generation: cancelled, or length
         self._ending_text = ""
-        self._manager_done = False
+        self._generation_done = False
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
         self._stops = StopFilter(inp.sampling.stop)
-        self._seen = 0  # tokens of this run handled so far
+        self._taken = 0  # tokens of the manager's cumulative output made into deltas so far
         self.prompt_tokens = len(prompt_ids)
         self.cached_tokens = engine.prefix_cache.cached_tokens(prompt_ids) if engine.prefix_cache else 0
         self.finished = False
@@ -222,23 +242,37 @@ class _HfSequence:
     def completion_tokens(self) -> int:
         return len(self._detokenizer.token_ids)
 
+    def on_delta(self, delta: Delta) -> None:
+        """Called on the event loop with what generation added."""
+        self._generation_done = self._generation_done or delta.finish is not None
+        self._deltas.put(delta)
+
     def on_result(self, result: Any) -> None:
         """Called on the event loop with the manager's cumulative output for this request."""
-        self._manager_done = self._manager_done or result.is_finished()
-        self._results.put(result)
+        if result.error is not None or result.status.name == "FAILED":
+            self.on_delta(Delta([], FINISH_ERROR, str(result.error)))
+            return
+        new_ids = list(result.generated_tokens[self._taken:])
+        self._taken = len(result.generated_tokens)
+        finish = None
+        if result.is_finished():
+            eos = self._engine.eos_token_ids
+            finish = FINISH_STOP if new_ids and new_ids[-1] in eos else (
+                FINISH_LENGTH if self._taken >= self.max_new_tokens else FINISH_STOP)
+        self.on_delta(Delta(new_ids, finish))
 
     def end(self, reason: str, text: str = "") -> None:
-        """Finish at the next read, whatever the manager has queued."""
+        """Finish at the next read, whatever generation has queued."""
         if self._ending is None and not self.finished:
             self._ending, self._ending_text = reason, text
-            self._results.put(None)
+            self._deltas.put(None)
 
     def held_back_text(self) -> str:
         return held_back_text(self._detokenizer, self._stops)
 
     def abort(self) -> None:
         if self._ending is None and not self.finished:
-            if not self._manager_done:
+            if not self._generation_done:
                 self._engine.cancel(self._internal_id)
             self.end(FINISH_CANCELLED)
 
@@ -246,32 +280,30 @@ class _HfSequence:
         self.finished = True
         return StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error, self.cached_tokens)
 
-    def _step(self, result: Any) -> StepOutput:
-        if result.error is not None or result.status.name == "FAILED":
-            return self._final(FINISH_ERROR, error=str(result.error))
-        new_ids = list(result.generated_tokens[self._seen:])
-        self._seen = len(result.generated_tokens)
-        text, stopped = self._stops.feed(self._detokenizer.push(new_ids))
+    def _step(self, delta: Delta) -> StepOutput:
+        if delta.finish == FINISH_ERROR:
+            return self._final(FINISH_ERROR, error=delta.error)
+        new_ids = tuple(delta.ids)
+        text, stopped = self._stops.feed(self._detokenizer.push(delta.ids))
         if stopped:
-            if not self._manager_done:
+            if not self._generation_done:
                 self._engine.cancel(self._internal_id)
-            return self._final(FINISH_STOP, text, tuple(new_ids))
-        if result.is_finished():
-            eos = self._engine.eos_token_ids
-            reason = FINISH_STOP if new_ids and new_ids[-1] in eos else (
-                FINISH_LENGTH if self._seen >= self.max_new_tokens else FINISH_STOP)
-            return self._final(reason, text + self._stops.flush(), tuple(new_ids))
-        return StepOutput(text, tuple(new_ids), self.prompt_tokens, self.completion_tokens,
-                          cached_tokens=self.cached_tokens)
+            return self._final(FINISH_STOP, text, new_ids)
+        if delta.finish is not None:
+            return self._final(delta.finish, text + self._stops.flush(), new_ids)
+        return StepOutput(text, new_ids, self.prompt_tokens, self.completion_tokens, cached_tokens=self.cached_tokens)
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
         while not self.finished:
-            result = await self._results.get()
-            # The manager's outputs are cumulative: a reader that fell behind takes the latest one
-            # waiting, and publishes one step for all that it holds.
-            while result is not None and self._results and self._results.first() is not None:
-                result = self._results.take()
-            yield self._final(self._ending, self._ending_text) if self._ending else self._step(result)
+            delta = await self._deltas.get()
+            # A reader that fell behind takes every delta waiting, and publishes one step for them.
+            while delta is not None and self._deltas and self._deltas.first() is not None:
+                delta = delta.followed_by(self._deltas.take())  # type: ignore[arg-type]  # first() is not None
+            if self._ending:
+                yield self._final(self._ending, self._ending_text)
+            else:
+                assert delta is not None  # only end() puts None, and it sets _ending first
+                yield self._step(delta)
 
 
 class HfEngine:
@@ -285,6 +317,7 @@ class HfEngine:
         self.eos_token_ids: set[int] = set()
         self._model: Any = None
         self._manager: Any = None
+        self._slots: SlotBatcher | None = None
         self._ids = itertools.count()
         self._prompt_tokens: chat_template.PromptTokens | None = None
         self.prefix_cache: HfPrefixCache | None = None
@@ -292,9 +325,31 @@ class HfEngine:
     async def start(self) -> None:
         self.tokenizer, self._model, self.device = await asyncio.to_thread(load_model, self.settings)
         self._prompt_tokens = chat_template.PromptTokens(self.tokenizer)
-        self._manager = await asyncio.to_thread(self._start_manager)
-        self.prefix_cache = HfPrefixCache(self, self.settings.page_size)
-        log.info("hf engine ready on %s", self.device)
+        eos = self.tokenizer.eos_token_id
+        self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
+        if uses_slots(self.settings, self.device, self._model):
+            self._slots = await asyncio.to_thread(self._slot_batcher)
+            self._slots.start(asyncio.get_running_loop())
+        else:
+            self._manager = await asyncio.to_thread(self._start_manager)
+            self.prefix_cache = HfPrefixCache(self, self.settings.page_size)
+        log.info("hf engine ready on %s, %s batching", self.device, self.batching)
+
+    @property
+    def batching(self) -> str:
+        return "slots" if self._slots is not None else "manager"
+
+    @property
+    def model(self) -> Any:
+        """The loaded transformers model (None before ``start``)."""
+        return self._model
+
+    def _slot_batcher(self) -> SlotBatcher:
+        s = self.settings
+        length = s.max_model_len or min(getattr(self._model.config, "max_position_embeddings", 4096), 4096)
+        return SlotBatcher(self._model, slots=self.max_num_seqs, max_model_len=length,
+                           eos_token_ids=self.eos_token_ids, cuda_graphs=s.cuda_graphs is not False,
+                           do_sample=s.do_sample, seed=s.seed, max_prefill_tokens=s.max_batch_tokens or 8192)
 
     def _start_manager(self) -> Any:
         from transformers import GenerationConfig
@@ -302,7 +357,6 @@ class HfEngine:
 
         s = self.settings
         eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
         generation = GenerationConfig(max_new_tokens=s.default_max_tokens, do_sample=s.do_sample,
                                       eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id or eos)
         batching = ContinuousBatchingConfig(
@@ -315,14 +369,21 @@ class HfEngine:
         return manager
 
     async def close(self) -> None:
+        if self._slots is not None:
+            await asyncio.to_thread(self._slots.stop)
         if self._manager is not None:
             await asyncio.to_thread(self._manager.stop, True)
 
     def cancel(self, internal_id: str) -> None:
-        self._manager.cancel_request(internal_id)
+        if self._slots is not None:
+            self._slots.cancel(internal_id)
+        else:
+            self._manager.cancel_request(internal_id)
 
     def kv_cache_usage(self) -> float | None:
-        """From the continuous-batching manager's paged cache (read while its thread runs: a gauge)."""
+        """The slots' positions held, or the manager's paged cache (read while its thread runs: a gauge)."""
+        if self._slots is not None:
+            return self._slots.usage()
         cache = getattr(getattr(self._manager, "batch_processor", None), "cache", None)
         if cache is None:
             return None
@@ -357,6 +418,10 @@ class HfEngine:
                 sampling["temperature"] = max(inp.sampling.temperature, 1e-5)
             if inp.sampling.top_p is not None:
                 sampling["top_p"] = inp.sampling.top_p
+        if self._slots is not None:
+            self._slots.add(SlotRequest(internal_id, prompt + list(inp.prefix_token_ids), sequence.max_new_tokens,
+                                        sequence.on_delta, sampling.get("temperature", 1.0), sampling.get("top_p", 1.0)))
+            return sequence
         self._manager.register_result_handler(internal_id, sequence.on_result)
         self._manager.add_request(prompt + list(inp.prefix_token_ids), request_id=internal_id,
                                   max_new_tokens=sequence.max_new_tokens, streaming=True, **sampling)

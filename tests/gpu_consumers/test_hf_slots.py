@@ -1,0 +1,169 @@
+"""Slot batching in the ``hf`` engine (engines/hf_slots.py), run eagerly on the CPU with the tiny
+random Llama: the same attention, cache and scheduling code the CUDA graphs capture (graphs
+themselves need a GPU: `python -m bench gpu` checks them against plain ``generate`` there).
+Float32 on the CPU, so its tokens must equal transformers' own greedy decoding exactly. The tiny
+model's queries and keys are scaled up first: with random weights its attention is near uniform,
+and a mistake in positions or scaling would barely change a token."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput, SamplingParams
+from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings, uses_slots
+from tokenbus.gpu_consumers.engines.hf_slots import bucket, unsupported
+from tokenbus.schemas import ChatMessage
+
+
+@pytest.fixture(scope="module")
+def sharp_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    target = tmp_path_factory.mktemp("sharp-llama")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(SHARPEN)
+            layer.self_attn.k_proj.weight.mul_(SHARPEN)
+    model.save_pretrained(target)
+    for name in tiny_model.iterdir():
+        if "token" in name.name or name.suffix == ".jinja":
+            shutil.copy(name, target / name.name)
+    return target
+
+
+SHARPEN = 12.0
+
+
+def request(i: int, content: str, max_tokens: int = 24, **sampling) -> GenerationInput:
+    return GenerationInput(f"slots-{i}", (ChatMessage("user", content),), SamplingParams(max_tokens=max_tokens, **sampling))
+
+
+async def started(model: Path, max_num_seqs: int = 8, **settings) -> HfEngine:
+    engine = HfEngine(HfEngineSettings(model_path=str(model), device="cpu", batching="slots", **settings),
+                      max_num_seqs=max_num_seqs)
+    await engine.start()
+    assert engine.batching == "slots"
+    return engine
+
+
+async def ids_and_finish(engine: HfEngine, inp: GenerationInput) -> tuple[list[int], str | None, str | None]:
+    outs = [out async for out in engine.generate(inp)]
+    return [t for o in outs for t in o.token_ids_diff], outs[-1].finish_reason, outs[-1].error
+
+
+def plain_greedy(engine: HfEngine, inp: GenerationInput, tokens: int) -> list[int]:
+    import torch
+
+    prompt = torch.tensor([engine.prompt_ids(inp)])
+    out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
+                                do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+PROMPTS = ["hi", "the bus carries every token", "hello world, how are you today? " * 5, "Paris is the capital of " * 9]
+
+
+async def test_sequences_batched_in_slots_decode_what_plain_generate_decodes(sharp_model):
+    """Prompts of different lengths, prefilled together in one padded batch and decoded together,
+    each give the tokens transformers' ``generate`` gives that prompt alone."""
+    engine = await started(sharp_model)
+    try:
+        inputs = [request(i, text) for i, text in enumerate(PROMPTS)]
+        served = await asyncio.gather(*(ids_and_finish(engine, inp) for inp in inputs))
+        for inp, (ids, finish, _) in zip(inputs, served, strict=True):
+            expected = plain_greedy(engine, inp, 24)
+            assert ids == expected[: len(ids)]
+            assert len(ids) == 24 and finish == FINISH_LENGTH or ids[-1] in engine.eos_token_ids
+    finally:
+        await engine.close()
+
+
+async def test_requests_beyond_the_slots_wait_for_one_and_give_the_same_tokens(sharp_model):
+    engine = await started(sharp_model, max_num_seqs=2)
+    try:
+        inputs = [request(i, text, max_tokens=12) for i, text in enumerate(PROMPTS * 2)]
+        crowded = await asyncio.gather(*(ids_and_finish(engine, inp) for inp in inputs))
+        alone = [await ids_and_finish(engine, inp) for inp in inputs]
+        assert crowded == alone
+        assert all(finish is not None and finish != FINISH_ERROR for _, finish, _ in crowded)
+        assert engine.kv_cache_usage() == 0.0  # every slot given back
+    finally:
+        await engine.close()
+
+
+async def test_the_cache_length_bounds_a_sequence_and_a_prompt_that_cannot_fit_fails_alone(sharp_model):
+    engine = await started(sharp_model, max_model_len=24)
+    try:
+        short = request(1, "hi", max_tokens=100)
+        prompt_tokens = len(engine.prompt_ids(short))
+        too_long = request(2, "hello world " * 20)
+        (ids, finish, _), (_, long_finish, error) = await asyncio.gather(
+            ids_and_finish(engine, short), ids_and_finish(engine, too_long))
+        # Every position of the cache used: the prompt's, then one for each token but the last.
+        assert (len(ids), finish) == (24 - prompt_tokens + 1, FINISH_LENGTH)
+        assert long_finish == FINISH_ERROR and "max_model_len 24" in error
+    finally:
+        await engine.close()
+
+
+async def test_an_aborted_sequence_gives_its_slot_to_the_next(sharp_model):
+    engine = await started(sharp_model, max_num_seqs=1)
+    try:
+        stream = engine.generate(request(1, "tell me a long story", max_tokens=5000))
+        outs = []
+        async for out in stream:
+            outs.append(out)
+            if len(outs) == 3:
+                stream.abort()
+        assert outs[-1].finish_reason == FINISH_CANCELLED
+        ids, finish, _ = await asyncio.wait_for(ids_and_finish(engine, request(2, "hi", max_tokens=6)), 30)
+        assert len(ids) == 6 and finish == FINISH_LENGTH
+    finally:
+        await engine.close()
+
+
+async def test_sampling_at_a_vanishing_temperature_or_top_p_is_greedy(sharp_model):
+    """With ``do_sample`` the slot batcher samples each row with its request's own temperature and
+    top-p; near zero either leaves only the most likely token."""
+    greedy = await started(sharp_model)
+    sampled = await started(sharp_model, do_sample=True, seed=3)
+    try:
+        for i, text in enumerate(PROMPTS):
+            expected, _, _ = await ids_and_finish(greedy, request(i, text, max_tokens=16))
+            cold = await ids_and_finish(sampled, request(i, text, max_tokens=16, temperature=0.0))
+            narrow = await ids_and_finish(sampled, request(i, text, max_tokens=16, temperature=1.0, top_p=1e-6))
+            assert cold[0] == expected and narrow[0] == expected
+        hot = [await ids_and_finish(sampled, request(9, "hi", max_tokens=16, temperature=5.0)) for _ in range(3)]
+        assert len({tuple(ids) for ids, _, _ in hot}) > 1  # it does sample
+    finally:
+        await greedy.close()
+        await sampled.close()
+
+
+def test_slots_are_the_default_on_cuda_for_llama_shaped_models_only(sharp_model):
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    llama = AutoModelForCausalLM.from_pretrained(sharp_model)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
+    auto = HfEngineSettings()
+    assert unsupported(llama) is None and "gpt2" in (unsupported(gpt2) or "")
+    assert (uses_slots(auto, "cuda", llama), uses_slots(auto, "cpu", llama), uses_slots(auto, "cuda", gpt2)) == \
+        (True, False, False)
+    assert uses_slots(HfEngineSettings(batching="slots"), "cpu", llama)
+    assert not uses_slots(HfEngineSettings(batching="manager"), "cuda", llama)
+    with pytest.raises(ValueError, match="cannot run this model"):
+        uses_slots(HfEngineSettings(batching="slots"), "cuda", gpt2)
+    with pytest.raises(ValueError, match="auto, slots or manager"):
+        uses_slots(HfEngineSettings(batching="paged"), "cuda", llama)
+
+
+def test_graph_buckets_are_powers_of_two_multiples_capped_at_the_largest():
+    assert [bucket(n, 1, 64) for n in (1, 2, 3, 17, 64, 65)] == [1, 2, 4, 32, 64, 64]
+    assert [bucket(n, 256, 4096) for n in (1, 256, 257, 1000, 5000)] == [256, 256, 512, 1024, 4096]
