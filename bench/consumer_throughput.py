@@ -32,6 +32,7 @@ from tokenbus.gpu_consumers.engines import Engine, SimulatedEngine, SimulatedEng
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.infra.loadgen import run_load
+from tokenbus.infra.loadgen.metrics import percentile
 from tokenbus.infra.loadgen.prompts import synthetic_prompts
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, TokenEvent
@@ -112,13 +113,31 @@ async def through_consumer(bus: BusSettings, sim: SimulatedEngineSettings = SIM,
 
 
 class Delivered(NamedTuple):
-    """What a reply partition holds: its tokens, the token events that carried them, and the first
-    and last of those events' timestamps (ms)."""
+    """What a reply partition holds: its tokens, the token events that carried them, the first
+    and last of those events' timestamps (ms), and per request when the consumer admitted it and
+    when each of its events carrying tokens was made."""
 
     tokens: int
     events: int
     first_ms: int
     last_ms: int
+    admitted_ms: dict[str, int]
+    event_ms: dict[str, list[int]]
+
+    def latencies(self, requests: set[str]) -> dict[str, dict[str, float]]:
+        """For ``requests``: queue time (how long each waited after the consumer admitted its first:
+        a backlog published before the consumer started), time to first token from admission, and
+        the gaps between a request's token events, in ms (the events' clock is the millisecond)."""
+        served = [r for r in requests if r in self.admitted_ms and self.event_ms.get(r)]
+        began = min((self.admitted_ms[r] for r in served), default=0)
+        gaps = [b - a for r in served for a, b in zip(self.event_ms[r], self.event_ms[r][1:])]
+
+        def spread(values: list[float]) -> dict[str, float]:
+            return {"median": percentile(values, 50), "p99": percentile(values, 99)}
+
+        return {"queue_ms": spread([self.admitted_ms[r] - began for r in served]),
+                "ttft_ms": spread([self.event_ms[r][0] - self.admitted_ms[r] for r in served]),
+                "itl_ms": spread([float(g) for g in gaps])}
 
     def figures(self) -> dict[str, float]:
         seconds = (self.last_ms - self.first_ms) / 1000
@@ -138,15 +157,20 @@ async def delivered_tokens(bus: BusSettings, partition: int = REPLY_PARTITION) -
     consumer.assign([tp])
     await consumer.seek_to_beginning(tp)
     tokens, stamps = 0, []  # a timestamp per event that carries tokens
+    admitted: dict[str, int] = {}
+    made: dict[str, list[int]] = {}
     try:
         while True:
             for record in (await consumer.getmany(tp, timeout_ms=300)).get(tp, []):
                 event = codec.decode(record.value, TokenEvent)
+                if event.admitted_at_ms is not None:
+                    admitted[event.request_id] = event.admitted_at_ms
                 if event.token_ids:
                     tokens += len(event.token_ids)
                     stamps.append(record.timestamp)
+                    made.setdefault(event.request_id, []).append(event.created_at_ms)
             if consumer.highwater(tp) is not None and await consumer.position(tp) >= consumer.highwater(tp):
-                return Delivered(tokens, len(stamps), min(stamps), max(stamps))
+                return Delivered(tokens, len(stamps), min(stamps), max(stamps), admitted, made)
     finally:
         await consumer.stop()
 

@@ -55,8 +55,8 @@ LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, 
 PROMPT_WORDS = 100  # about 129 tokens with the chat template
 OUTPUT_TOKENS = 256
 CONCURRENCIES = (1, 16, 64, 256)
-CONSUMER_SEQS = 64
-REPLY_PARTITION = 3
+CONSUMER_SEQS = 64  # where the manager's row is taken, for comparison
+REPLY_PARTITION = 3  # the consumer's first run's; each run has its own
 
 
 def progress(message: str) -> None:
@@ -204,12 +204,15 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
 
 async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) -> dict[str, Any]:
     """How many of each prompt's first ``tokens`` tokens the engine (``count`` at once) and plain
-    ``generate`` (that prompt alone, same prompt ids) have in common before they first differ."""
+    ``generate`` (that prompt alone, same prompt ids) have in common before they first differ. In
+    float32: in bf16 the kernels of different batch shapes round differently, and a random model's
+    near-tied tokens part within a few steps either way."""
     import torch
 
     from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 
     engine = hf_engine(model_dir, count)
+    engine.settings = engine.settings.model_copy(update={"dtype": "float32"})
     await engine.start()
     try:
         inputs = [GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
@@ -227,25 +230,31 @@ async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) ->
             common.append(next((i for i, (a, b) in enumerate(zip(ids, plain, strict=False)) if a != b), len(ids)))
     finally:
         await engine.close()
-    return {"batching": engine.batching, "tokens": tokens, "common_leading_tokens": common}
+    return {"batching": engine.batching, "dtype": "float32", "tokens": tokens, "common_leading_tokens": common}
 
 
-async def through_consumer(model_dir: Path, bus: BusSettings, requests: int) -> dict[str, Any]:
-    """A backlog of ``requests`` on the bus, drained by one worker; delivered tokens/s is measured
-    from the producer timestamps of the token records, so no reader competes while it runs."""
-    async with TokenbusClient(bus, reply_partitions=[REPLY_PARTITION], idle_timeout=600) as client:
+async def through_consumer(model_dir: Path, bus: BusSettings, concurrency: int, partition: int) -> dict[str, Any]:
+    """A backlog of requests on the bus, drained by one worker admitting ``concurrency`` at once;
+    delivered tokens/s is measured from the producer timestamps of the token records, so no
+    reader competes while it runs. Queue time (the backlog's wait) apart from TTFT and ITL."""
+    requests = requests_for(concurrency)
+    published: set[str] = set()
+    async with TokenbusClient(bus, reply_partitions=[partition], idle_timeout=600) as client:
         for p in prompts(requests):
-            await client.publish(client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=OUTPUT_TOKENS))
-    worker = GpuWorker(WorkerSettings(bus=bus, model=MODEL, max_num_seqs=CONSUMER_SEQS, worker_id="gpu-bench"),
-                       hf_engine(model_dir, CONSUMER_SEQS))
+            request = client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=OUTPUT_TOKENS)
+            published.add(request.request_id)
+            await client.publish(request)
+    worker = GpuWorker(WorkerSettings(bus=bus, model=MODEL, max_num_seqs=concurrency, worker_id=f"gpu-bench-{concurrency}"),
+                       hf_engine(model_dir, concurrency))
     with GpuSampler() as gpu:
         run = asyncio.create_task(worker.run())
         while worker.completed < requests and not run.done():
             await asyncio.sleep(0.05)
         worker.stop()
         await run
-    delivered = await delivered_tokens(bus, REPLY_PARTITION)
-    return {"max_num_seqs": CONSUMER_SEQS, "requests": requests, **delivered.figures(), **gpu.summary()}
+    delivered = await delivered_tokens(bus, partition)
+    return {"concurrency": concurrency, "requests": requests, **delivered.figures(),
+            **delivered.latencies(published), **gpu.summary()}
 
 
 def run() -> dict[str, Any]:
@@ -263,40 +272,50 @@ def run() -> dict[str, Any]:
             alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), "manager"))
         sim = SimulatedEngineSettings()  # the stack starts no worker; only the bus is used
         with bench_stack(sim, start_services=False, redis=False) as stack:
-            consumer = asyncio.run(through_consumer(model_dir, stack.bus_settings(), requests_for(CONSUMER_SEQS)))
+            consumer = [asyncio.run(through_consumer(model_dir, stack.bus_settings(), c, REPLY_PARTITION + i))
+                        for i, c in enumerate(CONCURRENCIES)]
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
-    at_consumer_seqs = next(r for r in alone if r["concurrency"] == CONSUMER_SEQS)  # the default batching's
-    ratio = consumer["tokens_per_s"] / max(at_consumer_seqs["tokens_per_s"], 1e-9)
+    for row in consumer:  # against the engine alone, default batching, at the same concurrency
+        same = next(r for r in alone if r["concurrency"] == row["concurrency"])
+        row["consumer_over_engine"] = round(row["tokens_per_s"] / max(same["tokens_per_s"], 1e-9), 3)
     from tokenbus.gpu_consumers.engines.hf import HfEngineSettings
 
     return {"scenario": "gpu", "device": device, "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "hf_settings": HfEngineSettings().model_dump(),
             "model": {k: v for k, v in model.items() if k != "plain_generate"}, "output_tokens": OUTPUT_TOKENS,
             "engine_alone": alone,
-            "greedy_agreement": agreement, "plain_generate": model["plain_generate"], "through_consumer": consumer,
-            "consumer_over_engine": round(ratio, 3)}
+            "greedy_agreement": agreement, "plain_generate": model["plain_generate"], "through_consumer": consumer}
 
 
 def table(result: dict[str, Any]) -> str:
     if "skipped" in result:
         return f"skipped: {result['skipped']}"
+
+    def spread(r: dict[str, Any], key: str, digits: int = 0) -> str:
+        return f"{r[key]['median']:.{digits}f} / {r[key]['p99']:.{digits}f}"
+
+    def gpu(r: dict[str, Any]) -> str:
+        return f"{r.get('gpu_util_mean_pct', '-')} | {r.get('gpu_mem_used_max_mib', '-')} |"
+
     lines = [f"{result['device']}; torch {result['torch']}, transformers {result['transformers']}; "
              f"{result['model']['parameters'] / 1e9:.2f} B parameters, {result['output_tokens']} output tokens", "",
              "| path | concurrency | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU util mean % | GPU mem MiB |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in result["engine_alone"]:
-        lines.append(f"| `hf` engine alone, {r['batching']} | {r['concurrency']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['ttft_ms']['median']:.0f} / {r['ttft_ms']['p99']:.0f} | "
-                     f"{r['itl_ms']['median']:.1f} / {r['itl_ms']['p99']:.1f} | "
-                     f"{r.get('gpu_util_mean_pct', '-')} | {r.get('gpu_mem_used_max_mib', '-')} |")
-    g, c = result["plain_generate"], result["through_consumer"]
+    lines += [f"| `hf` engine alone, {r['batching']} | {r['concurrency']} | {r['tokens_per_s']:,.0f} | "
+              f"{spread(r, 'ttft_ms')} | {spread(r, 'itl_ms', 1)} | {gpu(r)}" for r in result["engine_alone"]]
+    g = result["plain_generate"]
     lines.append(f"| plain `generate`, static batch | {g['batch']} | {g['tokens_per_s']:,.0f} | - | - | "
-                 f"{g.get('gpu_util_mean_pct', '-')} | {g.get('gpu_mem_used_max_mib', '-')} |")
-    lines.append(f"| through one GPU consumer, delivered to Kafka | {c['max_num_seqs']} | {c['tokens_per_s']:,.0f} | - | - "
-                 f"| {c.get('gpu_util_mean_pct', '-')} | {c.get('gpu_mem_used_max_mib', '-')} |")
+                 f"{gpu(g)}")
+    lines += ["", "Through one GPU consumer (a backlog on the bus; delivered to Kafka; TTFT from admission, "
+              "queue time apart, from the first admission; the events' clock is the millisecond):", "",
+              "| concurrency | tokens/s | consumer / engine alone | queue p50 / p99 ms | TTFT p50 / p99 ms "
+              "| ITL p50 / p99 ms | GPU util mean % | GPU mem MiB |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {c['concurrency']} | {c['tokens_per_s']:,.0f} | **{c['consumer_over_engine']:.3f}** | "
+              f"{spread(c, 'queue_ms')} | {spread(c, 'ttft_ms')} | {spread(c, 'itl_ms', 1)} | {gpu(c)}"
+              for c in result["through_consumer"]]
     a = result["greedy_agreement"]
-    lines += ["", f"consumer / engine alone at {c['max_num_seqs']}: **{result['consumer_over_engine']:.3f}**",
-              f"greedy agreement with plain `generate` ({a['batching']}): leading tokens in common of "
-              f"{a['tokens']}: {a['common_leading_tokens']}"]
+    lines += ["", f"greedy agreement with plain `generate` ({a['batching']}, {a['dtype']}): leading tokens in common "
+              f"of {a['tokens']}: {a['common_leading_tokens']}"]
     return "\n".join(lines)

@@ -24,6 +24,7 @@ import asyncio
 import importlib.util
 import itertools
 import logging
+import sys
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,9 @@ class HfEngineSettings(BaseSettings):
     cuda_graphs: bool | None = None  # slots: graphs unless False
     async_batching: bool | None = None
     compile_level: int = 0  # transformers' default_compile_level (0-3): torch.compile the step
+    # Slots only: Python's thread switch interval, process-wide (0: Python's 5 ms). The batcher's
+    # thread needs the interpreter lock between decode steps while the event loop holds it.
+    switch_interval_ms: float = 0.0
     # CPU only: torch's threads (0: torch's default, one per core). Its OpenMP threads spin while
     # waiting, so on a small machine shared with the broker and the edge fewer threads are faster.
     cpu_threads: int = 0
@@ -328,6 +332,8 @@ class HfEngine:
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
         if uses_slots(self.settings, self.device, self._model):
+            if self.settings.switch_interval_ms:
+                sys.setswitchinterval(self.settings.switch_interval_ms / 1000)
             self._slots = await asyncio.to_thread(self._slot_batcher)
             self._slots.start(asyncio.get_running_loop())
         else:

@@ -139,8 +139,10 @@ class SlotBatcher:
         self._running: dict[int, SlotRequest] = {}
         self._free = list(range(slots))
         self.positions_held = 0  # read by the event loop as a gauge
-        self._pinned: list[Any] = []
-        self._next_pinned = 0
+        pinned = self.device.type == "cuda"
+        self._pinned_ids = [torch.empty(slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._pinned_positions = [torch.zeros(slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._next_ids = self._next_positions = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="hf-slot-batcher", daemon=True)
 
@@ -342,20 +344,20 @@ class SlotBatcher:
         """Queue the next decode step for every sequence that still needs a token, without waiting
         for it. Positions come from the host (a row not in the step writes at position 0 of its own
         slot, never read); tokens are where the step before, or the prefill, left them."""
-        torch = self._torch
         requests = [r for r in self._running.values() if r.launched < r.max_new_tokens and r.length < self.max_model_len]
         if not requests:
             return None
         requests.sort(key=lambda r: r.slot)
         rows = bucket(requests[-1].slot + 1, 1, self.slots)
         length = bucket(max(r.length for r in requests) + 1, LENGTH_BUCKET, self.max_model_len)
-        positions = [0] * rows
+        positions = self._host_positions(rows)
+        filled = positions.numpy()  # a view: assigning through numpy costs a tenth of a tensor's
         for r in requests:
-            positions[r.slot] = r.length
+            filled[r.slot] = r.length
             r.length += 1
             r.launched += 1
         self.positions_held += len(requests)
-        self._inputs[1, :rows].copy_(torch.tensor(positions), non_blocking=True)
+        self._inputs[1, :rows].copy_(positions, non_blocking=True)
         if self._cuda_graphs:
             graph, logits = self._graph(rows, length)
             graph.replay()
@@ -375,16 +377,26 @@ class SlotBatcher:
         live = [r for r in launched.requests if r.slot >= 0]  # not finished or cancelled meanwhile
         return self._advance(live, [every_row[r.slot] for r in live])
 
+    def _host_positions(self, rows: int) -> Any:
+        """Zeros for ``rows`` positions, filled by the caller and copied to the device without
+        waiting: on CUDA one of two pinned buffers, whose copy from two steps before has long been
+        done (the step between was collected, after its own copy)."""
+        torch = self._torch
+        if self.device.type != "cuda":
+            return torch.zeros(rows, dtype=torch.long)
+        buffer = self._pinned_positions[self._next_positions][:rows]
+        self._next_positions ^= 1
+        buffer.zero_()
+        return buffer
+
     def _to_host(self, ids: Any) -> _HostCopy:
         """A copy of ``ids`` on its way to the host: on CUDA into one of two pinned buffers (the
         next step's copy goes to the other while this one is read), marked by an event."""
         torch = self._torch
         if self.device.type != "cuda":
             return _HostCopy(ids, None)
-        if not self._pinned:
-            self._pinned = [torch.empty(self.slots, dtype=torch.long, pin_memory=True) for _ in range(2)]
-        buffer = self._pinned[self._next_pinned][: ids.shape[0]]
-        self._next_pinned ^= 1
+        buffer = self._pinned_ids[self._next_ids][: ids.shape[0]]
+        self._next_ids ^= 1
         buffer.copy_(ids, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
