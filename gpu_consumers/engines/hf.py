@@ -375,10 +375,13 @@ class HfEngine:
         return manager
 
     async def close(self) -> None:
+        """Stop generating and let go of the model and its cache: a process that starts another
+        engine (a benchmark, a test) gets their device memory back."""
         if self._slots is not None:
             await asyncio.to_thread(self._slots.stop)
         if self._manager is not None:
             await asyncio.to_thread(self._manager.stop, True)
+        self._model = None
 
     def cancel(self, internal_id: str) -> None:
         if self._slots is not None:

@@ -153,10 +153,17 @@ class SlotBatcher:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread and let go of the cache and the graphs: their device memory is free
+        once this returns, whoever still holds the batcher."""
         with self._lock:
             self._stopping = True
             self._wake.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._graphs.clear()
+        self._pool = None
+        self._keys, self._values, self._layers = [], [], []
+        self._embed = self._norm = self._rotary = self._head = None
 
     def add(self, request: SlotRequest) -> None:
         with self._lock:

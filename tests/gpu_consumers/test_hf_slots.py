@@ -147,6 +147,20 @@ async def test_sampling_at_a_vanishing_temperature_or_top_p_is_greedy(sharp_mode
         await sampled.close()
 
 
+async def test_a_closed_engine_lets_go_of_its_model_and_cache(sharp_model):
+    """A process that starts engines one after another (a benchmark's phases) must get each one's
+    device memory back: nothing of the model or the slots' cache outlives ``close``."""
+    import gc
+    import weakref
+
+    engine = await started(sharp_model)
+    await ids_and_finish(engine, request(1, "hi", max_tokens=4))
+    model, cache = weakref.ref(engine.model), weakref.ref(engine._slots._keys[0])
+    await engine.close()
+    gc.collect()
+    assert (model(), cache()) == (None, None)
+
+
 def test_slots_are_the_default_on_cuda_for_llama_shaped_models_only(sharp_model):
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
