@@ -7,7 +7,10 @@ transformers engine on CUDA (model from TOKENBUS_HF_MODEL_PATH, else SmolLM2-135
 other `TOKENBUS_HF_*` settings). The sizes default per engine and can be set:
 `TOKENBUS_BENCH_MAX_NUM_SEQS`, `TOKENBUS_BENCH_REQUESTS`, `TOKENBUS_BENCH_OUTPUT_TOKENS`, and for the
 simulated engine `TOKENBUS_BENCH_SIM_TOKENS_PER_S` (per sequence): 256 sequences at 200 tokens/s
-offer the 51,200 tokens/s of a TensorRT-LLM-class GPU. It needs the broker only (no Redis).
+offer the 51,200 tokens/s of a TensorRT-LLM-class GPU, and `TOKENBUS_BENCH_OUTPUT_RANGE_RATIO`
+(vLLM's `--random-range-ratio`: each output uniform within that fraction of
+`TOKENBUS_BENCH_OUTPUT_TOKENS` either side; 0, the default, ends every sequence of a wave in the
+same step, the consumer's worst case for turnovers). It needs the broker only (no Redis).
 
 The simulated engine runs on the consumer's event loop, so a consumer that falls behind also
 holds the engine back: a late step makes up one step at most. The consumer is measured that way
@@ -58,8 +61,10 @@ _seqs, _requests, _tokens = SIZES[engine_name()]
 MAX_NUM_SEQS = sized("MAX_NUM_SEQS", _seqs)
 REQUESTS = sized("REQUESTS", _requests)
 OUTPUT_TOKENS = sized("OUTPUT_TOKENS", _tokens)
-SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=sized("SIM_TOKENS_PER_S", 100), min_tokens=OUTPUT_TOKENS,
-                              max_tokens=OUTPUT_TOKENS)
+RANGE_RATIO = float(os.environ.get("TOKENBUS_BENCH_OUTPUT_RANGE_RATIO", 0))
+SHORTEST, LONGEST = round(OUTPUT_TOKENS * (1 - RANGE_RATIO)), round(OUTPUT_TOKENS * (1 + RANGE_RATIO))
+SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=sized("SIM_TOKENS_PER_S", 100), min_tokens=SHORTEST,
+                              max_tokens=LONGEST)
 
 
 def make_engine(sim: SimulatedEngineSettings = SIM) -> Engine:
@@ -76,7 +81,7 @@ async def engine_alone() -> dict[str, float]:
     engine = make_engine()
     await engine.start()
     try:
-        prompts = synthetic_prompts(REQUESTS, 16, OUTPUT_TOKENS, seed=6)
+        prompts = synthetic_prompts(REQUESTS, 16, LONGEST, seed=6)  # the engine picks each length
         cpu = time.process_time()
         results, duration = await run_load(engine_sender(engine), prompts, max_concurrency=MAX_NUM_SEQS)
         cpu = time.process_time() - cpu
@@ -94,8 +99,8 @@ async def through_consumer(bus: BusSettings, sim: SimulatedEngineSettings = SIM,
     its span is measured by the producer timestamps of the token records, so no reader competes
     with the consumer for the CPU while it runs."""
     async with TokenbusClient(bus, reply_partitions=[reply_partition], idle_timeout=300) as client:
-        for p in synthetic_prompts(REQUESTS, 16, OUTPUT_TOKENS, seed=6):
-            await client.publish(client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=OUTPUT_TOKENS))
+        for p in synthetic_prompts(REQUESTS, 16, LONGEST, seed=6):
+            await client.publish(client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=LONGEST))
     worker = GpuWorker(WorkerSettings(bus=bus, model=MODEL, max_num_seqs=MAX_NUM_SEQS, worker_id="bench"),
                        make_engine(sim))
     cpu = time.process_time()
@@ -191,6 +196,7 @@ def run() -> dict[str, Any]:
     result = {"scenario": "consumer_throughput", "engine": engine_name(),
               "engine_settings": SIM.model_dump() if engine_name() == "simulated" else {},
               "max_num_seqs": MAX_NUM_SEQS, "requests": REQUESTS, "output_tokens": OUTPUT_TOKENS,
+              "output_range_ratio": RANGE_RATIO,
               "engine_alone": alone, "through_consumer": consumer, "ratio": ratio(consumer, alone)}
     if apart is not None:
         result.update(through_consumer_engine_apart=apart, ratio_engine_apart=ratio(apart, alone))
@@ -203,14 +209,16 @@ def ratio(delivered: dict[str, float], alone: dict[str, float]) -> float:
 
 def table(result: dict[str, Any]) -> str:
     a, c, apart = result["engine_alone"], result["through_consumer"], result.get("through_consumer_engine_apart")
+    ratio_ = result.get("output_range_ratio", 0)
+    spread = f" (each within {ratio_:.0%} of it either side)" if ratio_ else ""
 
     def row(path: str, r: dict[str, Any]) -> str:
         return (f"| {path} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r.get('tokens_per_event', '-')} "
                 f"| {r['cpu_us_per_token']} µs |")
 
     lines = [
-        f"engine `{result['engine']}`, {result['requests']} requests x {result['output_tokens']} tokens, "
-        f"max_num_seqs {result['max_num_seqs']}", "",
+        f"engine `{result['engine']}`, {result['requests']} requests x {result['output_tokens']} tokens"
+        f"{spread}, max_num_seqs {result['max_num_seqs']}", "",
         "| path | tokens | seconds | tokens/s | tokens per token event | process CPU per token |",
         "|---|---:|---:|---:|---:|---:|",
         row("engine alone", a),

@@ -17,12 +17,16 @@ A lookup may say when everything it needs was written by: a backlog request's ea
 were written by its partition's previous owner, which flushes before the partition moves
 (or crashed), so all of them precede the partition's assignment to this worker. A wave whose
 requests' tokens all precede a scan already made, and none of whose keys that scan passed, is
-answered without reading at all: what a busy worker wrote since is its own output.
+answered without reading at all: what a busy worker wrote since is its own output. A wave
+holding requests older than any scanned so far (a backlog's request partitions are fetched in
+turns, each from its own oldest) reads only what was written before that scan began, back to its
+own oldest request, not the worker's output since again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -85,6 +89,7 @@ class _Scanned:
     margin) whose key is not among them has no event before ``end``."""
 
     since_ms: int
+    first: int | None  # the first offset read: written at or after ``since_ms`` (None: nothing was)
     end: int | None  # None: nothing was written since ``since_ms`` when it was looked at
     keys: set[bytes]
     last: tuple[bytes, int] | None  # the key and timestamp of the record at end - 1: the same log still?
@@ -99,6 +104,12 @@ class _Scanned:
         """Whether requests whose events were all written before ``written_before`` are known to
         have none: everything written since ``since_ms`` up to then was scanned, their keys not in it."""
         return written_before is not None and written_before <= self.as_of and self.covers(since_ms, keys)
+
+    def answers_from(self, since_ms: int, keys: list[bytes], written_before: float | None) -> bool:
+        """Whether the same holds but for what was written between ``since_ms`` and this scan's
+        ``since_ms``: the records before ``first``, which is all such requests need read."""
+        return (written_before is not None and written_before <= self.as_of and since_ms < self.since_ms
+                and self.covers(self.since_ms, keys))
 
 
 class TokenLog:
@@ -168,28 +179,66 @@ class TokenLog:
             return {}  # all of their events would be in what was scanned before, and none is
         consumer.assign([tp])
         self._scanned.pop(tp, None)  # replaced below by what this scan reads
-        if (scanned is not None and scanned.end is not None and scanned.last is not None
-                and scanned.covers(since, list(wanted))
-                and (await consumer.end_offsets([tp]))[tp] >= scanned.end  # the same log still, not one
-                and scanned.last == await self._key_and_time_at(tp, scanned.end - 1)):  # re-created since
-            start: int | None = scanned.end  # none of them is in what was scanned before
-        else:
-            scanned, start = None, await self._first_offset_since(tp, since)
-        if start is None:  # nothing written since the requests were made
-            consumer.assign([])
-            self._scanned[tp] = _Scanned(since, None, set(), None, as_of, as_of)
-            return {}
+        try:
+            if scanned is not None and scanned.answers_from(since, list(wanted), written_before):
+                return await self._scan_before(tp, scanned, since, wanted)
+            if (scanned is not None and scanned.end is not None and scanned.last is not None
+                    and scanned.covers(since, list(wanted))
+                    and (await consumer.end_offsets([tp]))[tp] >= scanned.end  # the same log still, not one
+                    and scanned.last == await self._key_and_time_at(tp, scanned.end - 1)):  # re-created since
+                start: int | None = scanned.end  # none of them is in what was scanned before
+            else:
+                scanned, start = None, await self._first_offset_since(tp, since)
+            if start is None:  # nothing written since the requests were made
+                self._scanned[tp] = _Scanned(since, None, None, set(), None, as_of, as_of)
+                return {}
+            # The scan reads to the log end its first fetch finds, not on to an end that moves: what a
+            # request has from before (its previous owner's tokens, or this worker's own before its
+            # serving failed) is durable by then, as a worker flushes before its partitions move; what
+            # comes after is new output of running requests, which a busy log adds while the scan reads.
+            found, passed, last, end = await self._read(tp, start, None, wanted)
+            if scanned is not None:
+                passed |= scanned.keys
+            last = last or (scanned.last if scanned is not None else None)
+            if last is not None and len(passed) <= SCANNED_KEYS:
+                self._scanned[tp] = _Scanned(scanned.since_ms if scanned else since,
+                                             scanned.first if scanned else start, end, passed, last,
+                                             time.monotonic(), as_of)
+            return found
+        finally:
+            consumer.assign([])  # an assigned partition would be fetched in the background forever
+
+    async def _scan_before(self, tp: TopicPartition, scanned: _Scanned, since: int,
+                           wanted: dict[bytes, str]) -> dict[str, Published]:
+        """Requests older than what ``scanned`` reached back to, whose events all precede it: read
+        from the first record since ``since`` up to where ``scanned`` began, and remember the two as one."""
+        start = await self._first_offset_since(tp, since)
+        # Where ``scanned`` began; if it found nothing, whatever is at or after its ``since_ms``
+        # now was written after it looked, and is not wanted.
+        stop = scanned.first if scanned.first is not None else await self._first_offset_since(tp, scanned.since_ms)
+        found: dict[str, Published] = {}
+        passed: set[bytes] = set()
+        if start is not None and (stop is None or start < stop):
+            found, passed, _, _ = await self._read(tp, start, stop, wanted)
+        keys = scanned.keys | passed
+        if len(keys) <= SCANNED_KEYS:
+            self._scanned[tp] = dataclasses.replace(scanned, since_ms=since, keys=keys, used_at=time.monotonic(),
+                                                    first=start if start is not None else scanned.first)
+        return found
+
+    async def _read(self, tp: TopicPartition, start: int, stop: int | None, wanted: dict[bytes, str]
+                    ) -> tuple[dict[str, Published], set[bytes], tuple[bytes, int] | None, int]:
+        """Read ``tp`` (assigned) from ``start`` up to ``stop``, or to the log end its first fetch finds:
+        the events of the ``wanted`` keys, every key passed, the key and time of the last record read,
+        and where the read ended. The fetch's high-water mark, not ``end_offsets``, which the
+        embedded broker answers with the last batch's first offset + 1."""
+        consumer = self._consumer
+        assert consumer is not None
         consumer.seek(tp, start)
         passed: set[bytes] = set()
-        last = scanned.last if scanned is not None else None
+        last: tuple[bytes, int] | None = None
         by_request: dict[str, dict[int, TokenEvent]] = defaultdict(dict)
-        # The scan reads to the log end its first fetch finds, not on to an end that moves: what a
-        # request has from before (its previous owner's tokens, or this worker's own before its
-        # serving failed) is durable by then, as a worker flushes before its partitions move; what
-        # comes after is new output of running requests, which a busy log adds while the scan
-        # reads. The fetch's high-water mark, not ``end_offsets``, which the embedded broker
-        # answers with the last batch's first offset + 1.
-        log_end: int | None = None
+        log_end = stop
         while True:
             records = (await consumer.getmany(tp, timeout_ms=200)).get(tp, [])
             if log_end is None:
@@ -213,13 +262,8 @@ class TokenLog:
             if (log_end is not None and position >= log_end) or (highwater is not None and position >= highwater):
                 break
         end = position if log_end is None else min(position, log_end)
-        consumer.assign([])  # an assigned partition would be fetched in the background forever
-        if scanned is not None:
-            passed |= scanned.keys
-        if last is not None and len(passed) <= SCANNED_KEYS:
-            self._scanned[tp] = _Scanned(scanned.since_ms if scanned else since, end, passed, last, time.monotonic(),
-                                         as_of)
-        return {request_id: Published.contiguous(events) for request_id, events in by_request.items()}
+        found = {request_id: Published.contiguous(events) for request_id, events in by_request.items()}
+        return found, passed, last, end
 
     async def _first_offset_since(self, tp: TopicPartition, since_ms: int) -> int | None:
         """The first offset of ``tp`` written at or after ``since_ms``, or None if every record is

@@ -189,3 +189,27 @@ async def test_a_log_empty_at_the_first_wave_answers_the_next_without_reading(bu
         later = time.monotonic()  # a partition assigned after the worker wrote: its events may be anywhere
         assert (await log.published(request(catalog, "own", started), later)).events != []
         assert log.records_scanned == 5
+
+
+async def test_a_wave_older_than_the_scans_so_far_reads_only_what_was_written_before_them(bus):
+    """A backlog's request partitions are fetched in turns, each from its own oldest request, so a
+    later wave can hold requests older than any scanned so far. It reads what was written from its
+    oldest request's time up to where the earlier scan began, not the worker's output since."""
+    catalog = TopicCatalog(bus)
+    async with log_and_sender(bus) as (log, sender):
+        old = now_ms()
+        await publish(sender, catalog, "old", range(2))
+        await asyncio.sleep(0.05)
+        mid = now_ms()
+        await publish(sender, catalog, "mid", range(2))
+        assigned_at = time.monotonic()
+        first = await log.published(request(catalog, "mid", mid), assigned_at)
+        assert [e.seq for e in first.events] == [0, 1] and log.records_scanned == 2
+        await publish(sender, catalog, "own", range(5))  # the worker's own output since
+
+        older = await log.published(request(catalog, "old", old), assigned_at)
+        assert [e.text for e in older.events] == ["old:0", "old:1"]
+        assert log.records_scanned == 4  # the two before the first scan began, not the five after it
+
+        assert (await log.published(request(catalog, "never-served", old), assigned_at)).events == []
+        assert log.records_scanned == 4  # both scans together reach back that far: nothing to read
