@@ -357,9 +357,11 @@ class HfEngine:
     def _slot_batcher(self) -> SlotBatcher:
         s = self.settings
         length = s.max_model_len or min(getattr(self._model.config, "max_position_embeddings", 4096), 4096)
-        return SlotBatcher(self._model, slots=self.max_num_seqs, max_model_len=length,
-                           eos_token_ids=self.eos_token_ids, cuda_graphs=s.cuda_graphs is not False,
-                           do_sample=s.do_sample, seed=s.seed, max_prefill_tokens=s.max_batch_tokens or 8192)
+        batcher = SlotBatcher(self._model, slots=self.max_num_seqs, max_model_len=length,
+                              eos_token_ids=self.eos_token_ids, cuda_graphs=s.cuda_graphs is not False,
+                              do_sample=s.do_sample, seed=s.seed, max_prefill_tokens=s.max_batch_tokens or 8192)
+        batcher.capture()
+        return batcher
 
     def _start_manager(self) -> Any:
         from transformers import GenerationConfig

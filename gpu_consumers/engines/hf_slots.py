@@ -6,8 +6,8 @@ attention needs a mask whose shape changes every step. That rules CUDA graphs ou
 decoding of a 1 B model on an H100 is launch-bound: a step costs about the same at 1 sequence as
 at 64 (BENCHMARKS.md, "The GPU path"). Here each sequence owns a row (a *slot*) of a cache of
 ``max_model_len`` positions, so a decode step's tensors have fixed shapes for a given number of
-rows and cache length. One graph is captured per (rows, cache length) bucket, the first time the
-step needs it, and replayed after: every kernel of the step in one launch.
+rows and cache length. One graph is captured per (rows, cache length) bucket when the engine
+starts, and replayed after: every kernel of the step in one launch.
 
 The layers' own modules do the work (norms, projections, rotary embedding, MLP); only the
 attention and the cache are written here, so only decoder layers shaped like Llama's are taken
@@ -26,6 +26,7 @@ import asyncio
 import heapq
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,6 +178,29 @@ class SlotBatcher:
 
     def usage(self) -> float:
         return self.positions_held / (self.slots * self.max_model_len)
+
+    def capture(self) -> None:
+        """Every bucket's decode graph, before the first request (vLLM captures its graphs at
+        startup too): a bucket captured while sequences run stalls them all for its capture, and
+        a benchmark's first seconds would time captures. Call before ``start``."""
+        if not self._cuda_graphs:
+            return
+        began = time.monotonic()
+        rows_buckets: list[int] = []
+        lengths: list[int] = []
+        size = 1
+        while not rows_buckets or rows_buckets[-1] < self.slots:
+            rows_buckets.append(bucket(size, 1, self.slots))
+            size *= 2
+        size = LENGTH_BUCKET
+        while not lengths or lengths[-1] < self.max_model_len:
+            lengths.append(bucket(size, LENGTH_BUCKET, self.max_model_len))
+            size *= 2
+        with self._torch.inference_mode():  # the inputs are zeros: each row writes position 0 of its free slot
+            for rows in rows_buckets:
+                for length in lengths:
+                    self._graph(rows, length)
+        log.info("captured %d decode graphs in %.1f s", len(self._graphs), time.monotonic() - began)
 
     # -- the batcher thread
 
@@ -344,7 +368,7 @@ class SlotBatcher:
                 logits = self._decode(rows, length)
             self._pool = graph.pool()
             captured = self._graphs[(rows, length)] = (graph, logits)
-            log.info("captured the decode step for %d rows over %d positions", rows, length)
+            log.debug("captured the decode step for %d rows over %d positions", rows, length)
         return captured
 
     def _launch(self) -> _Launched | None:
