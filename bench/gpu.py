@@ -202,11 +202,29 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
     return rows
 
 
+async def served_ids(engine: Any, count: int, tokens: int) -> list[list[int]]:
+    """The first ``tokens`` token ids the engine gives each of ``count`` prompts, run at once."""
+    from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
+
+    inputs = [GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
+              for i, p in enumerate(prompts(count))]
+
+    async def ids_of(inp: GenerationInput) -> list[int]:
+        return [t async for out in engine.generate(inp) for t in out.token_ids_diff]
+
+    return list(await asyncio.gather(*(ids_of(inp) for inp in inputs)))
+
+
+def common_leading(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) -> dict[str, Any]:
     """How many of each prompt's first ``tokens`` tokens the engine (``count`` at once) and plain
     ``generate`` (that prompt alone, same prompt ids) have in common before they first differ. In
     float32: in bf16 the kernels of different batch shapes round differently, and a random model's
-    near-tied tokens part within a few steps either way."""
+    near-tied tokens part within a few steps either way. Then, in bf16, the engine's decode graphs
+    against the same steps run eagerly (``TOKENBUS_HF_CUDA_GRAPHS=false``): the same ids."""
     import torch
 
     from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
@@ -214,22 +232,27 @@ async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) ->
     engine = hf_engine(model_dir, count, dtype="float32")
     await engine.start()
     try:
-        inputs = [GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
-                  for i, p in enumerate(prompts(count))]
-
-        async def ids_of(inp: GenerationInput) -> list[int]:
-            return [t async for out in engine.generate(inp) for t in out.token_ids_diff]
-
-        served = await asyncio.gather(*(ids_of(inp) for inp in inputs))
+        served = await served_ids(engine, count, tokens)
         common = []
-        for inp, ids in zip(inputs, served, strict=True):
+        for i, (p, ids) in enumerate(zip(prompts(count), served, strict=True)):
+            inp = GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
             prompt = torch.tensor([engine.prompt_ids(inp)], device=engine.model.device)
             plain = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
                                           min_new_tokens=tokens, do_sample=False)[0, prompt.shape[1]:].tolist()
-            common.append(next((i for i, (a, b) in enumerate(zip(ids, plain, strict=False)) if a != b), len(ids)))
+            common.append(common_leading(ids, plain))
     finally:
         await engine.close()
-    return {"batching": engine.batching, "dtype": "float32", "tokens": tokens, "common_leading_tokens": common}
+    by_graphs = {}
+    for graphs in (True, False):
+        engine = hf_engine(model_dir, count, cuda_graphs=graphs)
+        await engine.start()
+        try:
+            by_graphs[graphs] = await served_ids(engine, count, tokens)
+        finally:
+            await engine.close()
+    graphs_eager = [common_leading(a, b) for a, b in zip(by_graphs[True], by_graphs[False], strict=True)]
+    return {"batching": engine.batching, "dtype": "float32", "tokens": tokens, "common_leading_tokens": common,
+            "graphs_and_eager_common_leading_tokens": graphs_eager}
 
 
 async def through_consumer(model_dir: Path, bus: BusSettings, concurrency: int, partition: int) -> dict[str, Any]:
@@ -316,5 +339,6 @@ def table(result: dict[str, Any]) -> str:
               for c in result["through_consumer"]]
     a = result["greedy_agreement"]
     lines += ["", f"greedy agreement with plain `generate` ({a['batching']}, {a['dtype']}): leading tokens in common "
-              f"of {a['tokens']}: {a['common_leading_tokens']}"]
+              f"of {a['tokens']}: {a['common_leading_tokens']}",
+              f"decode graphs against the same steps run eagerly (bf16): {a['graphs_and_eager_common_leading_tokens']}"]
     return "\n".join(lines)
