@@ -97,6 +97,14 @@ def bucket(needed: int, smallest: int, largest: int) -> int:
     return min(size, largest)
 
 
+def graph_buckets(slots: int, max_model_len: int) -> list[tuple[int, int]]:
+    """Every (rows, cache length) a decode step can take, as ``SlotBatcher._launch`` rounds them."""
+    rows = sorted({bucket(2**i, 1, slots) for i in range(slots.bit_length() + 1)})
+    lengths = sorted({bucket(LENGTH_BUCKET * 2**i, LENGTH_BUCKET, max_model_len)
+                      for i in range(max(max_model_len // LENGTH_BUCKET, 1).bit_length() + 1)})
+    return [(r, n) for r in rows for n in lengths]
+
+
 class SlotBatcher:
     def __init__(self, model: Any, *, slots: int, max_model_len: int, eos_token_ids: set[int],
                  cuda_graphs: bool, do_sample: bool = False, seed: int | None = None,
@@ -186,20 +194,9 @@ class SlotBatcher:
         if not self._cuda_graphs:
             return
         began = time.monotonic()
-        rows_buckets: list[int] = []
-        lengths: list[int] = []
-        size = 1
-        while not rows_buckets or rows_buckets[-1] < self.slots:
-            rows_buckets.append(bucket(size, 1, self.slots))
-            size *= 2
-        size = LENGTH_BUCKET
-        while not lengths or lengths[-1] < self.max_model_len:
-            lengths.append(bucket(size, LENGTH_BUCKET, self.max_model_len))
-            size *= 2
         with self._torch.inference_mode():  # the inputs are zeros: each row writes position 0 of its free slot
-            for rows in rows_buckets:
-                for length in lengths:
-                    self._graph(rows, length)
+            for rows, length in graph_buckets(self.slots, self.max_model_len):
+                self._graph(rows, length)
         log.info("captured %d decode graphs in %.1f s", len(self._graphs), time.monotonic() - began)
 
     # -- the batcher thread

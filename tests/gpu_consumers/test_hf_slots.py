@@ -14,7 +14,7 @@ import pytest
 
 from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings, uses_slots
-from tokenbus.gpu_consumers.engines.hf_slots import bucket, unsupported
+from tokenbus.gpu_consumers.engines.hf_slots import LENGTH_BUCKET, bucket, graph_buckets, unsupported
 from tokenbus.schemas import ChatMessage
 
 
@@ -181,3 +181,13 @@ def test_slots_are_the_default_on_cuda_for_llama_shaped_models_only(sharp_model)
 def test_graph_buckets_are_powers_of_two_multiples_capped_at_the_largest():
     assert [bucket(n, 1, 64) for n in (1, 2, 3, 17, 64, 65)] == [1, 2, 4, 32, 64, 64]
     assert [bucket(n, 256, 4096) for n in (1, 256, 257, 1000, 5000)] == [256, 256, 512, 1024, 4096]
+
+
+@pytest.mark.parametrize(("slots", "max_model_len"), [(1, 256), (6, 1000), (64, 4096), (256, 4096), (100, 300)])
+def test_the_graphs_captured_at_start_are_every_shape_a_decode_step_takes(slots, max_model_len):
+    """A step's rows are rounded up from its highest running slot, its cache length from its
+    longest sequence's next position: every such shape has its graph before the first request."""
+    captured = set(graph_buckets(slots, max_model_len))
+    taken = {(bucket(highest, 1, slots), bucket(position + 1, LENGTH_BUCKET, max_model_len))
+             for highest in range(1, slots + 1) for position in range(max_model_len)}
+    assert taken == captured
