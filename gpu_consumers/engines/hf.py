@@ -1,12 +1,12 @@
 """Hugging Face transformers: CPU here, CUDA where present, batched one of two ways.
 
 **Slots** (engines/hf_slots.py; the default on CUDA for Llama-shaped models): each running sequence
-owns a row of a static KV cache and every decode step is replayed as a CUDA graph, one step queued
-ahead of the host. **The manager** (the default elsewhere): transformers' continuous-batching
-manager runs generation steps on its own thread over a paged KV cache sized explicitly
-(``num_blocks``, ``max_batch_tokens``). Either hands each step's tokens back to the event loop as
-deltas. Decoding is greedy unless ``TOKENBUS_HF_DO_SAMPLE`` is set, which also makes a taken-over
-sequence continue exactly as the uninterrupted one would.
+owns a row of a static KV cache and every decode step is replayed as a CUDA graph
+(engines/hf_slot_model.py), one step queued ahead of the host. **The manager** (the default
+elsewhere): transformers' continuous-batching manager runs generation steps on its own thread over
+a paged KV cache sized explicitly (``num_blocks``, ``max_batch_tokens``). Either hands each step's
+tokens back to the event loop as deltas. Decoding is greedy unless ``TOKENBUS_HF_DO_SAMPLE`` is
+set, which also makes a taken-over sequence continue exactly as the uninterrupted one would.
 
 Prefix caching (the manager only): the manager shares KV blocks between requests with a common
 prompt prefix (``allow_block_sharing``): a prompt's leading blocks already computed are reused. Its
@@ -47,7 +47,8 @@ from tokenbus.gpu_consumers.engines.base import (
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
-from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest, unsupported
+from tokenbus.gpu_consumers.engines.hf_slot_model import unsupported
+from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 
 log = logging.getLogger(__name__)

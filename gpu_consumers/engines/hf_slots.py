@@ -1,23 +1,9 @@
-"""Slot batching for the ``hf`` engine: a static KV cache with one row per running sequence, and
-each decode step replayed as a CUDA graph.
+"""Slot batching for the ``hf`` engine: which sequences run, in which rows (*slots*) of a static KV
+cache, and what each step gives them. The cache and the forward passes, decode steps replayed as
+CUDA graphs, are hf_slot_model.py's.
 
-Why: transformers' continuous-batching manager pages its KV cache, so with SDPA a decode step's
-attention needs a mask whose shape changes every step. That rules CUDA graphs out, and eager
-decoding of a 1 B model on an H100 is launch-bound: a step costs about the same at 1 sequence as
-at 64 (BENCHMARKS.md, "The GPU path"). Here each sequence owns a row (a *slot*) of a cache of
-``max_model_len`` positions, so a decode step's tensors have fixed shapes for a given number of
-rows and cache length. One graph is captured per (rows, cache length) bucket when the engine
-starts, and replayed after: every kernel of the step in one launch.
-
-The layers' own modules do the work (norms, projections, rotary embedding, MLP); only the
-attention and the cache are written here, so only decoder layers shaped like Llama's are taken
-(``unsupported`` says why not). A decode step's queries that share a key head are attended as
-that head's queries, so grouped-query attention reads the cache once, without copying it per
-query head. Prompts run eagerly: those admitted in one iteration padded into one batch (a causal
-mask keeps the padding out of every real position).
-
-The batcher runs on its own thread, as the manager does; what a step produced reaches the event
-loop in one ``call_soon_threadsafe`` per step.
+The batcher runs on its own thread, as transformers' manager does, one decode step queued ahead of
+the host; what a step produced reaches the event loop in one ``call_soon_threadsafe`` per step.
 """
 
 from __future__ import annotations
@@ -26,19 +12,15 @@ import asyncio
 import heapq
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
 
 log = logging.getLogger(__name__)
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # frequencies that do not change with the length
-LENGTH_BUCKET = 256  # cache lengths a graph attends over: 256, 512, 1024, ... up to max_model_len
 
 
 @dataclass(slots=True)
@@ -70,68 +52,15 @@ class SlotRequest:
     generated: int = 0  # tokens handed out
 
 
-def unsupported(model: Any) -> str | None:
-    """Why slot batching cannot run ``model`` (None: it can)."""
-    config = model.config
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model type {config.model_type!r} (slot batching takes {', '.join(SUPPORTED_MODEL_TYPES)})"
-    if getattr(config, "use_sliding_window", config.model_type == "mistral") and getattr(config, "sliding_window", None):
-        return "a sliding attention window"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers"):
-        return "no decoder layers where Llama keeps them"
-    rope_type = getattr(getattr(inner, "rotary_emb", None), "rope_type", None)
-    if rope_type not in STATIC_ROPE_TYPES:
-        return f"rotary embedding {rope_type!r}"
-    attention = inner.layers[0].self_attn
-    if hasattr(attention, "q_norm") or not hasattr(attention, "q_proj"):
-        return "attention not shaped like Llama's"
-    return None
-
-
-def bucket(needed: int, smallest: int, largest: int) -> int:
-    """The smallest power-of-two multiple of ``smallest`` that holds ``needed``, at most ``largest``."""
-    size = smallest
-    while size < needed:
-        size *= 2
-    return min(size, largest)
-
-
-def graph_buckets(slots: int, max_model_len: int) -> list[tuple[int, int]]:
-    """Every (rows, cache length) a decode step can take, as ``SlotBatcher._launch`` rounds them."""
-    rows = sorted({bucket(2**i, 1, slots) for i in range(slots.bit_length() + 1)})
-    lengths = sorted({bucket(LENGTH_BUCKET * 2**i, LENGTH_BUCKET, max_model_len)
-                      for i in range(max(max_model_len // LENGTH_BUCKET, 1).bit_length() + 1)})
-    return [(r, n) for r in rows for n in lengths]
-
-
 class SlotBatcher:
     def __init__(self, model: Any, *, slots: int, max_model_len: int, eos_token_ids: set[int],
                  cuda_graphs: bool, do_sample: bool = False, seed: int | None = None,
                  max_prefill_tokens: int = 8192) -> None:
         import torch
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self._torch = torch
-        self._rope = apply_rotary_pos_emb
-        config, inner = model.config, model.model
-        self._embed, self._layers, self._norm = inner.embed_tokens, list(inner.layers), inner.norm
-        self._rotary, self._head = inner.rotary_emb, model.lm_head
-        attention = self._layers[0].self_attn
-        self._heads, self._kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self._head_dim, self._scale = attention.head_dim, attention.scaling
-        self.device, dtype = model.device, model.dtype
-        self.slots, self.max_model_len = slots, max_model_len
-        shape = (slots, self._kv_heads, max_model_len, self._head_dim)
-        self._keys = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in self._layers]
-        self._values = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in self._layers]
-        # A decode step's inputs, where its graphs read them: each row's last token and its position.
-        self._inputs = torch.zeros(2, slots, dtype=torch.long, device=self.device)
-        self._rows = torch.arange(slots, device=self.device)
-        self._positions = torch.arange(max_model_len, device=self.device)
-        self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
-        self._pool: Any = None
-        self._cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._model = SlotModel(model, slots=slots, max_model_len=max_model_len, cuda_graphs=cuda_graphs)
+        self.device, self.slots, self.max_model_len = self._model.device, slots, max_model_len
         self._do_sample = do_sample
         self._generator = torch.Generator(device=self.device)
         if seed is not None:
@@ -148,10 +77,11 @@ class SlotBatcher:
         self._running: dict[int, SlotRequest] = {}
         self._free = list(range(slots))
         self.positions_held = 0  # read by the event loop as a gauge
+        # A step's token ids reach the host in one of two pinned buffers: the next step's copy goes
+        # to the other while this one is read.
         pinned = self.device.type == "cuda"
         self._pinned_ids = [torch.empty(slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
-        self._pinned_positions = [torch.zeros(slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
-        self._next_ids = self._next_positions = 0
+        self._next_ids = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="hf-slot-batcher", daemon=True)
 
@@ -169,10 +99,7 @@ class SlotBatcher:
             self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
-        self._graphs.clear()
-        self._pool = None
-        self._keys, self._values, self._layers = [], [], []
-        self._embed = self._norm = self._rotary = self._head = None
+        self._model.release()
 
     def add(self, request: SlotRequest) -> None:
         with self._lock:
@@ -188,16 +115,8 @@ class SlotBatcher:
         return self.positions_held / (self.slots * self.max_model_len)
 
     def capture(self) -> None:
-        """Every bucket's decode graph, before the first request (vLLM captures its graphs at
-        startup too): a bucket captured while sequences run stalls them all for its capture, and
-        a benchmark's first seconds would time captures. Call before ``start``."""
-        if not self._cuda_graphs:
-            return
-        began = time.monotonic()
-        with self._torch.inference_mode():  # the inputs are zeros: each row writes position 0 of its free slot
-            for rows, length in graph_buckets(self.slots, self.max_model_len):
-                self._graph(rows, length)
-        log.info("captured %d decode graphs in %.1f s", len(self._graphs), time.monotonic() - began)
+        """Every decode graph, before ``start`` (SlotModel.capture)."""
+        self._model.capture()
 
     # -- the batcher thread
 
@@ -289,114 +208,38 @@ class SlotBatcher:
     def _prefill(self, requests: list[SlotRequest]) -> list[tuple[Deliver, Delta]]:
         """The admitted prompts in one padded batch; their first tokens go to the host (time to first
         token) and to the decode inputs of their rows."""
-        torch = self._torch
-        count, width = len(requests), max(len(r.prompt) for r in requests)
-        ids = torch.zeros(count, width, dtype=torch.long)
-        for row, request in enumerate(requests):
-            ids[row, : len(request.prompt)] = torch.tensor(request.prompt)
-        tokens = ids.to(self.device)
-        slots = torch.tensor([r.slot for r in requests], device=self.device)
-        ends = torch.tensor([len(r.prompt) - 1 for r in requests], device=self.device)
-        hidden = self._embed(tokens)
-        cos, sin = self._rotary(hidden, self._positions[:width].expand(count, width))
-        groups = self._heads // self._kv_heads
-        for layer, keys, values in zip(self._layers, self._keys, self._values, strict=True):
-            attention = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attention.q_proj(x).view(count, width, self._heads, self._head_dim).transpose(1, 2)
-            k = attention.k_proj(x).view(count, width, self._kv_heads, self._head_dim).transpose(1, 2)
-            v = attention.v_proj(x).view(count, width, self._kv_heads, self._head_dim).transpose(1, 2)
-            q, k = self._rope(q, k, cos, sin)
-            keys[slots, :, :width] = k
-            values[slots, :, :width] = v
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=True, scale=self._scale)
-            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(count, width, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        last = hidden[torch.arange(count, device=self.device), ends]
-        first = self._pick(self._head(self._norm(last)), list(requests))
-        self._inputs[0].index_copy_(0, slots, first)
+        slots = [r.slot for r in requests]
+        logits = self._model.prefill([r.prompt for r in requests], slots)
+        first = self._pick(logits, list(requests))
+        self._model.feed(first, self._torch.tensor(slots, device=self.device))
         for request in requests:
             request.length, request.launched = len(request.prompt), 1
             self.positions_held += request.length
             self._running[request.slot] = request
         return self._advance(requests, first.cpu().tolist())
 
-    def _decode(self, rows: int, length: int) -> Any:
-        """One token's logits for each of the first ``rows`` slots, attending over ``length`` cache
-        positions: the step a graph captures. Reads its inputs from ``self._inputs``."""
-        torch = self._torch
-        tokens, positions, row_ids = self._inputs[0, :rows], self._inputs[1, :rows], self._rows[:rows]
-        hidden = self._embed(tokens)[:, None, :]
-        cos, sin = self._rotary(hidden, positions[:, None])
-        visible = (self._positions[:length][None, :] <= positions[:, None])[:, None, None, :]
-        groups = self._heads // self._kv_heads
-        for layer, keys, values in zip(self._layers, self._keys, self._values, strict=True):
-            attention = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attention.q_proj(x).view(rows, 1, self._heads, self._head_dim).transpose(1, 2)
-            k = attention.k_proj(x).view(rows, 1, self._kv_heads, self._head_dim).transpose(1, 2)
-            v = attention.v_proj(x).view(rows, 1, self._kv_heads, self._head_dim).transpose(1, 2)
-            q, k = self._rope(q, k, cos, sin)
-            keys[row_ids, :, positions] = k[:, :, 0]
-            values[row_ids, :, positions] = v[:, :, 0]
-            # Query heads h = kv * groups + g share key head kv: attend them as that head's queries.
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q.reshape(rows, self._kv_heads, groups, self._head_dim),
-                keys[:rows, :, :length], values[:rows, :, :length], attn_mask=visible, scale=self._scale)
-            hidden = hidden + attention.o_proj(out.reshape(rows, 1, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self._head(self._norm(hidden))[:, 0]
-
-    def _graph(self, rows: int, length: int) -> tuple[Any, Any]:
-        """The decode step for (rows, length) as a CUDA graph and the logits it writes, captured
-        the first time it is needed (a warm-up run first, on a side stream, as capture requires)."""
-        torch = self._torch
-        captured = self._graphs.get((rows, length))
-        if captured is None:
-            # The warm-up writes the cache rows the step itself writes, with the same values.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._decode(rows, length)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                logits = self._decode(rows, length)
-            self._pool = graph.pool()
-            captured = self._graphs[(rows, length)] = (graph, logits)
-            log.debug("captured the decode step for %d rows over %d positions", rows, length)
-        return captured
-
     def _launch(self) -> _Launched | None:
         """Queue the next decode step for every sequence that still needs a token, without waiting
-        for it. Positions come from the host (a row not in the step writes at position 0 of its own
-        slot, never read); tokens are where the step before, or the prefill, left them."""
+        for it: its tokens are where the step before, or the prefill, left them on the device."""
         requests = [r for r in self._running.values() if r.launched < r.max_new_tokens and r.length < self.max_model_len]
         if not requests:
             return None
         requests.sort(key=lambda r: r.slot)
-        rows = bucket(requests[-1].slot + 1, 1, self.slots)
-        length = bucket(max(r.length for r in requests) + 1, LENGTH_BUCKET, self.max_model_len)
-        positions = self._host_positions(rows)
-        filled = positions.numpy()  # a view: assigning through numpy costs a tenth of a tensor's
+        rows, length = self._model.step_shape(requests[-1].slot, max(r.length for r in requests))
+        positions = []
         for r in requests:
-            filled[r.slot] = r.length
+            positions.append((r.slot, r.length))
             r.length += 1
             r.launched += 1
         self.positions_held += len(requests)
-        self._inputs[1, :rows].copy_(positions, non_blocking=True)
-        if self._cuda_graphs:
-            graph, logits = self._graph(rows, length)
-            graph.replay()
-        else:
-            logits = self._decode(rows, length)
-        by_row: list[SlotRequest | None] = [None] * rows
+        logits = self._model.decode(rows, length, positions)
+        by_row: list[SlotRequest | None] = []
         if self._do_sample:
+            by_row = [None] * rows
             for r in requests:
                 by_row[r.slot] = r
         next_ids = self._pick(logits, by_row)
-        self._inputs[0, :rows].copy_(next_ids)
+        self._model.feed(next_ids)
         return _Launched(requests, self._to_host(next_ids))
 
     def _collect(self, launched: _Launched) -> list[tuple[Deliver, Delta]]:
@@ -404,18 +247,6 @@ class SlotBatcher:
         every_row = launched.tokens.result()
         live = [r for r in launched.requests if r.slot >= 0]  # not finished or cancelled meanwhile
         return self._advance(live, [every_row[r.slot] for r in live])
-
-    def _host_positions(self, rows: int) -> Any:
-        """Zeros for ``rows`` positions, filled by the caller and copied to the device without
-        waiting: on CUDA one of two pinned buffers, whose copy from two steps before has long been
-        done (the step between was collected, after its own copy)."""
-        torch = self._torch
-        if self.device.type != "cuda":
-            return torch.zeros(rows, dtype=torch.long)
-        buffer = self._pinned_positions[self._next_positions][:rows]
-        self._next_positions ^= 1
-        buffer.zero_()
-        return buffer
 
     def _to_host(self, ids: Any) -> _HostCopy:
         """A copy of ``ids`` on its way to the host: on CUDA into one of two pinned buffers (the
@@ -432,7 +263,7 @@ class SlotBatcher:
 
     def _pick(self, logits: Any, by_row: list[SlotRequest | None]) -> Any:
         """The next token of each row, on the device: greedy, or with ``do_sample`` the temperature
-        and top-p of each row's request (``by_row``; None: a row no request holds)."""
+        and top-p of each row's request (``by_row``, read only then; None: a row no request holds)."""
         torch = self._torch
         if not self._do_sample:
             return logits.argmax(-1)

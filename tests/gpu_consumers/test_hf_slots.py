@@ -1,4 +1,4 @@
-"""Slot batching in the ``hf`` engine (engines/hf_slots.py), run eagerly on the CPU with the tiny
+"""Slot batching in the ``hf`` engine (engines/hf_slots.py, hf_slot_model.py), run eagerly on the CPU with the tiny
 random Llama: the same attention, cache and scheduling code the CUDA graphs capture (graphs
 themselves need a GPU: `python -m bench gpu` checks them against plain ``generate`` there).
 Float32 on the CPU, so its tokens must equal transformers' own greedy decoding exactly. The tiny
@@ -14,7 +14,7 @@ import pytest
 
 from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings, uses_slots
-from tokenbus.gpu_consumers.engines.hf_slots import LENGTH_BUCKET, bucket, graph_buckets, unsupported
+from tokenbus.gpu_consumers.engines.hf_slot_model import LENGTH_BUCKET, bucket, graph_buckets, unsupported
 from tokenbus.schemas import ChatMessage
 
 
@@ -155,7 +155,7 @@ async def test_a_closed_engine_lets_go_of_its_model_and_cache(sharp_model):
 
     engine = await started(sharp_model)
     await ids_and_finish(engine, request(1, "hi", max_tokens=4))
-    model, cache = weakref.ref(engine.model), weakref.ref(engine._slots._keys[0])
+    model, cache = weakref.ref(engine.model), weakref.ref(engine._slots._model._keys[0])
     await engine.close()
     gc.collect()
     assert (model(), cache()) == (None, None)
