@@ -202,14 +202,17 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
     return rows
 
 
-async def served_ids(engine: Any, count: int, tokens: int) -> list[list[int]]:
-    """The first ``tokens`` token ids the engine gives each of ``count`` prompts, run at once."""
+def agreement_inputs(count: int, tokens: int) -> list[Any]:
     from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 
-    inputs = [GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
-              for i, p in enumerate(prompts(count))]
+    return [GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
+            for i, p in enumerate(prompts(count))]
 
-    async def ids_of(inp: GenerationInput) -> list[int]:
+
+async def served_ids(engine: Any, inputs: list[Any]) -> list[list[int]]:
+    """The token ids the engine gives each input, all run at once."""
+
+    async def ids_of(inp: Any) -> list[int]:
         return [t async for out in engine.generate(inp) for t in out.token_ids_diff]
 
     return list(await asyncio.gather(*(ids_of(inp) for inp in inputs)))
@@ -227,15 +230,13 @@ async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) ->
     against the same steps run eagerly (``TOKENBUS_HF_CUDA_GRAPHS=false``): the same ids."""
     import torch
 
-    from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
-
+    inputs = agreement_inputs(count, tokens)
     engine = hf_engine(model_dir, count, dtype="float32")
     await engine.start()
     try:
-        served = await served_ids(engine, count, tokens)
+        served = await served_ids(engine, inputs)
         common = []
-        for i, (p, ids) in enumerate(zip(prompts(count), served, strict=True)):
-            inp = GenerationInput(f"agree-{i}", (ChatMessage("user", p.text),), SamplingParams(max_tokens=tokens))
+        for inp, ids in zip(inputs, served, strict=True):
             prompt = torch.tensor([engine.prompt_ids(inp)], device=engine.model.device)
             plain = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
                                           min_new_tokens=tokens, do_sample=False)[0, prompt.shape[1]:].tolist()
@@ -247,7 +248,7 @@ async def greedy_agreement(model_dir: Path, count: int = 8, tokens: int = 32) ->
         engine = hf_engine(model_dir, count, cuda_graphs=graphs)
         await engine.start()
         try:
-            by_graphs[graphs] = await served_ids(engine, count, tokens)
+            by_graphs[graphs] = await served_ids(engine, inputs)
         finally:
             await engine.close()
     graphs_eager = [common_leading(a, b) for a, b in zip(by_graphs[True], by_graphs[False], strict=True)]
