@@ -18,7 +18,12 @@ holds the engine back: a late step makes up one step at most. The consumer is me
 the engine making up every step it missed (``catch_up_all``), as an engine that generates apart
 from the loop does (TensorRT-LLM's executor, the hf engine's thread): there a consumer that falls
 behind finds several steps waiting and sends them as one event, so the second row says what a
-busy consumer costs such an engine's streams in tokens per event rather than in tokens/s."""
+busy consumer costs such an engine's streams in tokens per event rather than in tokens/s.
+
+The simulated engine pushes each step to the worker where it makes it, as the hf engine does
+(``each_step``: no task wakes per token). TensorRT-LLM's LLM API gives a per-request iterator
+instead, read by a task per request: the third row runs the engine apart that way
+(``push_steps`` off), for what a consumer keeps up with behind TensorRT-LLM."""
 
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from tokenbus.topics.event_loops import loop_factory
 
 REPLY_PARTITION = 3
 ENGINE_APART_REPLY_PARTITION = 4  # the second run's, so that each reads back only its own tokens
+READ_PER_REQUEST_REPLY_PARTITION = 5  # the third's
 # (max_num_seqs, requests, output tokens): a real model on a CPU gets a smaller run.
 SIZES = {"simulated": (64, 512, 64), "hf": (16, 64, 32)}
 
@@ -188,18 +194,23 @@ def run() -> dict[str, Any]:
             alone = runner.run(engine_alone())
         with asyncio.Runner(loop_factory=loop_factory(WorkerSettings().loop)) as runner:
             consumer = runner.run(through_consumer(stack.bus_settings()))
-        apart = None
+        apart = read = None
         if engine_name() == "simulated":  # the hf engine generates in a thread of its own already
             with asyncio.Runner(loop_factory=loop_factory(WorkerSettings().loop)) as runner:
                 apart = runner.run(through_consumer(stack.bus_settings(), SIM.model_copy(update={"catch_up_all": True}),
                                                         ENGINE_APART_REPLY_PARTITION))
+            with asyncio.Runner(loop_factory=loop_factory(WorkerSettings().loop)) as runner:
+                read = runner.run(through_consumer(
+                    stack.bus_settings(), SIM.model_copy(update={"catch_up_all": True, "push_steps": False}),
+                    READ_PER_REQUEST_REPLY_PARTITION))
     result = {"scenario": "consumer_throughput", "engine": engine_name(),
               "engine_settings": SIM.model_dump() if engine_name() == "simulated" else {},
               "max_num_seqs": MAX_NUM_SEQS, "requests": REQUESTS, "output_tokens": OUTPUT_TOKENS,
               "output_range_ratio": RANGE_RATIO,
               "engine_alone": alone, "through_consumer": consumer, "ratio": ratio(consumer, alone)}
     if apart is not None:
-        result.update(through_consumer_engine_apart=apart, ratio_engine_apart=ratio(apart, alone))
+        result.update(through_consumer_engine_apart=apart, ratio_engine_apart=ratio(apart, alone),
+                      through_consumer_read_per_request=read, ratio_read_per_request=ratio(read, alone))
     return result
 
 
@@ -209,6 +220,7 @@ def ratio(delivered: dict[str, float], alone: dict[str, float]) -> float:
 
 def table(result: dict[str, Any]) -> str:
     a, c, apart = result["engine_alone"], result["through_consumer"], result.get("through_consumer_engine_apart")
+    read = result.get("through_consumer_read_per_request")
     ratio_ = result.get("output_range_ratio", 0)
     spread = f" (each within {ratio_:.0%} of it either side)" if ratio_ else ""
 
@@ -226,8 +238,12 @@ def table(result: dict[str, Any]) -> str:
     ]
     if apart is not None:
         lines.append(row("the same, the engine making up every step the loop held it back from", apart))
+    if read is not None:
+        lines.append(row("the same, each request's steps read by its own task (as from TensorRT-LLM)", read))
     lines += ["", f"consumer / engine: **{result['ratio']:.3f}**"]
     if apart is not None:
         lines.append(f"(with the engine generating apart from the consumer's loop: {result['ratio_engine_apart']:.3f})")
+    if read is not None:
+        lines.append(f"(the same, each request's steps read by its own task: {result['ratio_read_per_request']:.3f})")
     lines += ["", f"reply-log records the backlog's lookups read: {c.get('token_log_records_read', 'not counted')}"]
     return "\n".join(lines)

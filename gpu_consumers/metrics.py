@@ -46,8 +46,7 @@ class WorkerMetrics:
         self._taken_over = counter("tokenbus:requests_taken_over", "Requests continued from another worker's tokens.")
         self._finished = Counter("tokenbus:request_success", "Requests finished, by finish reason.",
                                  LABELS + ["finished_reason"], registry=r)
-        for reason in ("stop", "length"):
-            self._finished.labels(model, reason)
+        self._finished_by_reason = {reason: self._finished.labels(model, reason) for reason in ("stop", "length")}
 
     def queued(self, seconds: float) -> None:
         self._queue_time.observe(max(seconds, 0.0))
@@ -62,7 +61,10 @@ class WorkerMetrics:
         self._generated.value += count
 
     def finished(self, reason: str) -> None:
-        self._finished.labels(self.model, reason).inc()
+        series = self._finished_by_reason.get(reason)
+        if series is None:
+            series = self._finished_by_reason[reason] = self._finished.labels(self.model, reason)
+        series.inc()
 
     def aborted(self) -> None:
         self._aborted.inc()

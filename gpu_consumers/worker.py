@@ -24,7 +24,7 @@ from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_CONTENT_FILTER,
     Engine,
-    StepOutput,
+    each_step,
 )
 from tokenbus.gpu_consumers.intake import RequestIntake
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
@@ -34,12 +34,12 @@ from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
 from tokenbus.gpu_consumers.sequence import RunningSequence
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
+from tokenbus.gpu_consumers.step_publisher import StepPass, StepPublisher
 from tokenbus.gpu_consumers.token_log import Published, TokenLog
 from tokenbus.schemas import AvroCodec, ChatRequest, CompletionBuilder
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
-    FetchPacer,
     RecordSender,
     TopicCatalog,
     acknowledged,
@@ -93,6 +93,7 @@ class GpuWorker:
         self._sender: RecordSender | None = None
         self._batches: BatchingPublisher | None = None
         self._prefix_reports: PrefixReports | None = None
+        self._step_pass = StepPass()
         self._stopping = asyncio.Event()
         self._serving_again: dict[str, tuple[asyncio.TimerHandle, Pending]] = {}
         self.intake = RequestIntake(settings, self.codec, self.scheduler, self.offsets, self.token_log,
@@ -340,49 +341,21 @@ class GpuWorker:
     async def _generate(self, running: RunningSequence, published: Published) -> list[asyncio.Future]:
         """Run the engine and publish each step; returns the deliveries still to be acknowledged."""
         request = running.pending.request
-        turn = CompletionBuilder(published.events)  # not the events: a turn holds hundreds
-        deliveries: list[asyncio.Future] = []
-        last_sent: float | None = None
-        interval = self.settings.stream_interval_ms / 1000
-        held: StepOutput | None = None  # steps read within the stream interval, not published yet
         assert self._batches is not None
-        publish, metrics = self._batches.publish, self.metrics  # looked up once: this loop runs per token
-        topic, partition, key = request.reply_topic, request.reply_partition, request.request_id
-        steps = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
-                           running.admitted_at_ms)
+        events = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
+                            running.admitted_at_ms)
+        steps = StepPublisher(running, published, events, self._batches, self.metrics, self._step_pass,
+                              self.settings.stream_interval_ms / 1000, lambda: len(self._running))
         await running.prepare(self.engine, published)  # the prompt tokenized in a thread, for one
         outputs = running.outputs(self.engine, published)
         if self._prefix_reports is not None and running.stream is not None:  # the engine has the prompt
             self._prefix_reports.admitted(request)
         try:
-            async for out in outputs:
-                if out.finish_reason == FINISH_CANCELLED:
-                    out = dataclasses.replace(out, finish_reason=running.stop_reason)
-                if held is not None:
-                    out, held = held.followed_by(out), None
-                if interval and last_sent is not None and not out.finished and time.time() - last_sent < interval:
-                    held = out
-                    continue
-                event = steps.event(turn.count, out)
-                # The first event this worker publishes for the request is what its client waits
-                # for: handed to the edge as soon as it is acknowledged (topics/doorbell.py), while
-                # few run (under load fetches return records at once, and a hand-over only adds work).
-                delivery = publish(topic, partition, key, event,
-                                   not deliveries and len(self._running) <= FetchPacer.LIGHT_IN_FLIGHT)
-                if not deliveries or deliveries[-1] is not delivery:  # steps read in one pass share one
-                    deliveries.append(delivery)
-                turn.add(event)
-                sent = time.time()
-                if out.token_ids_diff:
-                    metrics.tokens(len(out.token_ids_diff))
-                    if last_sent is None and not published.events:
-                        metrics.first_token(sent - request.created_at_ms / 1000)
-                        tracing.event("first token")
-                    elif last_sent is not None:
-                        metrics.token_gap(sent - last_sent)
-                    last_sent = sent
+            await each_step(outputs, steps)
         finally:
             running.stop()
+        steps.finish()
+        turn, deliveries = steps.turn, steps.deliveries
         final = turn.last
         assert final is not None  # an engine's stream ends with a final step
         if final.finish_reason in CANCELLED_REASONS:
@@ -403,7 +376,14 @@ class GpuWorker:
     async def _publish_completion(self, request: ChatRequest, turn: CompletionBuilder) -> asyncio.Future:
         completion = turn.build(request, self.settings.worker_id)
         self.metrics.finished(completion.finish_reason)
-        assert self._sender is not None
+        assert self._sender is not None and self._batches is not None
+        # With the token events of the pass: when a wave of sequences ends in one step, its
+        # completions go out as one batch a partition. Where the sender is needed (the producer
+        # has no metadata for the topic yet), it fetches it.
+        batched = self._batches.publish_keyed(self.catalog.completions, request.request_id, completion,
+                                              tracing.record_headers())
+        if batched is not None:
+            return batched
         queued = asyncio.ensure_future(self._sender.send(self.catalog.completions, completion, request.request_id))
         try:
             return await asyncio.shield(queued)

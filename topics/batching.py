@@ -18,12 +18,14 @@ from collections import defaultdict
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 
 from tokenbus.schemas import AvroCodec, Record
 
 log = logging.getLogger(__name__)
 
-_Record = tuple[bytes | None, bytes]
+Headers = list[tuple[str, bytes]]
+_Record = tuple[bytes | None, bytes, Headers | None]
 
 
 class _Pass:
@@ -68,8 +70,10 @@ class BatchingPublisher:
         self._senders: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._settling: set[asyncio.Task[None]] = set()
         self._hand_over = getattr(producer, "hand_over", None)  # the embedded producer's express lane
+        self._partitioner = DefaultPartitioner()  # the producer's own: make_producer sets none
 
-    def publish(self, topic: str, partition: int, key: str, record: Record, hand_over: bool = False) -> asyncio.Future[None]:
+    def publish(self, topic: str, partition: int, key: str, record: Record, hand_over: bool = False,
+                headers: Headers | None = None) -> asyncio.Future[None]:
         """Queue one record; the future resolves once it is acknowledged. Records published to one
         partition in one pass share their future (one per record cost as much as the encoding), so
         a task that may be cancelled awaits it through ``asyncio.shield``: cancelling a task
@@ -82,8 +86,21 @@ class BatchingPublisher:
             pending = self._pending[(topic, partition)] = _Pass(loop)
         if hand_over and self._hand_over is not None:
             pending.handed_over.append(len(pending.records))
-        pending.records.append((key.encode(), self._codec.encode(record)))
+        pending.records.append((key.encode(), self._codec.encode(record), headers or None))
         return pending.delivered
+
+    def publish_keyed(self, topic: str, key: str, record: Record, headers: Headers | None = None,
+                      ) -> asyncio.Future[None] | None:
+        """``publish`` to the partition the producer's ``send`` would choose (Kafka's default
+        partitioner on ``key``); None while the producer knows no partitions of ``topic``: ``send``
+        it then, which fetches them. A record per request (a completion) costs a few microseconds
+        here against ~60 through ``send`` and a task to wait for it."""
+        cluster = self._producer.client.cluster
+        partitions = cluster.partitions_for_topic(topic)
+        if not partitions:
+            return None
+        partition = self._partitioner(key.encode(), list(partitions), list(cluster.available_partitions_for_topic(topic)))
+        return self.publish(topic, partition, key, record, headers=headers)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}
@@ -114,13 +131,13 @@ class BatchingPublisher:
                       ) -> tuple[list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]], Exception | None]:
         """The passes' records in order as Kafka batches: each batch's records (their pass and place
         in it) and its delivery; and the error that stopped it, if one did."""
-        records = [(batch, index, key, value) for batch in passes for index, (key, value) in enumerate(batch.records)]
+        records = [(batch, index, *record) for batch in passes for index, record in enumerate(batch.records)]
         submitted: list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]] = []
         while records:
             kafka_batch = self._producer.create_batch()
             taken = 0
-            for _, _, key, value in records:
-                if kafka_batch.append(key=key, value=value, timestamp=None) is None:
+            for _, _, key, value, headers in records:
+                if kafka_batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     break
                 taken += 1
             if taken == 0:
@@ -129,7 +146,7 @@ class BatchingPublisher:
                 delivery = await self._producer.send_batch(kafka_batch, topic, partition=partition)
             except Exception as exc:
                 return submitted, exc
-            submitted.append(([(batch, index) for batch, index, _, _ in records[:taken]], delivery))
+            submitted.append(([(batch, index) for batch, index, *_ in records[:taken]], delivery))
             records = records[taken:]
         return submitted, None
 

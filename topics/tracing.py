@@ -28,8 +28,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["Context", "Span", "SpanKind", "configure", "current", "end", "enabled", "event", "flush", "from_http",
-           "from_record", "record_headers", "span", "start"]
+__all__ = ["Context", "Span", "SpanKind", "configure", "current", "current_span", "end", "enabled", "event", "flush",
+           "from_http", "from_record", "record_headers", "span", "start"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _FIELDS = frozenset(_PROPAGATOR.fields)  # traceparent, tracestate
@@ -94,10 +94,16 @@ def record_headers() -> list[tuple[str, bytes]]:
     return [(name, value.encode("latin-1")) for name, value in carrier.items()]
 
 
-def event(name: str) -> None:
-    """Mark a moment (the first token) on the current span."""
+def current_span() -> Span | None:
+    """The span current here (None where tracing is off), for marking moments on it from code
+    that runs elsewhere: a step an engine pushes is published outside its request's task."""
+    return trace.get_current_span() if _tracer is not None else None
+
+
+def event(name: str, span: Span | None = None) -> None:
+    """Mark a moment (the first token) on ``span``, or on the current span."""
     if _tracer is not None:
-        trace.get_current_span().add_event(name)
+        (span or trace.get_current_span()).add_event(name)
 
 
 def start(name: str, parent: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,

@@ -16,6 +16,8 @@ from tokenbus.gpu_consumers.engines.base import (
     PromptLayout,
     SamplingParams,
     StepOutput,
+    StepSink,
+    each_step,
 )
 from tokenbus.gpu_consumers.engines.simulated import SimulatedEngine, SimulatedEngineSettings
 
@@ -55,5 +57,7 @@ __all__ = [
     "SimulatedEngine",
     "SimulatedEngineSettings",
     "StepOutput",
+    "StepSink",
+    "each_step",
     "load_engine",
 ]

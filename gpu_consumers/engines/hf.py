@@ -44,6 +44,7 @@ from tokenbus.gpu_consumers.engines.base import (
     GenerationInput,
     PromptLayout,
     StepOutput,
+    StepSink,
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
@@ -228,8 +229,11 @@ class HfPrefixCache:
 class _HfSequence:
     """One request's stream. The generating thread's outputs reach the event loop as deltas
     (``on_delta``, or ``on_result`` for the manager's cumulative outputs); they become steps only as
-    the stream is read, so an abort ends the stream at its next read however far generation has
-    run ahead, and a final's count of completion tokens is always what the stream gave out."""
+    the stream is read (or pushed on, ``push_to``), so an abort ends the stream at its next read
+    however far generation has run ahead, and a final's count of completion tokens is always what
+    the stream gave out."""
+
+    pushes = True  # offers push_to to each_step
 
     def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int]) -> None:
         self._engine = engine
@@ -301,6 +305,19 @@ class _HfSequence:
         if delta.finish is not None:
             return self._final(delta.finish, text + self._stops.flush(), new_ids)
         return StepOutput(text, new_ids, self.prompt_tokens, self.completion_tokens, cached_tokens=self.cached_tokens)
+
+    def push_to(self, sink: StepSink) -> asyncio.Future[None]:
+        """Each delta to ``sink`` as a step where it reaches the event loop (``each_step``); an
+        ending decided here (an abort) is the final step at once."""
+        def take(delta: Delta | None) -> bool:
+            if self._ending:
+                out = self._final(self._ending, self._ending_text)
+            else:
+                assert delta is not None  # only end() puts None, and it sets _ending first
+                out = self._step(delta)
+            sink(out)
+            return out.finished
+        return self._deltas.forward(take)
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
         while not self.finished:

@@ -43,6 +43,7 @@ from tokenbus.gpu_consumers.engines.base import (
     GenerationInput,
     PromptLayout,
     StepOutput,
+    StepSink,
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
@@ -85,6 +86,10 @@ class SimulatedEngineSettings(BaseSettings):
     # (TensorRT-LLM's executor, the hf engine's thread): the tokens wait for their reader, which
     # takes them as one step.
     catch_up_all: bool = False
+    # Steps handed to a reader that takes them as they are made (``each_step``), as the hf engine
+    # does; false: each request's steps read by its own task, as the trtllm adapter reads the LLM
+    # API's per-request iterator.
+    push_steps: bool = True
 
 
 MAX_CALLS = 3
@@ -213,6 +218,7 @@ class _Sequence:
     prompt_tokens: int
     cached_tokens: int = 0
     markup: str = ""  # a tool-calling turn's text, generated MARKUP_TOKEN_CHARS a token
+    pushes: bool = True  # offers push_to to each_step
     outputs: Mailbox[StepOutput] = field(default_factory=Mailbox)
     generated: int = 0
     aborted: bool = False
@@ -245,6 +251,13 @@ class _Sequence:
             yield out
             if out.finished:
                 return
+
+    def push_to(self, sink: StepSink) -> asyncio.Future[None]:
+        """Each step to ``sink`` as the step loop makes it (``each_step``); an abort ends it at the next step."""
+        def take(out: StepOutput) -> bool:
+            sink(out)
+            return out.finished
+        return self.outputs.forward(take)
 
     def _emit(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> None:
         self.finished = reason is not None
@@ -344,6 +357,7 @@ class SimulatedEngine:
             prompt_tokens=len(prompt_ids),
             cached_tokens=cached,
             markup=tool_markup(inp, seed_material),
+            pushes=s.push_steps,
         )
         self._running.append(sequence)
         self._wakeup.set()

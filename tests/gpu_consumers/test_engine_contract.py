@@ -22,6 +22,7 @@ from tokenbus.gpu_consumers.engines import (
     SamplingParams,
     SimulatedEngine,
     SimulatedEngineSettings,
+    each_step,
 )
 from tokenbus.schemas import ChatMessage, ToolCall, ToolSpec
 
@@ -197,6 +198,61 @@ async def test_a_reader_that_fell_behind_gets_the_steps_that_waited_as_one(engin
     assert [t for o in outs for t in o.token_ids_diff] == [t for o in full for t in o.token_ids_diff]
     assert text_of(outs) == text_of(full)
     assert (outs[-1].completion_tokens, outs[-1].finish_reason) == (full[-1].completion_tokens, full[-1].finish_reason)
+
+
+async def pushed(engine, inp: GenerationInput, sink=None):
+    """The steps ``each_step`` hands over (pushed by the engine where its stream can push)."""
+    outs = []
+    stream = engine.generate(inp)
+    await asyncio.wait_for(each_step(stream, sink(stream, outs) if sink else outs.append), 60)
+    return outs
+
+
+async def test_steps_handed_over_through_each_step_are_the_steps_read(engine):
+    """The worker takes an engine's steps through ``each_step``: pushed where the engine's stream
+    can (no task woken per token), read otherwise; the same tokens, text and final either way."""
+    read = await collect(engine, request(11, "tell me a story", max_tokens=16))
+    handed = await pushed(engine, request(11, "tell me a story", max_tokens=16))
+    assert [t for o in handed for t in o.token_ids_diff] == [t for o in read for t in o.token_ids_diff]
+    assert text_of(handed) == text_of(read)
+    assert (handed[-1].completion_tokens, handed[-1].finish_reason) == (read[-1].completion_tokens, read[-1].finish_reason)
+    assert all(o.finish_reason is None for o in handed[:-1])
+
+
+async def test_an_abort_from_the_sink_ends_the_handed_over_steps_with_a_cancel(engine):
+    def sink(stream, outs):
+        def take(out):
+            outs.append(out)
+            if len(outs) == 2:
+                stream.abort()
+        return take
+
+    outs = await pushed(engine, request(12, max_tokens=400), sink)
+    assert outs[-1].finish_reason == FINISH_CANCELLED
+    assert len(outs) <= 4  # two before the abort, at most one step in flight, then the final
+    assert outs[-1].completion_tokens == sum(len(o.token_ids_diff) for o in outs)
+
+
+async def test_a_sink_that_raises_fails_its_own_stream_only(engine):
+    """A step the worker cannot publish fails that request; the engine goes on serving the rest."""
+    def failing(stream, outs):
+        def take(out):
+            outs.append(out)
+            if len(outs) == 2:
+                raise ValueError("this request's step would not publish")
+        return take
+
+    failed = engine.generate(request(13, "first", max_tokens=30))
+    outs: list = []
+    healthy = asyncio.ensure_future(pushed(engine, request(14, "second", max_tokens=12)))
+    with pytest.raises(ValueError, match="would not publish"):
+        await asyncio.wait_for(each_step(failed, failing(failed, outs)), 60)
+    failed.abort()  # as the worker stops a stream it leaves
+    assert len(outs) == 2
+    served = await asyncio.wait_for(healthy, 60)
+    assert served[-1].finish_reason in {FINISH_STOP, FINISH_LENGTH}
+    after = await collect(engine, request(15, "third", max_tokens=5))
+    assert after[-1].finish_reason in {FINISH_STOP, FINISH_LENGTH}
 
 
 async def test_continuing_after_a_prefix_equals_the_uninterrupted_output(engine):

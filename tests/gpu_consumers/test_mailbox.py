@@ -52,3 +52,53 @@ def test_what_waits_can_be_looked_at_and_taken_without_waiting():
     assert box.first() == 1 and len(box) == 2
     assert [box.take(), box.take()] == [1, 2]
     assert len(box) == 0
+
+
+async def test_forwarding_hands_on_what_waits_then_each_put_until_the_last():
+    box: Mailbox[int] = Mailbox()
+    box.put(1)
+    taken: list[int] = []
+
+    def take(item: int) -> bool:
+        taken.append(item)
+        return item == 3
+
+    done = box.forward(take)
+    assert taken == [1] and not done.done() and len(box) == 0
+    box.put(2)
+    assert taken == [1, 2]  # at the put, no task in between
+    box.put(3)
+    await asyncio.wait_for(done, 5)
+    box.put(4)  # after the last: dropped
+    assert taken == [1, 2, 3] and len(box) == 0
+
+
+async def test_a_forward_that_raises_fails_its_future_and_takes_nothing_more():
+    box: Mailbox[int] = Mailbox()
+    taken: list[int] = []
+
+    def take(item: int) -> bool:
+        taken.append(item)
+        if item == 2:
+            raise ValueError("the reader's own problem")
+        return False
+
+    done = box.forward(take)
+    for item in (1, 2, 3):
+        box.put(item)  # the putter (an engine's step loop) never sees the reader's error
+    with pytest.raises(ValueError, match="reader's own problem"):
+        await done
+    assert taken == [1, 2]
+
+
+async def test_a_cancelled_forward_drops_what_comes_after_and_one_reader_holds():
+    box: Mailbox[int] = Mailbox()
+    taken: list[int] = []
+    done = box.forward(lambda item: taken.append(item) or False)
+    with pytest.raises(RuntimeError, match="one reader"):
+        await box.get()
+    with pytest.raises(RuntimeError, match="one reader"):
+        box.forward(lambda item: False)
+    done.cancel()  # its reader's task was cancelled
+    box.put(1)
+    assert taken == [] and len(box) == 0

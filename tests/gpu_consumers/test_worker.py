@@ -1,12 +1,14 @@
 """The worker in-process against the real broker, with the simulated engine."""
 
 import asyncio
+import time
 
 import pytest
 from aiokafka.errors import UnknownError
+from aiokafka.partitioner import murmur2
 
 from tests.conftest import MODEL
-from tests.gpu_consumers.helpers import read_all, read_written, running_worker
+from tests.gpu_consumers.helpers import read_all, read_written, reading_from_the_beginning, running_worker
 from tests.waiting import wait_for
 from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngine, SimulatedEngineSettings
 from tokenbus.gpu_consumers.engines.simulated import count_prompt_tokens
@@ -79,6 +81,48 @@ async def test_a_stream_interval_sends_fewer_events_with_every_token(bus):
     assert [t for e in coarse for t in e.token_ids] == [t for e in every_step for t in e.token_ids]
     assert "".join(e.text for e in coarse) == "".join(e.text for e in every_step)
     assert coarse[-1].finish_reason == every_step[-1].finish_reason and coarse[-1].completion_tokens == 40
+
+
+async def test_completions_go_to_the_partition_kafka_gives_their_request_id(bus):
+    """A completion leaves with the token events of its pass (a wave's completions as one batch a
+    partition), the worker choosing its partition: it must be the one a Kafka producer would, by
+    the documented default (murmur2 of the key, made positive, modulo the partition count)."""
+    catalog = TopicCatalog(bus)
+    async with (running_worker(bus, worker_id="w-keyed", min_tokens=3, max_tokens=3) as worker,
+                TokenbusClient(bus, idle_timeout=20) as client):
+        requests = [client.new_request(MODEL, [ChatMessage("user", f"keyed {i}")]) for i in range(16)]
+
+        async def drain(request):
+            return [r async for r in client.stream(request)]
+
+        await asyncio.gather(*(drain(r) for r in requests))
+        await wait_for(lambda: worker.completed >= len(requests), 30, "every completion acknowledged")
+    ours = {r.request_id for r in requests}
+    records = await read_all(bus, catalog.completions,
+                             until=lambda rs: ours <= {codec.decode(r.value, Completion).request_id for r in rs})
+    async with reading_from_the_beginning(bus, catalog.completions) as consumer:
+        partitions = len(consumer.assignment())
+    placed = {r.key.decode(): r.partition for r in records if r.key.decode() in ours}
+    assert set(placed) == ours and partitions > 1
+    assert placed == {key: (murmur2(key.encode()) & 0x7FFFFFFF) % partitions for key in ours}
+    assert len(set(placed.values())) > 1
+
+
+async def test_steps_made_while_the_loop_was_busy_go_out_as_one_event(bus):
+    """An engine that generates apart from the event loop finds the worker busy at times: the
+    steps it handed over meanwhile go out as one event (fewer to encode and relay just when the
+    worker has to catch up), with every token in order."""
+    async with (running_worker(bus, worker_id="w-busy", min_tokens=40, max_tokens=40, tokens_per_s=400,
+                               catch_up_all=True),
+                TokenbusClient(bus, idle_timeout=20) as client):
+        events = []
+        async for reply in client.stream(client.new_request(MODEL, [ChatMessage("user", "a busy loop")])):
+            events.append(reply.event)
+            if len(events) == 1:
+                time.sleep(0.05)  # the loop held: ~20 steps made, then handed over back to back
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert sum(len(e.token_ids) for e in events) == 40 == events[-1].completion_tokens
+    assert max(len(e.token_ids) for e in events) >= 5 and len(events) < 40
 
 
 async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(each_bus):
