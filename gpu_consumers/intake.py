@@ -159,8 +159,7 @@ class RequestIntake:
             fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
         maybe_seen = record.offset < fresh_from
         # Look up now, not at admission: the lookups of one fetch then share one scan of the log.
-        published = (asyncio.ensure_future(self._token_log.published(request, self._assigned_at.get(tp)))
-                     if maybe_seen else None)
+        published = self._token_log.lookup(request, self._assigned_at.get(tp)) if maybe_seen else None
         self._scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
                   record.offset, maybe_seen)

@@ -134,9 +134,14 @@ class TokenLog:
     async def published(self, request: ChatRequest, written_before: float | None = None) -> Published:
         """What the log holds of ``request``'s events. ``written_before`` (``time.monotonic()``): when
         every event wanted had been written by, if known (None: they may have been written until now)."""
+        return await self.lookup(request, written_before)
+
+    def lookup(self, request: ChatRequest, written_before: float | None = None) -> asyncio.Future[Published]:
+        """``published`` as a future, with no task of its own: a backlog's requests are looked up as
+        they are fetched, hundreds at once. Cancelling it withdraws the lookup."""
         future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
-        await self._lookups.put((request, written_before, future))
-        return await future
+        self._lookups.put_nowait((request, written_before, future))
+        return future
 
     async def _serve_lookups(self) -> None:
         while True:

@@ -320,7 +320,7 @@ class GpuWorker:
         self._serving_again.pop(pending.request.request_id, None)
         if self._stopping.is_set():
             return
-        pending.published = asyncio.ensure_future(self.token_log.published(pending.request))
+        pending.published = self.token_log.lookup(pending.request)
         self.scheduler.add(pending)
         self._admit_waiting()
 
