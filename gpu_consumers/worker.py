@@ -362,9 +362,9 @@ class GpuWorker:
             self.metrics.aborted()
         if final.prompt_tokens:
             self.metrics.prompt(final.prompt_tokens, final.cached_tokens or 0)
-        # The next request need not wait for the completion to be queued: a burst of completions
-        # fills the producer's batches, and each waits for the one before it to go out. A release
-        # waits for it meanwhile (``_finishing``).
+        # The next request need not wait for the completion to be queued: one sent through the
+        # producer's ``send`` (the first, before the producer knows the topic) may wait for a
+        # metadata round trip or a full batch. A release waits for it meanwhile (``_finishing``).
         self._finishing[request.request_id] = running
         self._release_slot(running)
         try:

@@ -218,9 +218,9 @@ async def test_a_worker_stopped_before_a_turns_completion_is_queued_still_writes
 
 async def test_the_next_request_runs_while_a_finished_turns_completion_waits_to_be_queued(bus, held_completions):
     """The engine's slot goes to the next request once a turn's final event is out, not once its
-    completion is queued (a burst of completions fills the producer's batches, and each then waits
-    for the one before it to go out): with one slot and the first completion held, the second
-    request still streams to its end."""
+    completion is queued (one sent through the producer's ``send``, before the producer knows the
+    completions topic, waits for a metadata round trip): with one slot and the first completion
+    held, the second request still streams to its end."""
     async with running_worker(bus, max_num_seqs=1, min_tokens=3, max_tokens=3) as worker, \
             TokenbusClient(bus, idle_timeout=20) as client:
         first, second = (client.new_request(MODEL, [ChatMessage("user", text)]) for text in ("first", "second"))
