@@ -119,8 +119,11 @@ async def through_consumer(bus: BusSettings, sim: SimulatedEngineSettings = SIM,
     delivered = await delivered_tokens(bus, reply_partition)
     # Every request of the backlog may have been served before the worker started: it is looked
     # up in the reply log first (gpu_consumers/token_log.py), which the worker writes meanwhile.
+    # From admission to the first token: the engine's time to first token plus the consumer's own
+    # part of a turnover (a wave's finals, completions, admissions), which its tail shows.
+    ttft = delivered.latencies(set(delivered.admitted_ms))["ttft_ms"]
     return {**delivered.figures(), "cpu_us_per_token": round(cpu / max(delivered.tokens, 1) * 1e6, 2),
-            "token_log_records_read": worker.token_log.records_scanned}
+            "ttft_from_admission_ms": ttft, "token_log_records_read": worker.token_log.records_scanned}
 
 
 class Delivered(NamedTuple):
@@ -225,14 +228,17 @@ def table(result: dict[str, Any]) -> str:
     spread = f" (each within {ratio_:.0%} of it either side)" if ratio_ else ""
 
     def row(path: str, r: dict[str, Any]) -> str:
+        ttft = r.get("ttft_from_admission_ms")
+        ttft_cell = f"{ttft['median']:.0f} / {ttft['p99']:.0f}" if ttft else "-"
         return (f"| {path} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r.get('tokens_per_event', '-')} "
-                f"| {r['cpu_us_per_token']} µs |")
+                f"| {r['cpu_us_per_token']} µs | {ttft_cell} |")
 
     lines = [
         f"engine `{result['engine']}`, {result['requests']} requests x {result['output_tokens']} tokens"
         f"{spread}, max_num_seqs {result['max_num_seqs']}", "",
-        "| path | tokens | seconds | tokens/s | tokens per token event | process CPU per token |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| path | tokens | seconds | tokens/s | tokens per token event | process CPU per token "
+        "| first token after admission p50 / p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         row("engine alone", a),
         row("through the consumer, delivered to Kafka", c),
     ]

@@ -17,3 +17,19 @@ def test_latencies_split_queue_time_from_time_to_first_token_and_inter_token_gap
     assert figures["queue_ms"] == pytest.approx({"median": 50.0, "p99": 99.0})  # 0 and 100 ms
     assert figures["ttft_ms"] == pytest.approx({"median": 15.0, "p99": 19.9})  # 10 and 20 ms
     assert figures["itl_ms"] == pytest.approx({"median": 4.0, "p99": 9.88})  # gaps of 3, 4 and 10 ms
+
+
+def test_the_table_shows_each_consumer_runs_first_token_after_admission():
+    """The turnover a consumer adds shows as the tail of first tokens after admission (the engine
+    alone has no admission: a dash)."""
+    from bench.consumer_throughput import table
+
+    row = {"tokens": 10, "seconds": 1.0, "tokens_per_s": 10.0, "tokens_per_event": 1.0, "cpu_us_per_token": 5.0}
+    result = {"engine": "simulated", "requests": 2, "output_tokens": 5, "max_num_seqs": 2, "output_range_ratio": 0,
+              "engine_alone": row, "ratio": 1.0,
+              "through_consumer": {**row, "ttft_from_admission_ms": {"median": 12.4, "p99": 40.0}}}
+    lines = table(result).splitlines()
+    alone = next(line for line in lines if line.startswith("| engine alone"))
+    through = next(line for line in lines if line.startswith("| through the consumer"))
+    assert alone.endswith("| 5.0 µs | - |")
+    assert through.endswith("| 5.0 µs | 12 / 40 |")
