@@ -75,7 +75,8 @@ SIM = SimulatedEngineSettings(seed=6, ttft_ms=5, tokens_per_s=sized("SIM_TOKENS_
 
 def make_engine(sim: SimulatedEngineSettings = SIM) -> Engine:
     if engine_name() == "hf":
-        from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+        from tokenbus.gpu_consumers.engines.hf import HfEngine
+        from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
 
         # Greedy decoding runs each prompt to its natural end; the cap keeps every request to OUTPUT_TOKENS.
         settings = HfEngineSettings()

@@ -49,7 +49,7 @@ class DecodeOnly:
 def load_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from tokenbus.gpu_consumers.engines.hf import smollm2_source
+    from tokenbus.gpu_consumers.engines.hf_loading import smollm2_source
 
     source, gguf = smollm2_source()
     return AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf} if gguf else {}))

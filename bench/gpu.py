@@ -76,7 +76,7 @@ def tokenizer_dir() -> Path:
     configured = os.environ.get("TOKENBUS_GPU_BENCH_TOKENIZER")
     if configured:
         return Path(configured)
-    from tokenbus.gpu_consumers.engines.hf import smollm2_source
+    from tokenbus.gpu_consumers.engines.hf_loading import smollm2_source
 
     return smollm2_source()[0]
 
@@ -171,7 +171,8 @@ def plain_generate(model: Any, tokenizer: Any, batch: int = 64) -> dict[str, Any
 
 def hf_engine(model_dir: Path, max_num_seqs: int, **overrides: Any) -> Any:
     """The engine as ``TOKENBUS_HF_*`` configure it, on this model; ``overrides`` win over them."""
-    from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+    from tokenbus.gpu_consumers.engines.hf import HfEngine
+    from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
 
     return HfEngine(HfEngineSettings(model_path=str(model_dir), device="cuda", default_max_tokens=OUTPUT_TOKENS,
                                      **overrides), max_num_seqs=max_num_seqs)
@@ -302,7 +303,7 @@ def run() -> dict[str, Any]:
     for row in consumer:  # against the engine alone, default batching, at the same concurrency
         same = next(r for r in alone if r["concurrency"] == row["concurrency"])
         row["consumer_over_engine"] = round(row["tokens_per_s"] / max(same["tokens_per_s"], 1e-9), 3)
-    from tokenbus.gpu_consumers.engines.hf import HfEngineSettings
+    from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
 
     return {"scenario": "gpu", "device": device, "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "hf_settings": HfEngineSettings().model_dump(),

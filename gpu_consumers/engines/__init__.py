@@ -30,7 +30,8 @@ def load_engine(name: str, max_num_seqs: int = 64) -> Engine:
     if name == "simulated":
         return SimulatedEngine(SimulatedEngineSettings())
     if name == "hf":
-        from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+        from tokenbus.gpu_consumers.engines.hf import HfEngine
+        from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
 
         return HfEngine(HfEngineSettings(), max_num_seqs=max_num_seqs)
     if name == "trtllm":

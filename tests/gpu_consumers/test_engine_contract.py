@@ -34,7 +34,8 @@ async def make_engine(name: str, tiny_model: Path):
     if name == "simulated":
         return SimulatedEngine(SimulatedEngineSettings(ttft_ms=1, tokens_per_s=500, min_tokens=40, max_tokens=40))
     if name in ("hf", "hf-slots"):
-        from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings
+        from tokenbus.gpu_consumers.engines.hf import HfEngine
+        from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
 
         batching = "slots" if name == "hf-slots" else "auto"
         return HfEngine(HfEngineSettings(model_path=str(tiny_model), default_max_tokens=40, device="cpu",

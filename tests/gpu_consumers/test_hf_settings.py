@@ -3,7 +3,7 @@ cache it always had; CUDA takes the worker's batch size and leaves the cache siz
 async batching to transformers (graphs with SDPA's mask were measured ten times slower); set
 values always win. No GPU needed: this is the configuration handed to transformers."""
 
-from tokenbus.gpu_consumers.engines.hf import HfEngineSettings, batching_config
+from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config
 
 
 def test_the_cpu_keeps_its_explicit_small_cache():

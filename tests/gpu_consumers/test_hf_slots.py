@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput, SamplingParams
-from tokenbus.gpu_consumers.engines.hf import HfEngine, HfEngineSettings, uses_slots
+from tokenbus.gpu_consumers.engines.hf import HfEngine
+from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slot_model import LENGTH_BUCKET, bucket, graph_buckets, unsupported
 from tokenbus.schemas import ChatMessage
 

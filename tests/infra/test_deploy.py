@@ -17,7 +17,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from tokenbus.gpu_consumers.engines.hf import HfEngineSettings
+from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
 from tokenbus.gpu_consumers.engines.simulated import SimulatedEngineSettings
 from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngineSettings
 from tokenbus.gpu_consumers.settings import WorkerSettings
