@@ -53,15 +53,21 @@ class Mailbox(Generic[T]):
         if self._reader is not None or self._forwarded is not None:
             raise RuntimeError("a mailbox has one reader")
         self._forward, self._forwarded = take, asyncio.get_running_loop().create_future()
+        # Let go of ``take`` once done: it holds its reader (and the reader, in turn, whoever holds
+        # this mailbox), and a cycle outliving a request is freed only by the garbage collector.
+        self._forwarded.add_done_callback(self._let_go)
         while self._items and not self._forwarded.done():
             self._hand_on(self._items.popleft())
         self._items.clear()
         return self._forwarded
 
+    def _let_go(self, _: asyncio.Future[None]) -> None:
+        self._forward = None
+
     def _hand_on(self, item: T) -> None:
         forwarded, take = self._forwarded, self._forward
-        assert forwarded is not None and take is not None
-        if forwarded.done():
+        assert forwarded is not None
+        if take is None or forwarded.done():
             return
         try:
             last = take(item)
