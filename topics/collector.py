@@ -8,6 +8,11 @@ spent ~17 % more CPU per token with the default than with this module's (BENCHMA
 So a service collects less often: ``tune_collector`` freezes what start-up made (modules,
 settings, the app: never garbage, and otherwise scanned by every full collection) and raises the
 young generation's threshold. Reference cycles are still collected, just in larger, rarer passes.
+
+Those passes scan every live object of the generations they collect, so what a request holds
+should be freed by reference counting when it ends, not left in a cycle for them: a GPU consumer
+whose every request was (its engine mailbox held the publisher that held the request) paused up to
+130 ms in them (BENCHMARKS.md §6; tests/gpu_consumers/test_worker.py checks that it no longer is).
 """
 
 from __future__ import annotations
