@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Any
 
 import aiokafka.consumer.fetcher
@@ -59,7 +60,9 @@ class _BatchesUpToHole:
 
     def __init__(self, records: Any, owner: PartitionRecordsWaitingAtHoles) -> None:
         self._records = records
-        self._owner = owner
+        # Not the owner itself, which holds this: a cycle per fetched partition, freed only by the
+        # garbage collector (topics/collector.py).
+        self._owner = weakref.ref(owner)
         self._next: Any = None
 
     def has_next(self) -> bool:
@@ -67,12 +70,14 @@ class _BatchesUpToHole:
             if not self._records.has_next():
                 return False
             self._next = self._records.next_batch()
-        position = self._owner.next_fetch_offset
+        owner = self._owner()
+        assert owner is not None  # it is who asks
+        position = owner.next_fetch_offset
         if self._next.base_offset <= position:  # contiguous (or the batch holding the position)
             if _first_seen:
-                _first_seen.pop((self._owner.tp, position), None)
+                _first_seen.pop((owner.tp, position), None)
             return True
-        return _pass_hole(self._owner.tp, position, self._next.base_offset)
+        return _pass_hole(owner.tp, position, self._next.base_offset)
 
     def next_batch(self) -> Any:
         batch, self._next = self._next, None

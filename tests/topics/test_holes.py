@@ -5,8 +5,10 @@ The records below are real aiokafka batches, built as a producer builds them, wi
 offsets a broker would give them; the last test writes through the real brokers."""
 
 import asyncio
+import gc
 import logging
 import struct
+import weakref
 
 import aiokafka.consumer.fetcher
 import pytest
@@ -49,6 +51,20 @@ def test_contiguous_batches_are_read_whole(clock):
     records = fetched(0, batch(0, 5), batch(5, 3))
     assert [r.offset for r in records] == list(range(8))
     assert records.next_fetch_offset == 8
+
+
+def test_a_fetched_partition_is_freed_once_read_without_the_garbage_collector(clock):
+    """A reader fetches every few milliseconds: each fetched partition must go when it is read, by
+    reference counting, not sit in a cycle until a collection (topics/collector.py)."""
+    records = fetched(0, batch(0, 5))
+    gone = weakref.ref(records)
+    gc.disable()
+    try:
+        assert [r.offset for r in records] == list(range(5))
+        del records
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_a_fetch_from_inside_a_batch_reads_on_from_there(clock):
