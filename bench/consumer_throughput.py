@@ -23,11 +23,15 @@ busy consumer costs such an engine's streams in tokens per event rather than in 
 The simulated engine pushes each step to the worker where it makes it, as the hf engine does
 (``each_step``: no task wakes per token). TensorRT-LLM's LLM API gives a per-request iterator
 instead, read by a task per request: the third row runs the engine apart that way
-(``push_steps`` off), for what a consumer keeps up with behind TensorRT-LLM."""
+(``push_steps`` off), for what a consumer keeps up with behind TensorRT-LLM.
+
+Each consumer run also counts its garbage collector's passes and the longest of them: a pass
+stops the loop, and every stream with it."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from typing import Any, NamedTuple
@@ -100,6 +104,36 @@ async def engine_alone() -> dict[str, float]:
             "cpu_us_per_token": round(cpu / tokens * 1e6, 2)}
 
 
+class CollectorPasses:
+    """The garbage collector's passes while it is entered: how many, their time in all and the
+    longest (ms, wall time). A pass stops the event loop, and every stream the consumer serves
+    with it; a consumer whose requests are freed by reference counting makes few and short ones."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.seconds = self.longest = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> CollectorPasses:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._observe)
+
+    def _observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        self.passes += 1
+        self.seconds += took
+        self.longest = max(self.longest, took)
+
+    def figures(self) -> dict[str, float]:
+        return {"passes": self.passes, "ms": round(self.seconds * 1000, 1), "longest_ms": round(self.longest * 1000, 1)}
+
+
 async def through_consumer(bus: BusSettings, sim: SimulatedEngineSettings = SIM,
                            reply_partition: int = REPLY_PARTITION) -> dict[str, float]:
     """Publish a backlog, let the consumer drain it, then read what it delivered back from the log:
@@ -110,11 +144,12 @@ async def through_consumer(bus: BusSettings, sim: SimulatedEngineSettings = SIM,
             await client.publish(client.new_request(MODEL, [ChatMessage("user", p.text)], max_tokens=LONGEST))
     worker = GpuWorker(WorkerSettings(bus=bus, model=MODEL, max_num_seqs=MAX_NUM_SEQS, worker_id="bench"),
                        make_engine(sim))
-    cpu = time.process_time()
-    run = asyncio.create_task(worker.run())
-    while worker.completed < REQUESTS:
-        await asyncio.sleep(0.05)
-    cpu = time.process_time() - cpu
+    with CollectorPasses() as collector:
+        cpu = time.process_time()
+        run = asyncio.create_task(worker.run())
+        while worker.completed < REQUESTS:
+            await asyncio.sleep(0.05)
+        cpu = time.process_time() - cpu
     worker.stop()
     await run
     delivered = await delivered_tokens(bus, reply_partition)
@@ -124,7 +159,8 @@ async def through_consumer(bus: BusSettings, sim: SimulatedEngineSettings = SIM,
     # part of a turnover (a wave's finals, completions, admissions), which its tail shows.
     ttft = delivered.latencies(set(delivered.admitted_ms))["ttft_ms"]
     return {**delivered.figures(), "cpu_us_per_token": round(cpu / max(delivered.tokens, 1) * 1e6, 2),
-            "ttft_from_admission_ms": ttft, "token_log_records_read": worker.token_log.records_scanned}
+            "ttft_from_admission_ms": ttft, "token_log_records_read": worker.token_log.records_scanned,
+            "collector": collector.figures()}
 
 
 class Delivered(NamedTuple):
@@ -229,17 +265,18 @@ def table(result: dict[str, Any]) -> str:
     spread = f" (each within {ratio_:.0%} of it either side)" if ratio_ else ""
 
     def row(path: str, r: dict[str, Any]) -> str:
-        ttft = r.get("ttft_from_admission_ms")
+        ttft, collector = r.get("ttft_from_admission_ms"), r.get("collector")
         ttft_cell = f"{ttft['median']:.0f} / {ttft['p99']:.0f}" if ttft else "-"
+        collector_cell = f"{collector['passes']} / {collector['longest_ms']:.1f}" if collector else "-"
         return (f"| {path} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r.get('tokens_per_event', '-')} "
-                f"| {r['cpu_us_per_token']} µs | {ttft_cell} |")
+                f"| {r['cpu_us_per_token']} µs | {ttft_cell} | {collector_cell} |")
 
     lines = [
         f"engine `{result['engine']}`, {result['requests']} requests x {result['output_tokens']} tokens"
         f"{spread}, max_num_seqs {result['max_num_seqs']}", "",
         "| path | tokens | seconds | tokens/s | tokens per token event | process CPU per token "
-        "| first token after admission p50 / p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| first token after admission p50 / p99 ms | collector passes / longest ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         row("engine alone", a),
         row("through the consumer, delivered to Kafka", c),
     ]
