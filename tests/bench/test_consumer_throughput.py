@@ -1,5 +1,6 @@
 """What the consumer benchmarks read back from a reply partition (bench/consumer_throughput.py's
-``Delivered``): the latencies `python -m bench gpu` reports through the consumer."""
+``Delivered``): the latencies `python -m bench gpu` reports through the consumer; and the table,
+with each consumer run's garbage-collector passes (``CollectorPasses``)."""
 
 import gc
 
