@@ -131,14 +131,11 @@ class TokenLog:
     async def stop(self) -> None:
         await stop_reader(self._task, self._consumer)
 
-    async def published(self, request: ChatRequest, written_before: float | None = None) -> Published:
-        """What the log holds of ``request``'s events. ``written_before`` (``time.monotonic()``): when
-        every event wanted had been written by, if known (None: they may have been written until now)."""
-        return await self.lookup(request, written_before)
-
     def lookup(self, request: ChatRequest, written_before: float | None = None) -> asyncio.Future[Published]:
-        """``published`` as a future, with no task of its own: a backlog's requests are looked up as
-        they are fetched, hundreds at once. Cancelling it withdraws the lookup."""
+        """What the log holds of ``request``'s events, as a future with no task of its own (a
+        backlog's requests are looked up as they are fetched, hundreds at once); cancelling it
+        withdraws the lookup. ``written_before`` (``time.monotonic()``): when every event wanted
+        had been written by, if known (None: they may have been written until now)."""
         future: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
         self._lookups.put_nowait((request, written_before, future))
         return future

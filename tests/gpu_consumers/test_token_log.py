@@ -52,25 +52,25 @@ async def test_later_lookups_read_on_from_the_last_scan_and_still_find_everythin
         await asyncio.sleep(0.05)
         for request_id in ("a", "noise-1", "noise-2"):
             await publish(sender, catalog, request_id, range(2))
-        first = await asyncio.gather(log.published(a), log.published(b))
+        first = await asyncio.gather(log.lookup(a), log.lookup(b))
         assert [e.text for e in first[0].events] == ["a:0", "a:1"] and first[1].events == []
         assert log.records_scanned == 8  # early's too: created at the same moment
 
         await publish(sender, catalog, "b", range(3))
         await publish(sender, catalog, "noise-3", range(2))
         read_before = log.records_scanned
-        second = await log.published(b)
+        second = await log.lookup(b)
         assert [e.text for e in second.events] == ["b:0", "b:1", "b:2"]
         assert log.records_scanned - read_before == 5  # only what was written since
 
         read_before = log.records_scanned
-        again = await log.published(a)  # a was passed before: its events may be anywhere
+        again = await log.lookup(a)  # a was passed before: its events may be anywhere
         assert [e.text for e in again.events] == ["a:0", "a:1"]
         assert log.records_scanned - read_before == 13
 
         older = request(catalog, "early", started - 60_000)  # older than any scan so far
         read_before = log.records_scanned
-        assert [e.seq for e in (await log.published(older)).events] == [0, 1]
+        assert [e.seq for e in (await log.lookup(older)).events] == [0, 1]
         assert log.records_scanned - read_before == 13
 
 
@@ -81,13 +81,13 @@ async def test_a_log_recreated_since_the_last_scan_is_read_again(bus):
     started = now_ms()
     async with log_and_sender(bus) as (log, sender):
         await publish(sender, catalog, "before", range(3))
-        assert (await log.published(request(catalog, "x", started))).events == []
+        assert (await log.lookup(request(catalog, "x", started))).events == []
 
         await delete_topics(bus.bootstrap_servers, [catalog.tokens])
         await ensure_topics(bus.bootstrap_servers, [t for t in catalog.all_topics() if t.name == catalog.tokens])
         await publish(sender, catalog, "x", range(2))
         await publish(sender, catalog, "after", range(3))  # the new log ends past the old one
-        found = await log.published(request(catalog, "x", started))
+        found = await log.lookup(request(catalog, "x", started))
         assert [e.text for e in found.events] == ["x:0", "x:1"]
 
 
@@ -101,7 +101,7 @@ async def test_a_log_emptied_between_listing_and_reading_is_found_empty(bus, mon
     monkeypatch.setattr(token_log, "SCAN_TIMEOUT_S", 10.0)
     async with log_and_sender(bus) as (log, sender):
         await publish(sender, catalog, "before", range(3))
-        assert (await log.published(request(catalog, "x", started))).events == []
+        assert (await log.lookup(request(catalog, "x", started))).events == []
 
         await delete_topics(bus.bootstrap_servers, [catalog.tokens])
         await ensure_topics(bus.bootstrap_servers, [t for t in catalog.all_topics() if t.name == catalog.tokens])
@@ -110,7 +110,7 @@ async def test_a_log_emptied_between_listing_and_reading_is_found_empty(bus, mon
             return {tp: 3 for tp in partitions}
 
         monkeypatch.setattr(log._consumer, "end_offsets", listed_before_the_deletion)
-        assert (await log.published(request(catalog, "x", started))).events == []
+        assert (await log.lookup(request(catalog, "x", started))).events == []
 
 
 async def test_a_scan_reads_the_log_as_its_first_fetch_found_it(bus, monkeypatch):
@@ -136,12 +136,12 @@ async def test_a_scan_reads_the_log_as_its_first_fetch_found_it(bus, monkeypatch
             return 4 if answers == 1 else known
 
         monkeypatch.setattr(consumer, "highwater", growing)
-        found = await log.published(request(catalog, "a", started))
+        found = await log.lookup(request(catalog, "a", started))
         assert [e.text for e in found.events] == ["a:0", "a:1"]
         assert log.records_scanned == 4
 
         monkeypatch.setattr(consumer, "highwater", highwater)
-        later = await log.published(request(catalog, "a-later", started))  # not passed: reads on from 4
+        later = await log.lookup(request(catalog, "a-later", started))  # not passed: reads on from 4
         assert [e.text for e in later.events] == ["a-later:0", "a-later:1", "a-later:2"]
         assert log.records_scanned == 7
 
@@ -156,20 +156,20 @@ async def test_a_wave_whose_events_precede_an_earlier_scan_is_answered_without_r
     async with log_and_sender(bus) as (log, sender):
         await publish(sender, catalog, "a", range(2))
         assigned_at = time.monotonic()
-        first = await log.published(request(catalog, "a", started), assigned_at)
+        first = await log.lookup(request(catalog, "a", started), assigned_at)
         assert [e.text for e in first.events] == ["a:0", "a:1"]
         assert log.records_scanned == 2
         for request_id in ("own-1", "own-2"):
             await publish(sender, catalog, request_id, range(3))
 
-        assert (await log.published(request(catalog, "b", started), assigned_at)).events == []
+        assert (await log.lookup(request(catalog, "b", started), assigned_at)).events == []
         assert log.records_scanned == 2
 
-        again = await log.published(request(catalog, "own-1", started))  # served again: it reads on
+        again = await log.lookup(request(catalog, "own-1", started))  # served again: it reads on
         assert [e.seq for e in again.events] == [0, 1, 2]
         assert log.records_scanned == 8
 
-        passed = await log.published(request(catalog, "a", started), assigned_at)  # a was passed: read again
+        passed = await log.lookup(request(catalog, "a", started), assigned_at)  # a was passed: read again
         assert [e.seq for e in passed.events] == [0, 1]
         assert log.records_scanned == 16
 
@@ -182,12 +182,12 @@ async def test_a_log_empty_at_the_first_wave_answers_the_next_without_reading(bu
     started = now_ms()
     async with log_and_sender(bus) as (log, sender):
         assigned_at = time.monotonic()
-        assert (await log.published(request(catalog, "a", started), assigned_at)).events == []
+        assert (await log.lookup(request(catalog, "a", started), assigned_at)).events == []
         await publish(sender, catalog, "own", range(5))
-        assert (await log.published(request(catalog, "b", started), assigned_at)).events == []
+        assert (await log.lookup(request(catalog, "b", started), assigned_at)).events == []
         assert log.records_scanned == 0
         later = time.monotonic()  # a partition assigned after the worker wrote: its events may be anywhere
-        assert (await log.published(request(catalog, "own", started), later)).events != []
+        assert (await log.lookup(request(catalog, "own", started), later)).events != []
         assert log.records_scanned == 5
 
 
@@ -203,13 +203,13 @@ async def test_a_wave_older_than_the_scans_so_far_reads_only_what_was_written_be
         mid = now_ms()
         await publish(sender, catalog, "mid", range(2))
         assigned_at = time.monotonic()
-        first = await log.published(request(catalog, "mid", mid), assigned_at)
+        first = await log.lookup(request(catalog, "mid", mid), assigned_at)
         assert [e.seq for e in first.events] == [0, 1] and log.records_scanned == 2
         await publish(sender, catalog, "own", range(5))  # the worker's own output since
 
-        older = await log.published(request(catalog, "old", old), assigned_at)
+        older = await log.lookup(request(catalog, "old", old), assigned_at)
         assert [e.text for e in older.events] == ["old:0", "old:1"]
         assert log.records_scanned == 4  # the two before the first scan began, not the five after it
 
-        assert (await log.published(request(catalog, "never-served", old), assigned_at)).events == []
+        assert (await log.lookup(request(catalog, "never-served", old), assigned_at)).events == []
         assert log.records_scanned == 4  # both scans together reach back that far: nothing to read
