@@ -169,8 +169,9 @@ def report_check_cost_us(watched: int = TRACKED_PREFIXES, reports: int = 100) ->
         for i in range(watched):  # a conversation: one of 50 system prompts and its first turn
             request = ChatRequest(f"r{i}", MODEL, "standard", [ChatMessage("system", f"system {i % 50} " * 20),
                                                                ChatMessage("user", f"question {i} " * 20)], "tokens", 0)
-            cache.admit(cache.layout(GenerationInput.from_request(request)).block_hashes, 80)
-            reports_.admitted(request)
+            given = GenerationInput.from_request(request)
+            cache.admit(cache.layout(given).block_hashes, 80)
+            reports_.admitted(request, given)
         loop = asyncio.get_running_loop()
         costs = {}
         for name, everything in (("every_prefix", True), ("a_reports_share", False)):

@@ -76,10 +76,12 @@ class PrefixReports:
         except Exception as exc:  # the broker is gone too; routers age this worker out
             log.warning("could not report leaving: %s", exc)
 
-    def admitted(self, request: ChatRequest) -> None:
-        """Watch the prefixes of a request the engine is about to prefill."""
+    def admitted(self, request: ChatRequest, inp: GenerationInput | None = None) -> None:
+        """Watch the prefixes of a request the engine is about to prefill; ``inp``: what the engine
+        was given for it (made from ``request`` if not given), whose layout an engine may have
+        worked out already."""
         try:
-            layout = self._cache.layout(GenerationInput.from_request(request))
+            layout = self._cache.layout(inp or GenerationInput.from_request(request))
         except Exception:  # a prompt the engine cannot render fails in the engine, where it is reported
             return
         block = layout.block_tokens

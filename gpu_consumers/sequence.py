@@ -72,6 +72,11 @@ class RunningSequence:
         self.stream = engine.generate(self._input(published))
         return self.stream
 
+    @property
+    def engine_input(self) -> GenerationInput | None:
+        """What the engine was given (None before ``prepare`` or ``outputs``)."""
+        return self._generation_input
+
     def stop(self) -> None:
         """A no-op once the engine finished the sequence; stops it if its reader left early
         (its task cancelled)."""

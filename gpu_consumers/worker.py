@@ -349,7 +349,7 @@ class GpuWorker:
         await running.prepare(self.engine, published)  # the prompt tokenized in a thread, for one
         outputs = running.outputs(self.engine, published)
         if self._prefix_reports is not None and running.stream is not None:  # the engine has the prompt
-            self._prefix_reports.admitted(request)
+            self._prefix_reports.admitted(request, running.engine_input)
         try:
             await each_step(outputs, steps)
         finally:

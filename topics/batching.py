@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections import defaultdict
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
 
 from tokenbus.schemas import AvroCodec, Record
 
@@ -26,6 +26,39 @@ log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, bytes]]
 _Record = tuple[bytes | None, bytes, Headers | None]
+
+
+_M = 0x5BD1E995  # murmur2's multiplier
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (``org.apache.kafka.common.utils.Utils.murmur2``), unsigned, as aiokafka's
+    ``murmur2`` gives it, in half its time: the whole words unpacked at once and fewer masks. Every
+    completion's key is hashed, so a turnover of a wave of sequences hashes hundreds."""
+    length = len(data)
+    h = 0x9747B28C ^ length
+    words = length >> 2
+    for k in struct.unpack_from(f"<{words}I", data):
+        k = (k * _M) & 0xFFFFFFFF
+        k = ((k ^ (k >> 24)) * _M) & 0xFFFFFFFF
+        h = ((h * _M) & 0xFFFFFFFF) ^ k
+    extra = length & 3
+    if extra:
+        tail = data[words * 4:]
+        if extra == 3:
+            h ^= tail[2] << 16
+        if extra >= 2:
+            h ^= tail[1] << 8
+        h = ((h ^ tail[0]) * _M) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * _M) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
+def kafka_partition(key: bytes, partitions: list[int]) -> int:
+    """Where Kafka's default partitioner (and aiokafka's) puts a record with ``key``: murmur2 of the
+    key, made positive, modulo the number of partitions, in the order the producer lists them."""
+    return partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
 
 
 class _Pass:
@@ -70,7 +103,6 @@ class BatchingPublisher:
         self._senders: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._settling: set[asyncio.Task[None]] = set()
         self._hand_over = getattr(producer, "hand_over", None)  # the embedded producer's express lane
-        self._partitioner = DefaultPartitioner()  # the producer's own: make_producer sets none
 
     def publish(self, topic: str, partition: int, key: str, record: Record, hand_over: bool = False,
                 headers: Headers | None = None) -> asyncio.Future[None]:
@@ -99,8 +131,9 @@ class BatchingPublisher:
         partitions = cluster.partitions_for_topic(topic)
         if not partitions:
             return None
-        partition = self._partitioner(key.encode(), list(partitions), list(cluster.available_partitions_for_topic(topic)))
-        return self.publish(topic, partition, key, record, headers=headers)
+        # The producer's own partitioner is Kafka's default (make_producer sets none), and it lists
+        # the partitions as ``send`` does.
+        return self.publish(topic, kafka_partition(key.encode(), list(partitions)), key, record, headers=headers)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}

@@ -144,7 +144,11 @@ class LastPrompt:
 
 
 class PrefixCacheModel:
-    """The most recently used prompt blocks, up to a capacity; a prompt reuses its leading held blocks."""
+    """The most recently used prompt blocks, up to a capacity; a prompt reuses its leading held blocks.
+
+    The last layout is remembered: the engine names a prompt's blocks when it admits the prompt,
+    and the worker asks for the same input's layout right after (gpu_consumers/prefix_reports.py),
+    so the blocks are hashed once a request."""
 
     def __init__(self, capacity_tokens: int, block_tokens: int,
                  tokenize: Callable[[GenerationInput], tuple[list[int], list[int]]] = tokenize_prompt) -> None:
@@ -152,10 +156,15 @@ class PrefixCacheModel:
         self._tokenize = tokenize
         self.capacity_blocks = capacity_tokens // block_tokens
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._last: tuple[GenerationInput, PromptLayout] | None = None
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
+        if self._last is not None and self._last[0] is inp:
+            return self._last[1]
         ids, ends = self._tokenize(inp)
-        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens), tuple(ends))
+        layout = PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens), tuple(ends))
+        self._last = (inp, layout)
+        return layout
 
     def resident(self, hashes: Iterable[int]) -> set[int]:
         return {h for h in hashes if h in self._blocks}
@@ -203,9 +212,11 @@ def sample_value(schema: Any, rng: random.Random) -> Any:
 
 def tool_markup(inp: GenerationInput, seed_material: str) -> str:
     """The text of this turn's calls, "" when it answers in words."""
+    calls = planned_calls(inp)
+    if not calls:
+        return ""
     rng = random.Random(zlib.crc32(f"{seed_material}:tools".encode()))
-    return "\n".join(render_call(t.name, sample_value(json.loads(t.parameters), rng) or {})
-                     for t in planned_calls(inp))
+    return "\n".join(render_call(t.name, sample_value(json.loads(t.parameters), rng) or {}) for t in calls)
 
 
 @dataclass(eq=False)
@@ -346,7 +357,7 @@ class SimulatedEngine:
         prompt_ids, _ = self._prompt(inp)
         cached = 0
         if self.prefix_cache is not None:
-            cached = self.prefix_cache.admit(block_hashes(prompt_ids, s.kv_block_tokens), len(prompt_ids))
+            cached = self.prefix_cache.admit(self.prefix_cache.layout(inp).block_hashes, len(prompt_ids))
         prefill_s = (len(prompt_ids) - cached) / s.prefill_tokens_per_s if s.prefill_tokens_per_s else 0.0
         sequence = _Sequence(
             inp=inp,

@@ -52,8 +52,10 @@ class BlocksCache:
     def __init__(self) -> None:
         self.held: set[int] = set()
         self.asked: list[int] = []
+        self.laid_out: list[GenerationInput] = []
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
+        self.laid_out.append(inp)
         blocks = tuple(zlib.crc32(m.content.encode()) for m in inp.messages)
         return PromptLayout(self.block_tokens, blocks, tuple(16 * (i + 1) for i in range(len(blocks))))
 
@@ -109,6 +111,19 @@ async def test_a_busy_worker_checks_its_new_prefixes_and_a_share_of_the_rest_at_
     assert sorted(found_removed) == sorted(segment_hashes(conversation(i))[1] for i in (7, 4990))
     assert found_stored == {segment_hashes(conversation(5000))[1]: 4}  # at the first report after it is held
     assert max(cache.asked) <= CHECKS_PER_REPORT + 2  # a share and the new one at each report, never all 5,002
+
+
+async def test_a_request_is_laid_out_from_the_input_the_engine_was_given():
+    """So an engine that named the prompt's blocks when it admitted it need not name them again;
+    without one, from the request."""
+    cache = BlocksCache()
+    reports = PrefixReports(cache, None, "w", MODEL, lambda: (0, 0), report_interval_ms=100, snapshot_interval_s=60)
+    given = GenerationInput.from_request(conversation(0))
+    reports.admitted(conversation(0), given)
+    reports.admitted(conversation(1))
+    assert cache.laid_out[0] is given
+    assert cache.laid_out[1] == GenerationInput.from_request(conversation(1))
+    assert reports.watched == 3  # the shared system prompt, and each conversation
 
 
 async def test_a_prefix_no_longer_watched_is_reported_removed(monkeypatch):

@@ -116,6 +116,24 @@ async def test_a_prompt_is_tokenized_once_for_its_generation_and_its_layout(monk
     assert layouts[0].block_hashes == block_hashes(tokenize(inp("a"))[0], engine.settings.kv_block_tokens)
 
 
+async def test_the_blocks_it_admits_a_prompt_with_are_its_layout(monkeypatch):
+    """Named once a request: the worker asks for the layout of the very input the engine admitted."""
+    named = []
+    hashes = simulated.block_hashes
+    monkeypatch.setattr(simulated, "block_hashes", lambda ids, size: named.append(size) or hashes(ids, size))
+    engine = SimulatedEngine(SimulatedEngineSettings(**FAST, min_tokens=2, max_tokens=2))
+    await engine.start()
+    try:
+        given = inp("a")
+        stream = engine.generate(given)
+        layout = engine.prefix_cache.layout(given)
+        assert len([out async for out in stream]) == 2
+    finally:
+        await engine.close()
+    assert len(named) == 1
+    assert layout.block_hashes == hashes(simulated.tokenize_prompt(given)[0], engine.settings.kv_block_tokens)
+
+
 async def test_max_tokens_finishes_with_length():
     (outs,) = await run(SimulatedEngine(SimulatedEngineSettings(**FAST, min_tokens=20, max_tokens=20)), inp(max_tokens=3))
     assert len(outs) == 3 and outs[-1].finish_reason == FINISH_LENGTH and outs[-1].completion_tokens == 3

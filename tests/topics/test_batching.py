@@ -1,6 +1,7 @@
 """BatchingPublisher on both brokers: what one pass of the event loop publishes goes out in publish
 order, records of one pass to one partition share a future that resolves once they are
-acknowledged, and a record the broker refuses fails its own pass only."""
+acknowledged, and a record the broker refuses fails its own pass only; a keyed record's partition
+is the one Kafka's default partitioner gives."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.partitioner import murmur2 as aiokafka_murmur2
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenbus.schemas import AvroCodec, TokenEvent
 from tokenbus.topics import BatchingPublisher, TopicCatalog, make_consumer, make_producer
+from tokenbus.topics.batching import kafka_partition, murmur2
 
 
 async def read_back(bus, topic: str, partition: int, count: int) -> list[TokenEvent]:
@@ -133,3 +139,14 @@ async def test_a_cancelled_waiter_fails_no_one_else_and_loses_nothing_published(
         await asyncio.sleep(0.5)  # the cancelled pass is acknowledged meanwhile
         await asyncio.wait_for(publisher.publish(topic, 6, "d", TokenEvent("d", 0, "fourth")), 30)
     assert [e.text for e in await read_back(bus, topic, 6, 4)] == ["first", "second", "third", "fourth"]
+
+
+
+@given(key=st.binary(max_size=80), count=st.integers(1, 64))
+def test_murmur2_and_the_partition_are_kafkas_as_aiokafka_computes_them(key, count):
+    """The same hash as aiokafka's own (the Java client's) for any key, every tail length after any
+    number of words, so a completion published by partition lands where the producer's ``send``
+    would put it."""
+    assert murmur2(key) == aiokafka_murmur2(key)
+    partitions = list(range(count))
+    assert kafka_partition(key, partitions) == DefaultPartitioner()(key, partitions, partitions)
