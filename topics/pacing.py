@@ -90,6 +90,7 @@ class FetchPacer:
         self._last_active = time.monotonic()
         self._idle = False
         self._behind: dict[TopicPartition, int] = {}  # partitions behind their log end: position at the last check
+        self._paused_lately: set[TopicPartition] = set()  # paused at some time since the last check
         self._next_starved_check = 0.0
         self._wait_changed_at = 0.0
 
@@ -170,7 +171,7 @@ class FetchPacer:
         assigned, paused = consumer.assignment(), consumer.paused()
         newly_held = [tp for tp in partitions if tp in assigned and tp not in paused]  # a rebalance unpauses
         if newly_held:
-            consumer.pause(*newly_held)
+            self._pause_partitions(newly_held)
         released = {tp for tp in released if tp in assigned}
         if self._paused and self._pauses:  # idle and paused: they wait for the doorbell like the rest
             self._paused.update(released)
@@ -227,8 +228,11 @@ class FetchPacer:
             highwater, position = consumer.highwater(tp), known_position(consumer, tp)
             if tp not in paused and highwater is not None and position is not None and highwater > position:
                 behind[tp] = position
-        starved = [tp for tp, position in behind.items() if self._behind.get(tp) == position]
-        self._behind = behind
+        # One paused meanwhile (a GPU consumer holds a full tier's partitions, and lets them go a
+        # fetch later) read nothing because it was paused, not because the broker starved it.
+        starved = [tp for tp, position in behind.items()
+                   if self._behind.get(tp) == position and tp not in self._paused_lately]
+        self._behind, self._paused_lately = behind, set()
         if starved and self._busy_wait_ms < self.MAX_WAIT_MS:
             self._busy_wait_ms = min(self._busy_wait_ms * 2, self.MAX_WAIT_MS)
             log.warning("%s-%s gets nothing though its log goes on (the broker's scan outlasts the fetch wait): "
@@ -239,6 +243,11 @@ class FetchPacer:
             return
         self._wait_changed_at = now
         self._set_wait(self.fetch_wait_ms)
+
+    def _pause_partitions(self, partitions: list[TopicPartition]) -> None:
+        assert self._consumer is not None
+        self._consumer.pause(*partitions)
+        self._paused_lately.update(partitions)
 
     def _set_wait(self, wait_ms: int) -> None:
         fetcher = getattr(self._consumer, "_fetcher", None)  # aiokafka reads it for every fetch request it builds
@@ -252,7 +261,7 @@ class FetchPacer:
         already = consumer.paused()
         fresh = [tp for tp in consumer.assignment() if tp not in already]
         if fresh:
-            consumer.pause(*fresh)
+            self._pause_partitions(fresh)
             self._paused.update(fresh)
 
     def _resume(self) -> None:
@@ -272,7 +281,7 @@ class FetchPacer:
         quiet = [tp for tp in consumer.assignment()
                  if tp not in paused and now - heard.setdefault(tp.topic, now) >= self._idle_after_s]
         if quiet:
-            consumer.pause(*quiet)
+            self._pause_partitions(quiet)
             self._quiet.update(quiet)
         if len(heard) > 256:  # rolled logs come and go
             assigned = {tp.topic for tp in consumer.assignment()}

@@ -218,3 +218,38 @@ async def test_committed_offsets_reads_a_groups_offsets_in_one_request(each_bus)
     finally:
         await committer.stop()
         await reader.stop()
+
+
+async def test_a_partition_the_reader_held_meanwhile_is_not_taken_for_starved(bus, monkeypatch):
+    """A GPU consumer holds a full tier's partitions and lets them go a fetch later: one that read
+    nothing between two checks because it was held is not one the broker starves, so its wait
+    stays; one left unpaused and still at the same place a check later is."""
+    embedded = bus.model_copy(update={"broker": "embedded", "doorbell_url": None})
+    monkeypatch.setattr(FetchPacer, "STARVED_CHECK_S", 0.0)  # every read is checked
+    tp = TopicPartition(TopicCatalog(embedded).control, 3)
+    producer = make_producer(embedded)
+    await producer.start()
+    try:
+        first = (await producer.send_and_wait(tp.topic, b"backlog", partition=tp.partition)).offset
+        for _ in range(9):
+            await producer.send_and_wait(tp.topic, b"backlog", partition=tp.partition)
+    finally:
+        await producer.stop()
+    consumer = make_consumer(embedded)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, first)
+        read = sum(map(len, (await consumer.getmany(tp, timeout_ms=2000, max_records=2)).values()))
+        assert read == 2 and consumer.highwater(tp) == first + 10  # behind its log end from now on
+        pacer = FetchPacer(embedded, busy_wait_ms=5)
+        pacer.attach(consumer)
+        pacer.observed(read)  # the first check: behind, at first + 2
+        pacer.hold({tp})
+        pacer.hold(set())
+        pacer.observed(0)  # at first + 2 still, but held meanwhile
+        assert pacer.fetch_wait_ms == 5
+        pacer.observed(0)  # unpaused all along since, and still there: starved
+        assert pacer.fetch_wait_ms == 10
+    finally:
+        await consumer.stop()
