@@ -141,7 +141,6 @@ async def test_a_cancelled_waiter_fails_no_one_else_and_loses_nothing_published(
     assert [e.text for e in await read_back(bus, topic, 6, 4)] == ["first", "second", "third", "fourth"]
 
 
-
 @given(key=st.binary(max_size=80), count=st.integers(1, 64))
 def test_murmur2_and_the_partition_are_kafkas_as_aiokafka_computes_them(key, count):
     """The same hash as aiokafka's own (the Java client's) for any key, every tail length after any
