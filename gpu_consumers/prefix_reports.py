@@ -81,7 +81,7 @@ class PrefixReports:
         was given for it (made from ``request`` if not given), whose layout an engine may have
         worked out already."""
         try:
-            layout = self._cache.layout(inp or GenerationInput.from_request(request))
+            layout = self._cache.layout(inp if inp is not None else GenerationInput.from_request(request))
         except Exception:  # a prompt the engine cannot render fails in the engine, where it is reported
             return
         block = layout.block_tokens

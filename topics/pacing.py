@@ -247,7 +247,8 @@ class FetchPacer:
     def _pause_partitions(self, partitions: list[TopicPartition]) -> None:
         assert self._consumer is not None
         self._consumer.pause(*partitions)
-        self._paused_lately.update(partitions)
+        if self._adapts_to_scans:  # only the starvation check reads it, and clears it
+            self._paused_lately.update(partitions)
 
     def _set_wait(self, wait_ms: int) -> None:
         fetcher = getattr(self._consumer, "_fetcher", None)  # aiokafka reads it for every fetch request it builds
