@@ -9,10 +9,11 @@ and continued after what was already published.
 
 On the embedded broker with a doorbell, the edge also hands each request it publishes to the GPU
 consumers on the express lane (topics/doorbell.py) once the broker has acknowledged it. A worker
-takes it only where that is the record its next fetch of the partition would return (so nothing is
-skipped or taken out of order), after one fetched since the partition became its own (that one
-settles whether another worker may have started it), and while its tier has room; the fetched
-copy is then passed over.
+takes it only where that is the record its next fetch of the partition would return, or the one
+after the last it took so (so nothing is skipped or taken out of order), after one fetched since
+the partition became its own (that one settles whether another worker may have started it), and
+while its tier has room; the fetched copy is then passed over. While the worker is light and the
+lane brings every request first, its fetches only back the lane up and wait longer (``FetchPacer``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class RequestIntake:
         self._scheduler = scheduler
         self._offsets = offsets
         self._token_log = token_log
-        self._pacer = FetchPacer(settings.bus)
+        bus = settings.bus
+        self._express_lane = doorbell_on(bus) and bus.express_first_token
+        self._pacer = FetchPacer(bus, express=self._express_lane)
         catalog = TopicCatalog(settings.bus)
         self._topics_by_tier = {t: catalog.requests(settings.model, t) for t in settings.bus.tiers}
         self._tiers_by_topic = {topic: tier for tier, topic in self._topics_by_tier.items()}
@@ -82,7 +85,7 @@ class RequestIntake:
         self._dead_letters = dead_letters
         self._pacer.attach(consumer)
         bus = self._settings.bus
-        if doorbell_on(bus) and bus.express_first_token:
+        if self._express_lane:
             assert bus.doorbell_url
             self._express = asyncio.create_task(doorbell.listen_express(
                 bus.doorbell_url, os.path.commonprefix(self.topics), self._handed_over), name="express-requests")
@@ -100,6 +103,7 @@ class RequestIntake:
             self._fresh_from[tp] = None
             self._assigned_at[tp] = time.monotonic()
         self._pacer.wake()  # what they hold (another worker's requests, maybe) was announced to no one
+        self._pacer.lane_missed()  # the lane's hand-overs wait for a first fetch of each
 
     def releasing(self, partitions: set[TopicPartition]) -> None:
         """The worker is giving ``partitions`` back: nothing more is taken from them by hand-over."""
@@ -125,11 +129,14 @@ class RequestIntake:
         # sequences run (a finished one frees a slot for the next waiting request).
         batches = await self._consumer.getmany(timeout_ms=50 if self._in_flight() else 500)
         self._enqueuing = True
+        watching_lane = self._pacer.watching_lane
         try:
             for tp, records in batches.items():
                 handed_until = self._handed_until.pop(tp, 0)
                 for record in records:
                     if record.offset >= handed_until:
+                        if watching_lane:  # no hand-over had brought it (yet)
+                            self._pacer.fetched_first(tp.topic, tp.partition, record.offset)
                         await self._enqueue(tp, record)
                 if records and records[-1].offset + 1 < handed_until:
                     self._handed_until[tp] = handed_until
@@ -168,14 +175,16 @@ class RequestIntake:
 
     def _handed_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
         """A request the edge handed over: taken if it is the record the next fetch of its partition
-        would return, after one fetched since the partition became this worker's, and its tier has
-        room; otherwise left to the fetch."""
+        would return (or the one after the last taken so, which that fetch passes over), after one
+        fetched since the partition became this worker's, and its tier has room; otherwise left to
+        the fetch."""
+        self._pacer.handed_over(topic, partition, offset)
         tier = self._tiers_by_topic.get(topic)
         tp = TopicPartition(topic, partition)
         fresh_from = self._fresh_from.get(tp)
         if (tier is None or self._consumer is None or self._stopping.is_set() or self._enqueuing
                 or tp in self._releasing or fresh_from is None or offset < fresh_from
-                or known_position(self._consumer, tp) != offset
+                or (known_position(self._consumer, tp) != offset and self._handed_until.get(tp) != offset)
                 or self._scheduler.waiting(tier) >= self._settings.prefetch_per_tier):
             return
         try:

@@ -105,11 +105,11 @@ class StepPublisher:
     def _publish_step(self, out: StepOutput, last_sent: float | None) -> None:
         event = self._events.event(self.turn.count, out)
         deliveries = self.deliveries
-        # The first event this worker publishes for the request is what its client waits for:
-        # handed to the edge as soon as it is acknowledged (topics/doorbell.py), while few run
-        # (under load fetches return records at once, and a hand-over only adds work).
-        delivery = self._publish(*self._target, event,
-                                 not deliveries and self._in_flight() <= FetchPacer.LIGHT_IN_FLIGHT)
+        # While few run, each event is handed to the edge as soon as it is acknowledged (topics/
+        # doorbell.py): the first is what the client waits for, and with every one on the lane the
+        # edge's fetches only back it up, at a longer wait (FetchPacer). Under load fetches return
+        # records at once, and a hand-over only adds work.
+        delivery = self._publish(*self._target, event, self._in_flight() <= FetchPacer.LIGHT_IN_FLIGHT)
         if not deliveries or deliveries[-1] is not delivery:  # steps of one engine step share one
             deliveries.append(delivery)
         self.turn.add(event)

@@ -106,9 +106,11 @@ class ProcessorContext:
         assert self._sender is not None
         return self._sender
 
-    async def send(self, topic: str, record: Record, key: str, partition: int | None = None) -> None:
-        """Send ``record`` and wait for the broker's acknowledgement."""
-        await (await self.sender()).send_and_wait(topic, record, key, partition)
+    async def send(self, topic: str, record: Record, key: str, partition: int | None = None,
+                   hand_over: bool = False) -> None:
+        """Send ``record`` and wait for the broker's acknowledgement (then, with ``hand_over``, hand
+        it to its readers on the express lane: ``RecordSender.send_and_wait``)."""
+        await (await self.sender()).send_and_wait(topic, record, key, partition, hand_over)
 
     async def request_publisher(self) -> RequestPublisher:
         """For what the ingress processor forwards: placed by cache contents like the edge's requests."""

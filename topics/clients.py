@@ -58,6 +58,10 @@ class ClientProfile:
     # one or two requests has the CPU for and a busy one has not (2 ms for all readers made
     # concurrency 32 slower).
     light_fetch_max_wait_ms: int = 0
+    # A light reader whose records also come by the express lane (topics/doorbell.py), every one
+    # lately, fetches with this wait instead (0: the light wait): its fetches only back the lane up,
+    # and a lane that misses a record brings the light wait back (FetchPacer).
+    express_fetch_max_wait_ms: int = 0
     # A rotating reply router writes each rotation to a new topic, deleted once done with
     # (topics/replies.py): the embedded broker scans a partition's whole log on every fetch and
     # only gives memory back when a topic is deleted. On Kafka, retention bounds the logs.
@@ -82,7 +86,8 @@ PROFILES = {
     # first record after a quiet spell.
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
-                              idle_fetch_max_wait_ms=100, light_fetch_max_wait_ms=2, idle_after_s=2.0, idle_poll_s=10.0,
+                              idle_fetch_max_wait_ms=100, light_fetch_max_wait_ms=2, express_fetch_max_wait_ms=50,
+                              idle_after_s=2.0, idle_poll_s=10.0,
                               ring_every_s=0.5, raise_wait_when_starved=True, fetcher_timeout_ms=1000,
                               roll_reply_logs=True, wait_at_holes=True),
 }

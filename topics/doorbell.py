@@ -21,13 +21,14 @@ The express lane: a writer may also hand a record, once the broker has acknowled
 readers waiting for it (``hand_over``, on a channel per topic), so that they have it without the
 embedded broker's fetch cycle (a fetch in flight is answered only half-way through its wait or at
 its end, and the next one returns the record: at concurrency 1, 2.7 ms p50 and 5.2 ms p99 from
-the publish to the edge, BENCHMARKS.md §11). Two records ride it, the two a client's first token
+the publish to the edge, BENCHMARKS.md §11). It carries the two records a client's first token
 waits on: the edge hands each request it publishes to the GPU consumers (gpu_consumers/intake.py),
-and the GPU consumer hands each request's first token event to the edge's reply router
-(topics/replies.py), each while it serves few (under load fetches return records at once); later
-tokens hide behind the engine's steps. What is handed over is the bytes the broker holds at that
-offset, so a reader that also fetches it passes one of the two copies over, and a lost hand-over
-costs latency only.
+and the GPU consumer hands each request's token events to the edge's reply router
+(topics/replies.py), each while it serves few (under load fetches return records at once). The
+later tokens gain no latency by it (they hide behind the engine's steps); with every record on
+the lane the readers' fetches only back it up, at a longer wait (``FetchPacer``). What is handed
+over is the bytes the broker holds at that offset, so a reader that also fetches it passes one of
+the two copies over, and a lost hand-over costs latency only.
 """
 
 from __future__ import annotations

@@ -39,6 +39,15 @@ class FetchPacer:
     for ``STARVED_CHECK_S`` doubles its wait, up to ``MAX_WAIT_MS``, and halves it again after
     ``STARVED_RELAX_S`` without starving.
 
+    A reader whose records also come by the express lane (``express``, topics/doorbell.py: the
+    GPU consumer's requests, the edge's token events) fetches, while light, with the profile's
+    express wait instead, as long as the lane delivers: its fetches then only back the lane up. It
+    tells the pacer what the lane brought (``handed_over``) and what a fetch brought first
+    (``fetched_first``); a record fetched first whose copy does not come by the lane within
+    ``LANE_GRACE_S`` (its writer was not light, or the hand-over was lost or refused) brings the
+    light wait back for ``LANE_TRUST_AFTER_S``, and so does ``lane_missed``. A copy that comes
+    after the fetched one only lost a race, which at the light wait it often does.
+
     A reader that says which topics its reads returned (``observed(records, topics)``) is also paced
     per topic: with a doorbell, the partitions of a topic it has read nothing from for
     ``idle_after_s`` are paused while the rest are read, and resumed when a writer rings for that
@@ -59,17 +68,26 @@ class FetchPacer:
     MAX_WAIT_MS = 1000
     QUIET_CHECK_S = 0.25
     LIGHT_IN_FLIGHT = 2  # up to this many requests or streams in flight, the light wait
+    LANE_TRUST_AFTER_S = 2.0
+    LANE_GRACE_S = 0.1
+    MAX_UNCONFIRMED = 256
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
-                 pauses: bool = True, on_ring: Callable[[str], None] | None = None) -> None:
+                 pauses: bool = True, on_ring: Callable[[str], None] | None = None, express: bool = False) -> None:
         """``background`` for a reader made with ``make_consumer(..., background=True)``;
         ``pauses=False`` for one that must never be paused (it only lengthens its wait when idle);
-        ``on_ring`` hears the topic each ring names, in the consumer's event loop."""
+        ``on_ring`` hears the topic each ring names, in the consumer's event loop; ``express`` for a
+        reader that also takes its records from the express lane."""
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
         self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
         self._light_wait_ms = min(tuned.light_fetch_max_wait_ms or self._base_wait_ms, self._base_wait_ms)
         self._light = False
+        self._express_wait_ms = tuned.express_fetch_max_wait_ms if express else 0
+        self._lane_trusted = False  # light, and the lane brought every record lately
+        self._lane_missed_at = time.monotonic()  # not trusted before it has delivered a while
+        self._lane_heard_at = float("-inf")
+        self._unconfirmed: dict[tuple[str, int, int], float] = {}  # fetched first, no copy by the lane yet: when
         self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
         self._adapts_to_scans = tuned.raise_wait_when_starved
         self._pauses = pauses
@@ -120,6 +138,8 @@ class FetchPacer:
         """The wait the reader's fetches ask for now."""
         if self._idle:
             return max(self._busy_wait_ms, self._idle_wait_ms)
+        if self._lane_trusted:
+            return max(self._express_wait_ms, self._busy_wait_ms)
         if self._light and self._busy_wait_ms == self._base_wait_ms:
             return self._light_wait_ms
         return self._busy_wait_ms
@@ -149,10 +169,49 @@ class FetchPacer:
 
     def serving(self, in_flight: int) -> None:
         """How many requests or streams the reader serves now; call it from the consumer's loop.
-        Up to ``LIGHT_IN_FLIGHT`` it fetches with the profile's light wait."""
+        Up to ``LIGHT_IN_FLIGHT`` it fetches with the profile's light wait, or its express wait
+        while the lane delivers."""
         light = in_flight <= self.LIGHT_IN_FLIGHT
-        if light != self._light:
-            self._light = light
+        trusted = False
+        if light and self._express_wait_ms:
+            now = time.monotonic()
+            unconfirmed = self._unconfirmed
+            if unconfirmed and now - next(iter(unconfirmed.values())) >= self.LANE_GRACE_S:  # the oldest
+                unconfirmed.clear()
+                self._lane_missed_at = now
+            trusted = (now - self._lane_missed_at >= self.LANE_TRUST_AFTER_S
+                       and now - self._lane_heard_at < self.LANE_TRUST_AFTER_S)
+        elif self._unconfirmed:
+            self._unconfirmed.clear()
+        if light != self._light or trusted != self._lane_trusted:
+            self._light, self._lane_trusted = light, trusted
+            self._set_wait(self.fetch_wait_ms)
+
+    @property
+    def watching_lane(self) -> bool:
+        """Whether the reader should say what its fetches and the lane bring (light, with a lane)."""
+        return self._light and self._express_wait_ms > 0
+
+    def fetched_first(self, topic: str, partition: int, offset: int) -> None:
+        """A fetch brought a record the reader waited for that the lane had not brought (yet)."""
+        if len(self._unconfirmed) >= self.MAX_UNCONFIRMED:
+            self.lane_missed()
+        else:
+            self._unconfirmed[(topic, partition, offset)] = time.monotonic()
+
+    def handed_over(self, topic: str, partition: int, offset: int) -> None:
+        """The lane brought a record, first or after the fetch."""
+        self._lane_heard_at = time.monotonic()
+        if self._unconfirmed:
+            self._unconfirmed.pop((topic, partition, offset), None)
+
+    def lane_missed(self) -> None:
+        """Records come other than by the lane for now (a partition new to the reader, say); call it
+        from the consumer's loop."""
+        self._lane_missed_at = time.monotonic()
+        self._unconfirmed.clear()
+        if self._lane_trusted:
+            self._lane_trusted = False
             self._set_wait(self.fetch_wait_ms)
 
     def observed_by_topic(self, batches: dict[TopicPartition, list[Any]]) -> None:
@@ -327,4 +386,3 @@ class FetchPacer:
                         self._set_wait(self.fetch_wait_ms)
         finally:
             await cancel_task(rings)
-

@@ -28,8 +28,10 @@ there), none of its streams is open and nothing arrived on it lately. Kafka's re
 that job on a cluster, where the router rotates through partitions of ``tokens``.
 
 A router of rolled logs also takes the records a GPU consumer hands over on their express lane
-(each request's first token event, topics/doorbell.py): offered to the stream like a fetched
-record, so whichever of the two copies comes second is dropped as a repeat.
+(each request's first token event, and every event while the consumer is light,
+topics/doorbell.py): offered to the stream like a fetched record, so whichever of the two copies
+comes second is dropped as a repeat. While the router is light and the lane brings every event
+first, its fetches only back the lane up and wait longer (``FetchPacer``'s express wait).
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ class ReplyRouter:
         self._positions: dict[TopicPartition, int] = {}
         self._retired: dict[str, float] = {}  # this router's earlier rolled logs: when each stopped taking streams
         self._last_event: dict[str, float] = {}  # rolled log: when an event last arrived on it
-        self._pacer = FetchPacer(settings)
+        self._express_lane = roll_logs and doorbell_on(settings) and settings.express_first_token
+        self._pacer = FetchPacer(settings, express=self._express_lane)
         self.undecodable = 0
         self.rotations = 0
 
@@ -158,7 +161,7 @@ class ReplyRouter:
             self._positions[self._current] = await self._end_offset(self._current)
         self._read({self._current})
         self._reader = asyncio.create_task(self._run(), name="reply-router")
-        if self.roll_logs and doorbell_on(self.settings) and self.settings.express_first_token:
+        if self._express_lane:
             assert self.settings.doorbell_url
             self._express = asyncio.create_task(doorbell.listen_express(
                 self.settings.doorbell_url, self.catalog.rolled_reply_logs_of(self._owner), self._handed_over),
@@ -361,6 +364,7 @@ class ReplyRouter:
         while True:
             batches = await self._consumer.getmany(timeout_ms=500)
             now = time.monotonic()
+            watching_lane = self._pacer.watching_lane
             for tp, records in batches.items():
                 if records:
                     if self.roll_logs:
@@ -368,7 +372,8 @@ class ReplyRouter:
                     if tp == self._current:
                         self._current_written_at = now
                 for record in records:
-                    self._route(tp, record)
+                    if self._route(tp, record) and watching_lane:  # news to its stream: the lane had not brought it
+                        self._pacer.fetched_first(tp.topic, tp.partition, record.offset)
             # An open stream is as good as traffic: its next event may come at any moment.
             self._pacer.observed(sum(map(len, batches.values())) or len(self._streams))
             self._pacer.serving(len(self._streams))
@@ -380,6 +385,7 @@ class ReplyRouter:
     def _handed_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
         """A record of one of this router's rolled logs, handed over by its writer once acknowledged."""
         tp = TopicPartition(topic, partition)
+        self._pacer.handed_over(topic, partition, offset)
         if offset < self._positions.get(tp, 0):  # fetched already
             return
         try:
@@ -394,18 +400,20 @@ class ReplyRouter:
         if stream.done:
             self.close(request_id)
 
-    def _route(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+    def _route(self, tp: TopicPartition, record: ConsumerRecord) -> bool:
+        """Offer a fetched record to its stream; whether it was news to the stream."""
         self._positions[tp] = record.offset + 1
         request_id = record.key.decode(errors="replace") if record.key else ""
         stream = self._streams.get(request_id)
         if stream is None:
-            return
+            return False
         try:
             event = self._codec.decode(record.value, TokenEvent)
         except DecodeError as exc:
             self.undecodable += 1
             log.warning("undecodable token event at %s-%s-%s: %s", tp.topic, tp.partition, record.offset, exc.reason)
-            return
-        stream.offer(ReplyEvent(event, record.partition, record.offset))
+            return False
+        fresh = stream.offer(ReplyEvent(event, record.partition, record.offset))
         if stream.done:
             self.close(request_id)
+        return fresh

@@ -79,28 +79,30 @@ class ReplyStream:
         """Events delivered to this stream and not read yet."""
         return len(self._items)
 
-    def offer(self, reply: ReplyEvent) -> None:
-        """Accept an event from the router; drop repeats, hold events that arrive early."""
+    def offer(self, reply: ReplyEvent) -> bool:
+        """Accept an event from the router; drop repeats, hold events that arrive early. Whether it
+        was new rather than a repeat: which of two copies came first, for a router that takes both."""
         if reply.event.truncate:
-            self._truncate(reply)
-            return
+            return self._truncate(reply)
         seq = reply.event.seq
         if self._done or seq < self.next_seq or seq in self._early:
-            return
+            return False
         if seq == self.next_seq and not self._early:  # in order, as nearly always: the reorder dict stays empty
             self._push(reply)
-            return
+            return True
         self._early[seq] = reply
         while self.next_seq in self._early and not self._done:
             self._push(self._early.pop(self.next_seq))
+        return True
 
-    def _truncate(self, reply: ReplyEvent) -> None:
+    def _truncate(self, reply: ReplyEvent) -> bool:
         """Output moderation stops the stream where the reader is: what was delivered stays
         delivered, nothing after it is (events held for later seqs are dropped)."""
         if self._done:
-            return
+            return False
         self._early.clear()
         self._push(reply)
+        return True
 
     def _push(self, reply: ReplyEvent) -> None:
         self.next_seq += 1

@@ -32,8 +32,8 @@ class BusSettings(BaseSettings):
     # and writers wake them. Unused with `kafka`, which long-polls.
     doorbell_url: str | None = None
     # With the doorbell, the edge also hands each request, and GPU consumers each request's first
-    # token event, to its reader through it once the broker has acknowledged it (the express lane,
-    # topics/doorbell.py).
+    # token event (at light load every one), to its reader through it once the broker has
+    # acknowledged it (the express lane, topics/doorbell.py).
     express_first_token: bool = True
     topic_prefix: str = "tokenbus."
     # Models served, and tiers from highest priority to lowest.

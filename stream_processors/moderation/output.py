@@ -55,7 +55,9 @@ class OutputModeration:
         self.windows.stop(event.request_id)
         stop = TokenEvent(event.request_id, event.seq + 1, finish_reason=FINISH_CONTENT_FILTER, truncate=True,
                           worker_id=MODERATION_WORKER)
-        await self.ctx.send(message.topic, stop, event.request_id, partition=message.partition)
+        # Handed to the edge too, as the GPU consumer's events are while it is light: the edge's
+        # fetches may then be backing the lane up at a longer wait.
+        await self.ctx.send(message.topic, stop, event.request_id, partition=message.partition, hand_over=True)
         cancel = Control(event.request_id, ControlAction.CANCEL, reason=FINISH_CONTENT_FILTER)
         await self.ctx.send(self.ctx.catalog.control, cancel, event.request_id)
 

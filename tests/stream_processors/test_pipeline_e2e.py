@@ -14,6 +14,8 @@ from openai import AsyncOpenAI
 from tests.conftest import MODEL, SIM_PHRASE, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
 from tests.stream_processors.helpers import Processors, eventually, produce, read_topic
+from tests.topics.test_express_lane import handed_over
+from tests.waiting import wait_for
 from tokenbus.infra.devstack.stack import EmbeddedStack
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import (
@@ -25,6 +27,7 @@ from tokenbus.schemas import (
     ControlAction,
     DecodeError,
     ModerationDecision,
+    TokenEvent,
 )
 from tokenbus.topics import TopicCatalog
 from tokenbus.topics.dead_letters import HEADER_REASON, HEADER_SOURCE
@@ -184,16 +187,26 @@ async def where_the_cut_went(stack: EmbeddedStack, catalog: TopicCatalog, reques
 async def test_an_output_violation_truncates_the_stream_and_stops_generation(stack, catalog):
     seed, full_text, phrase_end = await seed_with_phrase_mid_stream()
     _, key = await new_key(stack, tier="interactive")  # the test policy blocks SIM_PHRASE there
-    stream = await client(stack, key).chat.completions.create(
-        model=SLOW_MODEL, stream=True, seed=seed, messages=[{"role": "user", "content": "go"}])
-    chunks = [chunk async for chunk in stream]
-    ended_ms = time.time() * 1000
+    async with handed_over(stack.bus_settings(), catalog.tokens) as lane:
+        stream = await client(stack, key).chat.completions.create(
+            model=SLOW_MODEL, stream=True, seed=seed, messages=[{"role": "user", "content": "go"}])
+        chunks = [chunk async for chunk in stream]
+        ended_ms = time.time() * 1000
+
+        def truncations() -> list[TokenEvent]:
+            handed = (CODEC.decode(value, TokenEvent) for *_, value in lane)
+            return [e for e in handed if e.request_id == chunks[0].id and e.truncate]
+
+        # The truncation is handed to the edge on the express lane too (its fetches may be backing
+        # the lane up at a longer wait), once the log has it.
+        await wait_for(truncations, 10, "the truncation on the express lane")
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "content_filter", await where_the_cut_went(
         stack, catalog, chunks[0].id, ended_ms)
     assert full_text.startswith(text)  # what was relayed is the model's text, cut short
     assert phrase_end <= len(text) < len(full_text)
 
+    assert [e.finish_reason for e in truncations()] == ["content_filter"]
     request_id = chunks[0].id
     (completion,) = await eventually(lambda: completions_of(stack, catalog, request_id))
     assert completion.finish_reason == "content_filter" and completion.cancelled

@@ -253,3 +253,55 @@ async def test_a_partition_the_reader_held_meanwhile_is_not_taken_for_starved(bu
         assert pacer.fetch_wait_ms == 10
     finally:
         await consumer.stop()
+
+
+@pytest.mark.parametrize("broker", ["embedded", "kafka"])
+async def test_a_light_reader_fed_by_the_express_lane_backs_it_up_at_the_express_wait(bus, broker, monkeypatch):
+    """A light reader whose records also come by the express lane fetches with the profile's
+    express wait once the lane has brought them a while: its fetches only back the lane up. A lane
+    copy that comes after the fetched one only lost a race; a fetched record whose copy never comes
+    brings the light wait back, and load the busy one. Kafka long-polls: one wait there."""
+    monkeypatch.setattr(FetchPacer, "LANE_TRUST_AFTER_S", 0.3)
+    monkeypatch.setattr(FetchPacer, "LANE_GRACE_S", 0.1)
+    settings = bus.model_copy(update={"broker": broker, "doorbell_url": None})
+    tuned = PROFILES[broker]
+    consumer = make_consumer(settings)
+    await consumer.start()
+    pacer = FetchPacer(settings, express=True)
+    pacer.attach(consumer)
+    topic = TopicCatalog(settings).control
+
+    def wait_serving(in_flight: int) -> int:
+        pacer.serving(in_flight)
+        wait: int = consumer._fetcher._fetch_max_wait_ms  # what aiokafka asks for in its next fetch
+        return wait
+
+    try:
+        unheard = wait_serving(1)  # the lane has brought nothing yet
+        pacer.handed_over(topic, 0, 10)
+        too_soon = wait_serving(1)
+        await asyncio.sleep(0.35)
+        pacer.handed_over(topic, 0, 11)
+        fed = wait_serving(1)
+        pacer.fetched_first(topic, 0, 12)  # the fetch won the race...
+        await asyncio.sleep(0.05)
+        pacer.handed_over(topic, 0, 12)  # ...and the lane's copy came after it
+        await asyncio.sleep(0.1)
+        raced = wait_serving(1)
+        pacer.fetched_first(topic, 0, 13)  # no copy comes
+        await asyncio.sleep(0.15)
+        missed = wait_serving(1)
+        pacer.handed_over(topic, 0, 14)
+        await asyncio.sleep(0.35)
+        pacer.handed_over(topic, 0, 15)
+        again = wait_serving(1)
+        loaded = wait_serving(pacer.LIGHT_IN_FLIGHT + 1)
+    finally:
+        await consumer.stop()
+    if broker == "embedded":
+        light, express = tuned.light_fetch_max_wait_ms, tuned.express_fetch_max_wait_ms
+        assert express > tuned.fetch_max_wait_ms > light
+        assert (unheard, too_soon, fed, raced, missed, again) == (light, light, express, express, light, express)
+        assert loaded == tuned.fetch_max_wait_ms
+    else:
+        assert {unheard, too_soon, fed, raced, missed, again, loaded} == {tuned.fetch_max_wait_ms}

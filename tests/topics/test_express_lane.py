@@ -1,9 +1,10 @@
 """The express lane of the embedded broker's doorbell (topics/doorbell.py), with the real broker
 and real Redis: a publisher hands over exactly the records it is asked to, at the offsets the
 broker gave them; a reply router offers a handed-over event to its stream, which keeps one copy
-whichever comes first; a GPU consumer hands over each request's first token event, and takes a
-request handed over by its publisher where its next fetch would have found it; nothing is handed
-over under load."""
+whichever comes first, and while the lane brings every event its fetches back it up at the
+express wait; a light GPU consumer hands over every token event, and takes a request handed over
+by its publisher where its next fetch would have found it, or right after the last it took so;
+nothing is handed over under load."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tests.waiting import wait_for
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
 from tokenbus.topics import BusSettings, FetchPacer, ReplyRouter, TopicCatalog, make_producer
+from tokenbus.topics.clients import PROFILES
 from tokenbus.topics.doorbell import Doorbell, express_channel, listen_express
 
 codec = AvroCodec()
@@ -148,25 +150,81 @@ async def test_a_router_takes_a_handed_over_event_once_whichever_copy_comes_firs
     assert router.open_streams == 0
 
 
-async def test_a_gpu_consumer_hands_over_each_requests_first_token_event(embedded):
+async def test_a_light_router_backs_the_lane_up_at_the_express_wait_until_the_lane_misses(embedded, monkeypatch):
+    """While the lane brings every event of its streams (before the fetched copy, or just after it),
+    a light router's fetches only back the lane up, at the profile's express wait; events that come
+    by the fetch alone bring the light wait back. Either way each event reaches its stream once, in
+    order."""
+    monkeypatch.setattr(FetchPacer, "LANE_TRUST_AFTER_S", 0.3)
+    monkeypatch.setattr(FetchPacer, "LANE_GRACE_S", 0.1)
+    tuned = PROFILES["embedded"]
+    router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
+    await router.start()
+    producer = make_producer(embedded.model_copy(update={"express_first_token": False}))  # hands nothing over itself
+    await producer.start()
+    assert embedded.doorbell_url
+    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+    log = TopicPartition(router.reply_topic, router.reply_partition)
+
+    def asked() -> int:
+        wait: int = router._consumer._fetcher._fetch_max_wait_ms  # what the router's next fetch asks for
+        return wait
+
+    stream = router.open("fed")
+    events = stream.events(idle_timeout=10)
+    read: list[int] = []
+
+    async def relay_until(wait_ms: int, hand: bool) -> None:
+        """Write (and maybe hand over) one event at a time, each read before the next, until the
+        router's fetches ask for ``wait_ms``."""
+        for _ in range(200):
+            seq = len(read)
+            value = codec.encode(TokenEvent("fed", seq, f"{seq}", [seq]))
+            written = await producer.send_and_wait(log.topic, value, key=b"fed", partition=log.partition)
+            if hand:
+                lane.hand_over(log.topic, log.partition, written.offset, value)
+            read.append((await asyncio.wait_for(anext(events), 10)).event.seq)
+            await asyncio.sleep(0.02)
+            if asked() == wait_ms:
+                return
+        pytest.fail(f"the router never asked for {wait_ms} ms (asks for {asked()})")
+
+    try:
+        await relay_until(tuned.express_fetch_max_wait_ms, hand=True)
+        await relay_until(tuned.light_fetch_max_wait_ms, hand=False)
+        await relay_until(tuned.express_fetch_max_wait_ms, hand=True)
+        final = codec.encode(TokenEvent("fed", len(read), "end", finish_reason="stop"))
+        await producer.send_and_wait(log.topic, final, key=b"fed", partition=log.partition)
+        read += [r.event.seq async for r in events]
+    finally:
+        await lane.close()
+        await producer.stop()
+        await router.stop()
+    assert read == list(range(len(read)))
+
+
+async def test_a_light_gpu_consumer_hands_over_every_token_event(embedded):
+    """While it runs at most ``LIGHT_IN_FLIGHT`` sequences, a GPU consumer hands over each event it
+    publishes (the first is what a client waits for; with all of them on the lane the edge's
+    fetches only back it up), once, with the bytes and offset the log has."""
     tokens = TopicCatalog(embedded).tokens
     async with (handed_over(embedded, tokens) as got, running_worker(embedded, min_tokens=4, max_tokens=4),
                 TokenbusClient(embedded, idle_timeout=20) as client):
         requests = [client.new_request(MODEL, [ChatMessage("user", f"question {i}")]) for i in range(3)]
         streams = [[r async for r in client.stream(request)] for request in requests]  # one at a time
-        await wait_for(lambda: len(got) >= len(requests), 10, "a hand-over per request")
+        await wait_for(lambda: len(got) >= 12, 10, "a hand-over per event", lambda: f"{len(got)} of 12")
+        await asyncio.sleep(0.2)  # none more comes
     assert all(len(stream) == 4 for stream in streams)
-    handed = [codec.decode(value, TokenEvent).request_id for *_, value in got]
-    assert sorted(handed) == sorted(r.request_id for r in requests)
+    handed = sorted((event.request_id, event.seq) for event in (codec.decode(value, TokenEvent) for *_, value in got))
+    assert handed == sorted((r.request_id, seq) for r in requests for seq in range(4))
     written = {(r.partition, r.offset): r.value for r in await read_all(embedded, tokens, expected=12)}
     assert len(written) == 12
-    for (_, partition, offset, value) in got:
-        assert written[partition, offset] == value and codec.decode(value, TokenEvent).seq == 0
+    assert all(written[partition, offset] == value for (_, partition, offset, value) in got)
 
 
 async def test_nothing_is_handed_over_under_load(embedded, monkeypatch):
     """Under load fetches return records at once and a hand-over only adds work: the edge hands a
-    request over, and a GPU consumer a first token event, only while it serves at most
+    request over, and a GPU consumer its token events, only while it serves at most
     ``LIGHT_IN_FLIGHT`` streams or sequences (here none, so that one request is already load)."""
     monkeypatch.setattr(FetchPacer, "LIGHT_IN_FLIGHT", 0)
     catalog = TopicCatalog(embedded)
@@ -229,3 +287,42 @@ async def test_a_gpu_consumer_takes_a_handed_over_request_only_where_its_next_fe
     completions = [codec.decode(r.value, Completion).request_id
                    for r in await read_all(embedded, catalog.completions, expected=3)]
     assert sorted(completions) == sorted([warm.request_id, early.request_id, after.request_id])
+
+
+async def test_a_gpu_consumer_takes_hand_overs_in_a_row_ahead_of_its_fetch(embedded):
+    """Two requests handed over back to back, before the fetch has returned either (two clients
+    at once): the worker takes the second right after the first, serves each once, and passes both
+    fetched copies over."""
+    catalog = TopicCatalog(embedded)
+    topic = catalog.requests(MODEL, embedded.tiers[-1])
+    assert embedded.doorbell_url
+    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+    async with (handed_over(embedded, topic) as edge_handed, running_worker(embedded, min_tokens=3, max_tokens=3) as worker,
+                TokenbusClient(embedded, idle_timeout=20) as client):
+        warm = client.new_request(MODEL, [ChatMessage("user", "the first, fetched")])
+        assert [r.event.seq async for r in client.stream(warm)] == [0, 1, 2]
+        (_, partition, offset, _), = edge_handed
+        pair = [client.new_request(MODEL, [ChatMessage("user", f"handed over, {n} of two")]) for n in (1, 2)]
+        streams = [client.router.open(request.request_id) for request in pair]
+        for n, request in enumerate(pair, start=1):
+            lane.hand_over(topic, partition, offset + n, codec.encode(request))
+        served = [[r.event.seq async for r in stream.events(idle_timeout=10)] for stream in streams]
+        assert served == [[0, 1, 2], [0, 1, 2]]
+        await wait_for(lambda: worker.completed == 3, 10, "both completions acknowledged")
+        producer = make_producer(embedded.model_copy(update={"express_first_token": False}))
+        await producer.start()
+        try:  # their records, written now where they were handed over from, are passed over
+            for n, request in enumerate(pair, start=1):
+                written = await producer.send_and_wait(topic, codec.encode(request), key=request.request_id.encode(),
+                                                       partition=partition)
+                assert written.offset == offset + n
+            last = client.new_request(MODEL, [ChatMessage("user", "the next, fetched after them")])
+            await producer.send_and_wait(topic, codec.encode(last), key=last.request_id.encode(), partition=partition)
+            assert [r.event.seq async for r in client.router.open(last.request_id).events(idle_timeout=10)] == [0, 1, 2]
+        finally:
+            await producer.stop()
+            await lane.close()
+        await wait_for(lambda: worker.completed == 4, 10, "the last request's completion")
+    completions = [codec.decode(r.value, Completion).request_id
+                   for r in await read_all(embedded, catalog.completions, expected=4)]
+    assert sorted(completions) == sorted([warm.request_id, *(r.request_id for r in pair), last.request_id])
