@@ -29,6 +29,7 @@ from tokenbus.stream_processors.moderation.ingress import IngressModeration
 from tokenbus.stream_processors.moderation.output import OutputModeration
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.stream_processors.transcripts import TranscriptWriter
+from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.clients import profile
 from tokenbus.topics.holes import wait_at_holes
 from tokenbus.topics.pacing import FetchPacer
@@ -95,7 +96,10 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
         **state_dir,
     )
     fetch_max_wait_ms = settings.fetch_max_wait_ms or tuned.fetch_max_wait_ms
-    pacer = FetchPacer(settings.bus, fetch_max_wait_ms)
+    catalog = TopicCatalog(settings.bus)
+    # Billing and transcripts need no 5 ms poll: fetched in spells (FetchPacer) while ingress, a
+    # request path, keeps the short wait.
+    pacer = FetchPacer(settings.bus, fetch_max_wait_ms, background_topics=(catalog.completions, catalog.moderation))
     transport = tuned_transport(fetch_max_wait_ms, pacer, tuned.fetcher_timeout_ms)
     if tuned.wait_at_holes:
         wait_at_holes()  # faust's consumers are not made by make_consumer

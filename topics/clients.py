@@ -62,6 +62,11 @@ class ClientProfile:
     # lately, fetches with this wait instead (0: the light wait): its fetches only back the lane up,
     # and a lane that misses a record brings the light wait back (FetchPacer).
     express_fetch_max_wait_ms: int = 0
+    # A reader's background topics, whose records may wait (the processors' completions and
+    # moderation decisions), are fetched in short spells this often rather than at its busy wait
+    # all along (0: with the rest). A spell, not a long wait: a fetch the embedded broker holds for
+    # its whole wait would hold up the reader's other topics just as long.
+    background_spell_every_s: float = 0.0
     # A rotating reply router writes each rotation to a new topic, deleted once done with
     # (topics/replies.py): the embedded broker scans a partition's whole log on every fetch and
     # only gives memory back when a topic is deleted. On Kafka, retention bounds the logs.
@@ -87,7 +92,7 @@ PROFILES = {
     "embedded": ClientProfile(fetch_max_wait_ms=5, background_fetch_max_wait_ms=200,
                               session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
                               idle_fetch_max_wait_ms=100, light_fetch_max_wait_ms=2, express_fetch_max_wait_ms=50,
-                              idle_after_s=2.0, idle_poll_s=10.0,
+                              background_spell_every_s=0.1, idle_after_s=2.0, idle_poll_s=10.0,
                               ring_every_s=0.5, raise_wait_when_starved=True, fetcher_timeout_ms=1000,
                               roll_reply_logs=True, wait_at_holes=True),
 }

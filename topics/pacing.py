@@ -56,6 +56,13 @@ class FetchPacer:
     and a reader of several topics (the processors: ingress, tokens, completions, decisions) often
     has one busy and the rest silent.
 
+    A reader may name ``background_topics``, whose records may wait: with the embedded profile their
+    partitions rest paused, and are fetched in a spell of ``BACKGROUND_SPELL_S`` every
+    ``background_spell_every_s`` (the processors' completions: a request's billing needs no 5 ms
+    poll, and was most of their fetching at concurrency 1). A spell rather than a longer wait,
+    because the embedded broker holds a fetch for its whole wait: a ring for another of the
+    reader's topics would find such a fetch in flight and wait for it.
+
     ``observed`` and ``wake`` may be called from any thread: what touches the consumer runs in
     its own event loop (faust runs its consumer in a thread of its own)."""
 
@@ -68,16 +75,19 @@ class FetchPacer:
     MAX_WAIT_MS = 1000
     QUIET_CHECK_S = 0.25
     LIGHT_IN_FLIGHT = 2  # up to this many requests or streams in flight, the light wait
+    BACKGROUND_SPELL_S = 0.02  # a fetch at the busy wait starts and returns within it
     LANE_TRUST_AFTER_S = 2.0
     LANE_GRACE_S = 0.1
     MAX_UNCONFIRMED = 256
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
-                 pauses: bool = True, on_ring: Callable[[str], None] | None = None, express: bool = False) -> None:
+                 pauses: bool = True, on_ring: Callable[[str], None] | None = None, express: bool = False,
+                 background_topics: Iterable[str] = ()) -> None:
         """``background`` for a reader made with ``make_consumer(..., background=True)``;
         ``pauses=False`` for one that must never be paused (it only lengthens its wait when idle);
         ``on_ring`` hears the topic each ring names, in the consumer's event loop; ``express`` for a
-        reader that also takes its records from the express lane."""
+        reader that also takes its records from the express lane; ``background_topics``, those of
+        its topics fetched in spells."""
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
         self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
@@ -99,6 +109,10 @@ class FetchPacer:
         self._consumer: AIOKafkaConsumer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._spell_every_s = tuned.background_spell_every_s
+        self._background_topics = frozenset(background_topics) if self._spell_every_s else frozenset()
+        self._spells: asyncio.Task[None] | None = None
+        self._resting: set[TopicPartition] = set()  # background partitions paused between spells
         self._paused: set[TopicPartition] = set()  # paused by the pacer (not by anyone else)
         self._held: set[TopicPartition] = set()  # paused by the reader itself (hold)
         self._quiet: set[TopicPartition] = set()  # paused by the pacer because their topic is quiet
@@ -125,9 +139,13 @@ class FetchPacer:
         if url and loop is not None and loop is not self._loop:  # the first consumer, or one in a new loop
             self._loop = loop
             self._listener = loop.create_task(self._listen(url))
+        self._resting.clear()
+        if self._background_topics and (self._spells is None or self._spells.get_loop() is not asyncio.get_running_loop()):
+            self._spells = asyncio.get_running_loop().create_task(self._background_spells())
 
     async def close(self) -> None:
         await cancel_task(self._listener)
+        await cancel_task(self._spells)
 
     @property
     def idle(self) -> bool:
@@ -366,6 +384,34 @@ class FetchPacer:
             waiter = getattr(getattr(consumer, "_fetcher", None), "_wait_consume_future", None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
+
+    async def _background_spells(self) -> None:
+        while True:
+            await asyncio.sleep(self._spell_every_s)
+            self._end_rest()
+            # Long enough for a fetch at the wait of the moment to start (after the one in flight) and return.
+            await asyncio.sleep(max(self.BACKGROUND_SPELL_S, 3 * self._busy_wait_ms / 1000))
+            self._rest()
+
+    def _rest(self) -> None:
+        """Pause the background topics' partitions until the next spell (an idle reader's are paused already)."""
+        consumer = self._consumer
+        if consumer is None or self._idle:
+            return
+        paused = consumer.paused()
+        resting = [tp for tp in consumer.assignment() if tp.topic in self._background_topics and tp not in paused]
+        if resting:
+            self._pause_partitions(resting)
+            self._resting.update(resting)
+
+    def _end_rest(self) -> None:
+        if not self._resting:
+            return
+        resting, self._resting = self._resting, set()
+        if self._idle and self._paused:
+            self._paused.update(resting)  # they wait for the doorbell with the rest
+        else:
+            self._resume_partitions(resting)
 
     async def _listen(self, url: str) -> None:
         rings = asyncio.create_task(doorbell.listen(url, self._topic_prefix, self._rung))

@@ -305,3 +305,60 @@ async def test_a_light_reader_fed_by_the_express_lane_backs_it_up_at_the_express
         assert loaded == tuned.fetch_max_wait_ms
     else:
         assert {unheard, too_soon, fed, raced, missed, again, loaded} == {tuned.fetch_max_wait_ms}
+
+
+@pytest.mark.parametrize("broker", ["embedded", "kafka"])
+async def test_a_readers_background_topics_are_fetched_in_spells(bus, broker):
+    """With the embedded profile a reader's background topics (the processors' completions) rest
+    paused between short spells while its other topics are fetched at the busy wait: counted in the
+    fetch requests it sends, the background partition is named in a small share of them, and every
+    record written to it is still read. Kafka's profile has no spells: every fetch names both."""
+    settings = bus.model_copy(update={"broker": broker, "doorbell_url": None})
+    catalog = TopicCatalog(settings)
+    busy, background = TopicPartition(catalog.control, 1), TopicPartition(catalog.completions, 1)
+    consumer = make_consumer(settings)
+    named = counted_fetches(consumer, lambda request: {topic for topic, _ in request.topics}
+                            if type(request).__name__ == "FetchRequest" else None)
+    await consumer.start()
+    pacer = FetchPacer(settings, background_topics=[catalog.completions])
+    pacer.attach(consumer)
+    producer = make_producer(settings.model_copy(update={"broker": "embedded"}))  # Kafka's wants an idempotent broker
+    await producer.start()
+    marker = f"spells-{broker}-{id(pacer)}".encode()
+    read: dict[str, int] = {busy.topic: 0, background.topic: 0}
+    try:
+        consumer.assign([busy, background])
+        for tp in (busy, background):
+            consumer.seek(tp, 0)
+        loop = asyncio.get_running_loop()
+
+        async def read_for(seconds: float) -> None:
+            deadline = loop.time() + seconds
+            while loop.time() < deadline:
+                batches = await consumer.getmany(timeout_ms=50)
+                pacer.observed(sum(map(len, batches.values())))
+                for tp, records in batches.items():
+                    read[tp.topic] += sum(r.value == marker for r in records)
+
+        await read_for(0.5)  # what the topics held before
+        named.clear()
+        for _ in range(20):
+            for tp in (busy, background):
+                await producer.send_and_wait(tp.topic, marker, partition=tp.partition)
+            await read_for(0.05)
+        deadline = loop.time() + 10
+        while read[background.topic] < 20 and loop.time() < deadline:
+            await read_for(0.1)
+    finally:
+        await producer.stop()
+        await pacer.close()
+        await consumer.stop()
+    fetches = [topics for topics in named if topics is not None]
+    with_busy = sum(busy.topic in topics for topics in fetches)
+    with_background = sum(background.topic in topics for topics in fetches)
+    print(f"fetches naming the busy topic {with_busy}, the background one {with_background}")
+    assert read == {busy.topic: 20, background.topic: 20}
+    if broker == "embedded":
+        assert with_background <= with_busy / 2, (with_background, with_busy)
+    else:
+        assert with_background == with_busy > 0
