@@ -76,6 +76,7 @@ class FetchPacer:
     QUIET_CHECK_S = 0.25
     LIGHT_IN_FLIGHT = 2  # up to this many requests or streams in flight, the light wait
     BACKGROUND_SPELL_S = 0.02  # a fetch at the busy wait starts and returns within it
+    IDLE_SPELLS_CHECK_S = 1.0  # an idle reader has no spells: how often it looks whether it still is
     LANE_TRUST_AFTER_S = 2.0
     LANE_GRACE_S = 0.1
     MAX_UNCONFIRMED = 256
@@ -341,6 +342,9 @@ class FetchPacer:
         if fresh:
             self._pause_partitions(fresh)
             self._paused.update(fresh)
+        if self._resting:  # paused already: they wait for the doorbell with the rest
+            self._paused.update(self._resting)
+            self._resting.clear()
 
     def _resume(self) -> None:
         if self._paused:
@@ -387,6 +391,10 @@ class FetchPacer:
 
     async def _background_spells(self) -> None:
         while True:
+            if self._idle:  # no spells: an idle reader pauses them with the rest, or fetches them at its idle wait
+                self._end_rest()
+                await asyncio.sleep(self.IDLE_SPELLS_CHECK_S)
+                continue
             await asyncio.sleep(self._spell_every_s)
             self._end_rest()
             # Long enough for a fetch at the wait of the moment to start (after the one in flight) and return.
@@ -394,7 +402,7 @@ class FetchPacer:
             self._rest()
 
     def _rest(self) -> None:
-        """Pause the background topics' partitions until the next spell (an idle reader's are paused already)."""
+        """Pause the background topics' partitions until the next spell."""
         consumer = self._consumer
         if consumer is None or self._idle:
             return
@@ -405,12 +413,8 @@ class FetchPacer:
             self._resting.update(resting)
 
     def _end_rest(self) -> None:
-        if not self._resting:
-            return
-        resting, self._resting = self._resting, set()
-        if self._idle and self._paused:
-            self._paused.update(resting)  # they wait for the doorbell with the rest
-        else:
+        if self._resting:
+            resting, self._resting = self._resting, set()
             self._resume_partitions(resting)
 
     async def _listen(self, url: str) -> None:
