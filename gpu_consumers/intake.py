@@ -13,7 +13,7 @@ takes it only where that is the record its next fetch of the partition would ret
 after the last it took so (so nothing is skipped or taken out of order), after one fetched since
 the partition became its own (that one settles whether another worker may have started it), and
 while its tier has room; the fetched copy is then passed over. While the worker is light and the
-lane brings every request first, its fetches only back the lane up and wait longer (``FetchPacer``).
+lane brings every request, its fetches only back the lane up and wait longer (``FetchPacer``).
 """
 
 from __future__ import annotations

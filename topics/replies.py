@@ -31,7 +31,8 @@ A router of rolled logs also takes the records a GPU consumer hands over on thei
 (each request's first token event, and every event while the consumer is light,
 topics/doorbell.py): offered to the stream like a fetched record, so whichever of the two copies
 comes second is dropped as a repeat. While the router is light and the lane brings every event
-first, its fetches only back the lane up and wait longer (``FetchPacer``'s express wait).
+(before or just after the fetch), its fetches only back the lane up and wait longer
+(``FetchPacer``'s express wait).
 """
 
 from __future__ import annotations
