@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis.asyncio as redis
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, running_worker
@@ -239,90 +241,95 @@ async def test_nothing_is_handed_over_under_load(embedded, monkeypatch):
     assert tokens_handed == [] and requests_handed == []
 
 
+@dataclass
+class WarmWorker:
+    """A worker that has served one request fetched from the lowest tier's topic, and what its tests use."""
+
+    topic: str
+    lane: Doorbell  # to hand requests over on, as the edge does
+    writer: AIOKafkaProducer  # to write them where they were handed over from, without a lane
+    worker: Any
+    client: TokenbusClient
+    warm: ChatRequest
+    partition: int  # where the warm request lies
+    offset: int
+
+
+@contextlib.asynccontextmanager
+async def beside_a_warm_worker(embedded: BusSettings) -> AsyncIterator[WarmWorker]:
+    """A running worker past its first fetch of a partition (so it takes hand-overs there); the
+    edge handed over that first request and only it."""
+    topic = TopicCatalog(embedded).requests(MODEL, embedded.tiers[-1])
+    assert embedded.doorbell_url
+    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+    writer = make_producer(embedded.model_copy(update={"express_first_token": False}))
+    await writer.start()
+    try:
+        async with (handed_over(embedded, topic) as edge_handed, running_worker(embedded, min_tokens=3, max_tokens=3) as worker,
+                    TokenbusClient(embedded, idle_timeout=20) as client):
+            warm = client.new_request(MODEL, [ChatMessage("user", "the first, fetched")])
+            assert [r.event.seq async for r in client.stream(warm)] == [0, 1, 2]
+            assert [codec.decode(value, ChatRequest).request_id for *_, value in edge_handed] == [warm.request_id]
+            (_, partition, offset, _), = edge_handed
+            yield WarmWorker(topic, lane, writer, worker, client, warm, partition, offset)
+    finally:
+        await writer.stop()
+        await lane.close()
+
+
 async def test_a_gpu_consumer_takes_a_handed_over_request_only_where_its_next_fetch_would_be(embedded):
     """The edge hands over each request it publishes to a model's topic. A worker takes one at
     the offset its next fetch of the partition would return, and passes the fetched copy over (the
     request is served once); one at any other offset is left to the fetch."""
-    catalog = TopicCatalog(embedded)
-    topic = catalog.requests(MODEL, embedded.tiers[-1])
-    assert embedded.doorbell_url
-    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
-    async with (handed_over(embedded, topic) as edge_handed, running_worker(embedded, min_tokens=3, max_tokens=3) as worker,
-                TokenbusClient(embedded, idle_timeout=20) as client):
-
-        async def served(request) -> list[int]:
-            return [r.event.seq async for r in client.stream(request)]
-
-        warm = client.new_request(MODEL, [ChatMessage("user", "the first, fetched")])
-        assert await served(warm) == [0, 1, 2]
-        assert [codec.decode(value, ChatRequest).request_id for *_, value in edge_handed] == [warm.request_id]
-        (_, partition, offset, _), = edge_handed
+    async with beside_a_warm_worker(embedded) as at:
+        topic, partition, offset, client = at.topic, at.partition, at.offset, at.client
         # Handed over before it is written: served from the lane alone.
         early = client.new_request(MODEL, [ChatMessage("user", "handed over first")])
         early_stream = client.router.open(early.request_id)
-        lane.hand_over(topic, partition, offset + 1, codec.encode(early))
+        at.lane.hand_over(topic, partition, offset + 1, codec.encode(early))
         events = [r.event.seq async for r in early_stream.events(idle_timeout=10)]
         assert events == [0, 1, 2]
-        await wait_for(lambda: worker.completed == 2, 10, "its completion acknowledged")
+        await wait_for(lambda: at.worker.completed == 2, 10, "its completion acknowledged")
         # Its record, written now where it was handed over from, is passed over.
-        producer = make_producer(embedded.model_copy(update={"express_first_token": False}))
-        await producer.start()
-        try:
-            written = await producer.send_and_wait(topic, codec.encode(early), key=early.request_id.encode(),
-                                                   partition=partition)
-            assert written.offset == offset + 1
-            # Handed over ahead of the fetch (offset + 3 while the next record is at offset + 2): not taken.
-            ahead = client.new_request(MODEL, [ChatMessage("user", "handed over too soon")])
-            ahead_stream = client.router.open(ahead.request_id)
-            lane.hand_over(topic, partition, offset + 3, codec.encode(ahead))
-            after = client.new_request(MODEL, [ChatMessage("user", "the next, at offset + 2")])
-            await producer.send_and_wait(topic, codec.encode(after), key=after.request_id.encode(), partition=partition)
-            after_stream = client.router.open(after.request_id)
-            assert [r.event.seq async for r in after_stream.events(idle_timeout=10)] == [0, 1, 2]
-        finally:
-            await producer.stop()
-            await lane.close()
-        await wait_for(lambda: worker.completed == 3, 10, "the third request's completion")
+        written = await at.writer.send_and_wait(topic, codec.encode(early), key=early.request_id.encode(),
+                                                partition=partition)
+        assert written.offset == offset + 1
+        # Handed over ahead of the fetch (offset + 3 while the next record is at offset + 2): not taken.
+        ahead = client.new_request(MODEL, [ChatMessage("user", "handed over too soon")])
+        ahead_stream = client.router.open(ahead.request_id)
+        at.lane.hand_over(topic, partition, offset + 3, codec.encode(ahead))
+        after = client.new_request(MODEL, [ChatMessage("user", "the next, at offset + 2")])
+        await at.writer.send_and_wait(topic, codec.encode(after), key=after.request_id.encode(), partition=partition)
+        after_stream = client.router.open(after.request_id)
+        assert [r.event.seq async for r in after_stream.events(idle_timeout=10)] == [0, 1, 2]
+        await wait_for(lambda: at.worker.completed == 3, 10, "the third request's completion")
         assert ahead_stream.backlog == 0 and not ahead_stream.done
     completions = [codec.decode(r.value, Completion).request_id
-                   for r in await read_all(embedded, catalog.completions, expected=3)]
-    assert sorted(completions) == sorted([warm.request_id, early.request_id, after.request_id])
+                   for r in await read_all(embedded, TopicCatalog(embedded).completions, expected=3)]
+    assert sorted(completions) == sorted([at.warm.request_id, early.request_id, after.request_id])
 
 
 async def test_a_gpu_consumer_takes_hand_overs_in_a_row_ahead_of_its_fetch(embedded):
     """Two requests handed over back to back, before the fetch has returned either (two clients
     at once): the worker takes the second right after the first, serves each once, and passes both
     fetched copies over."""
-    catalog = TopicCatalog(embedded)
-    topic = catalog.requests(MODEL, embedded.tiers[-1])
-    assert embedded.doorbell_url
-    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
-    async with (handed_over(embedded, topic) as edge_handed, running_worker(embedded, min_tokens=3, max_tokens=3) as worker,
-                TokenbusClient(embedded, idle_timeout=20) as client):
-        warm = client.new_request(MODEL, [ChatMessage("user", "the first, fetched")])
-        assert [r.event.seq async for r in client.stream(warm)] == [0, 1, 2]
-        (_, partition, offset, _), = edge_handed
+    async with beside_a_warm_worker(embedded) as at:
+        client = at.client
         pair = [client.new_request(MODEL, [ChatMessage("user", f"handed over, {n} of two")]) for n in (1, 2)]
         streams = [client.router.open(request.request_id) for request in pair]
         for n, request in enumerate(pair, start=1):
-            lane.hand_over(topic, partition, offset + n, codec.encode(request))
+            at.lane.hand_over(at.topic, at.partition, at.offset + n, codec.encode(request))
         served = [[r.event.seq async for r in stream.events(idle_timeout=10)] for stream in streams]
         assert served == [[0, 1, 2], [0, 1, 2]]
-        await wait_for(lambda: worker.completed == 3, 10, "both completions acknowledged")
-        producer = make_producer(embedded.model_copy(update={"express_first_token": False}))
-        await producer.start()
-        try:  # their records, written now where they were handed over from, are passed over
-            for n, request in enumerate(pair, start=1):
-                written = await producer.send_and_wait(topic, codec.encode(request), key=request.request_id.encode(),
-                                                       partition=partition)
-                assert written.offset == offset + n
-            last = client.new_request(MODEL, [ChatMessage("user", "the next, fetched after them")])
-            await producer.send_and_wait(topic, codec.encode(last), key=last.request_id.encode(), partition=partition)
-            assert [r.event.seq async for r in client.router.open(last.request_id).events(idle_timeout=10)] == [0, 1, 2]
-        finally:
-            await producer.stop()
-            await lane.close()
-        await wait_for(lambda: worker.completed == 4, 10, "the last request's completion")
+        await wait_for(lambda: at.worker.completed == 3, 10, "both completions acknowledged")
+        for n, request in enumerate(pair, start=1):  # written now where they were handed over from: passed over
+            written = await at.writer.send_and_wait(at.topic, codec.encode(request), key=request.request_id.encode(),
+                                                    partition=at.partition)
+            assert written.offset == at.offset + n
+        last = client.new_request(MODEL, [ChatMessage("user", "the next, fetched after them")])
+        await at.writer.send_and_wait(at.topic, codec.encode(last), key=last.request_id.encode(), partition=at.partition)
+        assert [r.event.seq async for r in client.router.open(last.request_id).events(idle_timeout=10)] == [0, 1, 2]
+        await wait_for(lambda: at.worker.completed == 4, 10, "the last request's completion")
     completions = [codec.decode(r.value, Completion).request_id
-                   for r in await read_all(embedded, catalog.completions, expected=4)]
-    assert sorted(completions) == sorted([warm.request_id, *(r.request_id for r in pair), last.request_id])
+                   for r in await read_all(embedded, TopicCatalog(embedded).completions, expected=4)]
+    assert sorted(completions) == sorted([at.warm.request_id, *(r.request_id for r in pair), last.request_id])
