@@ -32,7 +32,7 @@ from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.token_log import TokenLog
 from tokenbus.schemas import AvroCodec, ChatRequest, DecodeError
 from tokenbus.topics import DeadLetterPublisher, FetchPacer, TopicCatalog, cancel_task, doorbell, known_position, tracing
-from tokenbus.topics.clients import doorbell_on
+from tokenbus.topics.clients import express_lane_on
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class RequestIntake:
         self._offsets = offsets
         self._token_log = token_log
         bus = settings.bus
-        self._express_lane = doorbell_on(bus) and bus.express_first_token
+        self._express_lane = express_lane_on(bus)
         self._pacer = FetchPacer(bus, express=self._express_lane)
         catalog = TopicCatalog(settings.bus)
         self._topics_by_tier = {t: catalog.requests(settings.model, t) for t in settings.bus.tiers}

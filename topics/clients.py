@@ -107,6 +107,11 @@ def doorbell_on(settings: BusSettings) -> bool:
     return settings.broker == "embedded" and bool(settings.doorbell_url)
 
 
+def express_lane_on(settings: BusSettings) -> bool:
+    """Whether writers hand records over, and readers take them, on the doorbell's express lane."""
+    return doorbell_on(settings) and settings.express_first_token
+
+
 FORGET_TOPIC_AFTER_S = 60.0  # an embedded producer stops naming a topic in its metadata requests
 
 
@@ -193,7 +198,7 @@ def make_producer(settings: BusSettings, **overrides: Any) -> AIOKafkaProducer:
     # GPU consumers' cache reports (a snapshot every 10 s each, idle or not): a paused router
     # reads them within its idle poll, and a stale index costs only a cache miss.
     quiet = frozenset({TopicCatalog(settings).cache_reports})
-    return EmbeddedProducer(doorbell, quiet, settings.express_first_token, **options)
+    return EmbeddedProducer(doorbell, quiet, express_lane_on(settings), **options)
 
 
 def make_consumer(settings: BusSettings, *topics: str, group_id: str | None = None, background: bool = False,

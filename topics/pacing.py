@@ -141,8 +141,9 @@ class FetchPacer:
             self._loop = loop
             self._listener = loop.create_task(self._listen(url))
         self._resting.clear()
-        if self._background_topics and (self._spells is None or self._spells.get_loop() is not asyncio.get_running_loop()):
-            self._spells = asyncio.get_running_loop().create_task(self._background_spells())
+        running = asyncio.get_running_loop()
+        if self._background_topics and (self._spells is None or self._spells.get_loop() is not running):
+            self._spells = running.create_task(self._background_spells())
 
     async def close(self) -> None:
         await cancel_task(self._listener)

@@ -48,7 +48,7 @@ from aiokafka.errors import KafkaError
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics import doorbell
 from tokenbus.topics.catalog import TopicCatalog
-from tokenbus.topics.clients import cancel_task, doorbell_on, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.clients import cancel_task, express_lane_on, make_consumer, rewind_recreated, stop_reader
 from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import TopicAdmin, TopicProvisioningError
 from tokenbus.topics.reply_stream import DEFAULT_QUEUE_SIZE, ROUTER_STOPPED, ReplyEvent, ReplyStream, ReplyStreamError
@@ -116,7 +116,7 @@ class ReplyRouter:
         self._positions: dict[TopicPartition, int] = {}
         self._retired: dict[str, float] = {}  # this router's earlier rolled logs: when each stopped taking streams
         self._last_event: dict[str, float] = {}  # rolled log: when an event last arrived on it
-        self._express_lane = roll_logs and doorbell_on(settings) and settings.express_first_token
+        self._express_lane = roll_logs and express_lane_on(settings)
         self._pacer = FetchPacer(settings, express=self._express_lane)
         self.undecodable = 0
         self.rotations = 0
