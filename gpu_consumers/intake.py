@@ -173,11 +173,12 @@ class RequestIntake:
 
     # -- the express lane ----------------------------------------------------------
 
-    def _handed_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
+    def _handed_over(self, handed: doorbell.Handed) -> None:
         """A request the edge handed over: taken if it is the record the next fetch of its partition
         would return (or the one after the last taken so, which that fetch passes over), after one
         fetched since the partition became this worker's, and its tier has room; otherwise left to
         the fetch."""
+        topic, partition, offset, _, value = handed
         self._pacer.handed_over(topic, partition, offset)
         tier = self._tiers_by_topic.get(topic)
         tp = TopicPartition(topic, partition)

@@ -149,7 +149,8 @@ def add_moderation(app: faust.App, ctx: ProcessorContext, policy: Policy) -> Non
 
 def add_rolled_log_moderation(app: faust.App, ctx: ProcessorContext, output: OutputModeration) -> None:
     """On the embedded broker edges write their streams to rolled reply logs, topics that come and
-    go, which a faust agent cannot follow: a reader of its own hands them to the same job."""
+    go, which a faust agent cannot follow: a reader of its own hands them to the same job, taking
+    what writers hand over on the express lane too (a light GPU consumer's every event)."""
 
     async def moderate(record: ConsumerRecord) -> None:
         await ctx.process_record(output.name, record, TokenEvent, output.handle)
@@ -160,7 +161,7 @@ def add_rolled_log_moderation(app: faust.App, ctx: ProcessorContext, output: Out
 
     reader = RolledLogReader(ctx.settings.bus, f"{ctx.settings.group_id}.{output.name}", moderate,
                              name="moderate-rolled-logs", on_let_go=forget,
-                             fetch_wait_ms=ctx.settings.output_moderation_fetch_wait_ms)
+                             fetch_wait_ms=ctx.settings.output_moderation_fetch_wait_ms, express=True)
 
     @app.task
     async def moderate_rolled_logs() -> None:

@@ -53,7 +53,8 @@ class ProcessorSettings(BaseSettings):
     # On the embedded broker, output moderation reads the rolled reply logs with this fetch wait
     # rather than the request path's few ms: a truncation lands ~10 ms later on average, and the
     # broker, which holds each fetch that finds nothing for all of its wait, gets a quarter of the
-    # fetches (BENCHMARKS.md §1). Kafka long-polls, so there it reads like every other reader.
+    # fetches (BENCHMARKS.md §1); while the express lane brings every event, the profile's express
+    # wait instead. Kafka long-polls, so there it reads like every other reader.
     output_moderation_fetch_wait_ms: int = 20
     retry_max_delay_s: float = 5.0
 

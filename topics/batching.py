@@ -200,7 +200,8 @@ class BatchingPublisher:
             for offset, (batch, index) in enumerate(placed, start=metadata.offset):
                 if batch.handed_over and index in batch.handed_over:
                     assert self._hand_over is not None
-                    self._hand_over(topic, partition, offset, batch.records[index][1])
+                    key, value, _ = batch.records[index]
+                    self._hand_over(topic, partition, offset, key, value)
         for batch in passes:
             problem = failed.get(id(batch)) or (error if sent[id(batch)] < len(batch.records) else None)
             if problem is not None:

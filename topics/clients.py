@@ -109,7 +109,7 @@ def doorbell_on(settings: BusSettings) -> bool:
 
 def express_lane_on(settings: BusSettings) -> bool:
     """Whether writers hand records over, and readers take them, on the doorbell's express lane."""
-    return doorbell_on(settings) and settings.express_first_token
+    return doorbell_on(settings) and settings.express_lane
 
 
 FORGET_TOPIC_AFTER_S = 60.0  # an embedded producer stops naming a topic in its metadata requests
@@ -163,11 +163,11 @@ class EmbeddedProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ship
         self._wrote(topic)
         return delivery
 
-    def hand_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        """The acknowledged record ``value`` at ``offset``, to the readers waiting for it (the
-        express lane, topics/doorbell.py); nothing without one."""
+    def hand_over(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes) -> None:
+        """The acknowledged record ``key``, ``value`` at ``offset``, to the readers waiting for it
+        (the express lane, topics/doorbell.py); nothing without one."""
         if self._express is not None:
-            self._express.hand_over(topic, partition, offset, value)
+            self._express.hand_over(topic, partition, offset, key, value)
 
     async def stop(self) -> None:
         await super().stop()

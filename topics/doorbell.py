@@ -24,11 +24,12 @@ its end, and the next one returns the record: at concurrency 1, 2.7 ms p50 and 5
 the publish to the edge, BENCHMARKS.md §11). It carries the two records a client's first token
 waits on: the edge hands each request it publishes to the GPU consumers (gpu_consumers/intake.py),
 and the GPU consumer hands each request's token events to the edge's reply router
-(topics/replies.py), each while it serves few (under load fetches return records at once). The
-later tokens gain no latency by it (they hide behind the engine's steps); with every record on
-the lane the readers' fetches only back it up, at a longer wait (``FetchPacer``). What is handed
-over is the bytes the broker holds at that offset, so a reader that also fetches it passes one of
-the two copies over, and a lost hand-over costs latency only.
+(topics/replies.py) and output moderation (topics/rolled_logs.py), each while it serves few (under
+load fetches return records at once). The later tokens gain no latency by it (they hide behind the
+engine's steps); with every record on the lane the readers' fetches only back it up, at a longer
+wait (``FetchPacer``). What is handed over is the key and value the broker holds at that offset,
+so a reader that also fetches it passes one of the two copies over, and a lost hand-over costs
+latency only.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import logging
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as redis
 
@@ -47,7 +48,17 @@ log = logging.getLogger(__name__)
 RECONNECT_S = 1.0
 MAX_TOPICS_REMEMBERED = 256
 EXPRESS = "tokenbus:express:"
-_PLACE = struct.Struct(">iq")  # a handed-over record's partition and offset, before its value
+_PLACE = struct.Struct(">iqi")  # a handed-over record's partition, offset and key length (-1: none), before its key and value
+
+
+class Handed(NamedTuple):
+    """A record handed over on the express lane: where the broker put it, and its bytes."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
 
 
 def channel(topic_prefix: str) -> str:
@@ -78,10 +89,11 @@ class Doorbell:
         self._last_rung[topic] = now
         self._publish(self._channel, topic.encode(), topic)
 
-    def hand_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        """The record ``value`` was acknowledged at ``offset`` of ``topic``-``partition``: hand it to
-        the readers listening on the topic's express lane."""
-        self._publish(express_channel(topic), _PLACE.pack(partition, offset) + value, topic)
+    def hand_over(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes) -> None:
+        """The record ``key``, ``value`` was acknowledged at ``offset`` of ``topic``-``partition``:
+        hand it to the readers listening on the topic's express lane."""
+        place = _PLACE.pack(partition, offset, -1 if key is None else len(key))
+        self._publish(express_channel(topic), place + (key or b"") + value, topic)
 
     def _publish(self, channel_name: str, message: bytes, topic: str) -> None:
         task = asyncio.get_running_loop().create_task(self._send(channel_name, message, topic))
@@ -110,17 +122,18 @@ async def listen(url: str, topic_prefix: str, on_ring: Callable[[str], None]) ->
     await _listen(url, lambda pubsub: pubsub.subscribe(channel(topic_prefix)), ring)
 
 
-async def listen_express(url: str, topics_starting: str, on_record: Callable[[str, int, int, bytes], None]) -> None:
-    """Call ``on_record(topic, partition, offset, value)`` for every record handed over on the
-    express lane of a topic whose name starts with ``topics_starting``, until cancelled;
-    reconnects when Redis goes away."""
+async def listen_express(url: str, topics_starting: str, on_record: Callable[[Handed], None]) -> None:
+    """Call ``on_record`` with every record handed over on the express lane of a topic whose name
+    starts with ``topics_starting``, until cancelled; reconnects when Redis goes away."""
     escaped = "".join("\\" + c if c in "*?[]\\" else c for c in express_channel(topics_starting))
 
     def handed_over(message: dict[str, Any]) -> None:
         data, name = message.get("data"), message.get("channel")
         if isinstance(data, bytes) and isinstance(name, bytes) and len(data) >= _PLACE.size:
-            partition, offset = _PLACE.unpack_from(data)
-            on_record(name.decode(errors="replace").removeprefix(EXPRESS), partition, offset, data[_PLACE.size:])
+            partition, offset, key_size = _PLACE.unpack_from(data)
+            value_at = _PLACE.size + max(key_size, 0)
+            key = data[_PLACE.size:value_at] if key_size >= 0 else None
+            on_record(Handed(name.decode(errors="replace").removeprefix(EXPRESS), partition, offset, key, data[value_at:]))
 
     await _listen(url, lambda pubsub: pubsub.psubscribe(escaped + "*"), handed_over)
 

@@ -24,13 +24,13 @@ class FetchPacer:
     On the embedded broker a request-path reader asks for a few milliseconds (a fetch that finds
     no record is held for its whole wait, and not answered when one arrives), so an idle one
     would fetch hundreds of times a second. After ``idle_after_s`` with nothing read it fetches
-    with the profile's idle wait, and where the stack has a doorbell (topics/doorbell.py) it stops fetching: its
-    partitions are paused, fetched once every ``idle_poll_s``, and resumed when a writer rings.
-    Records arriving bring the short wait back. ``wake()`` is for a reader that knows records
-    are coming (the edge, once it has published a request, about its replies). A reader that
-    says how many requests or streams it serves (``serving``) fetches with the profile's light wait
-    while that is one or two. With the Kafka profile there is no doorbell, all waits are the same,
-    and the pacer changes nothing.
+    with the profile's idle wait, and where the stack has a doorbell (topics/doorbell.py) it stops
+    fetching: its partitions are paused, fetched once every ``idle_poll_s``, and resumed when a
+    writer rings. Records arriving bring the short wait back. ``wake()`` is for a reader that knows
+    records are coming (the edge, once it has published a request, about its replies). A reader
+    that says how many requests or streams it serves (``serving``) fetches with the profile's light
+    wait while that is one or two, unless it has a wait of its own (``busy_wait_ms``). With the
+    Kafka profile there is no doorbell, all waits are the same, and the pacer changes nothing.
 
     The embedded broker lists every record batch of a partition on each fetch and answers
     nothing when that outlasts the wait, so a long-lived partition stops delivering to a reader
@@ -40,8 +40,9 @@ class FetchPacer:
     ``STARVED_RELAX_S`` without starving.
 
     A reader whose records also come by the express lane (``express``, topics/doorbell.py: the
-    GPU consumer's requests, the edge's token events) fetches, while light, with the profile's
-    express wait instead, as long as the lane delivers: its fetches then only back the lane up. It
+    GPU consumer's requests, the edge's token events, output moderation's) fetches, while light,
+    with the profile's express wait instead, as long as the lane delivers: its fetches then only
+    back the lane up. It
     tells the pacer what the lane brought (``handed_over``) and what a fetch brought first
     (``fetched_first``); a record fetched first whose copy does not come by the lane within
     ``LANE_GRACE_S`` (its writer was not light, or the hand-over was lost or refused) brings the
@@ -92,7 +93,9 @@ class FetchPacer:
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
         self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
-        self._light_wait_ms = min(tuned.light_fetch_max_wait_ms or self._base_wait_ms, self._base_wait_ms)
+        # A wait of the reader's own is its latency budget: no light wait below it.
+        light_wait_ms = None if busy_wait_ms else tuned.light_fetch_max_wait_ms
+        self._light_wait_ms = min(light_wait_ms or self._base_wait_ms, self._base_wait_ms)
         self._light = False
         self._express_wait_ms = tuned.express_fetch_max_wait_ms if express else 0
         self._lane_trusted = False  # light, and the lane brought every record lately
@@ -187,11 +190,12 @@ class FetchPacer:
             self._next_starved_check = now + self.STARVED_CHECK_S
             self._in_consumer_loop(self._check_starved, now)
 
-    def serving(self, in_flight: int) -> None:
+    def serving(self, in_flight: int | None) -> None:
         """How many requests or streams the reader serves now; call it from the consumer's loop.
         Up to ``LIGHT_IN_FLIGHT`` it fetches with the profile's light wait, or its express wait
-        while the lane delivers."""
-        light = in_flight <= self.LIGHT_IN_FLIGHT
+        while the lane delivers. ``None`` for a reader of every writer's records, which cannot
+        count them: whether the lane delivers decides alone."""
+        light = in_flight is None or in_flight <= self.LIGHT_IN_FLIGHT
         trusted = False
         if light and self._express_wait_ms:
             now = time.monotonic()

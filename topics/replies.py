@@ -383,21 +383,21 @@ class ReplyRouter:
                 for tp in await rewind_recreated(self._consumer):
                     self._positions[tp] = 0
 
-    def _handed_over(self, topic: str, partition: int, offset: int, value: bytes) -> None:
+    def _handed_over(self, handed: doorbell.Handed) -> None:
         """A record of one of this router's rolled logs, handed over by its writer once acknowledged."""
-        tp = TopicPartition(topic, partition)
-        self._pacer.handed_over(topic, partition, offset)
+        tp, offset = TopicPartition(handed.topic, handed.partition), handed.offset
+        self._pacer.handed_over(handed.topic, handed.partition, offset)
         if offset < self._positions.get(tp, 0):  # fetched already
             return
         try:
-            event = self._codec.decode(value, TokenEvent)
+            event = self._codec.decode(handed.value, TokenEvent)
         except DecodeError:
             return  # the fetch brings it too, and counts it
         request_id = event.request_id
         stream = self._streams.get(request_id)
         if stream is None or self._stream_partitions.get(request_id) != tp:
             return
-        stream.offer(ReplyEvent(event, partition, offset))
+        stream.offer(ReplyEvent(event, handed.partition, offset))
         if stream.done:
             self.close(request_id)
 

@@ -14,6 +14,13 @@ log would make the embedded broker create it again. A newer log merely existing 
 router makes its next log a rotation ahead, so the log it writes now always has a newer one, and a
 quiet spell would otherwise let go the log new streams still go to. One reader per stack and
 group: a second one would read every log again.
+
+With ``express`` the reader also takes the records writers hand over on the logs' express lane
+(topics/doorbell.py: a light GPU consumer's every token event, output moderation's truncations),
+where that is the next record of a log it reads: fetched and handed-over records are handled one
+at a time, each offset once and in order, whichever copy comes first (a hand-over ahead of a gap
+is left to the fetch). While the lane brings every record its fetches only back it up, at the
+profile's express wait (``FetchPacer``).
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from tokenbus.topics import doorbell
 from tokenbus.topics.catalog import TopicCatalog
-from tokenbus.topics.clients import make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.clients import cancel_task, express_lane_on, make_consumer, rewind_recreated, stop_reader
 from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.settings import BusSettings
 
@@ -46,8 +54,9 @@ LET_GO_AFTER_S = 60.0
 class RolledLogReader:
     def __init__(self, settings: BusSettings, group_id: str, on_record: Callable[[ConsumerRecord], Awaitable[None]],
                  name: str = "rolled-logs", on_let_go: Callable[[str], None] | None = None,
-                 fetch_wait_ms: int | None = None) -> None:
-        """``fetch_wait_ms``: the wait of its fetches while records flow, unless the profile's."""
+                 fetch_wait_ms: int | None = None, express: bool = False) -> None:
+        """``fetch_wait_ms``: the wait of its fetches while records flow, unless the profile's;
+        ``express``: take hand-overs too, where the stack has an express lane."""
         self._settings = settings
         self._catalog = TopicCatalog(settings)
         self._group_id = group_id
@@ -56,7 +65,13 @@ class RolledLogReader:
         self._name = name
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._pacer = FetchPacer(settings, busy_wait_ms=fetch_wait_ms, on_ring=self._rung)
+        self._express_lane = express and express_lane_on(settings)
+        self._pacer = FetchPacer(settings, busy_wait_ms=fetch_wait_ms, on_ring=self._rung, express=self._express_lane)
+        self._express: asyncio.Task[None] | None = None  # listens on the lane
+        self._handed: asyncio.Queue[ConsumerRecord] = asyncio.Queue()  # handed over, to be taken in turn
+        self._heard_until: dict[TopicPartition, int] = {}  # past the last offset handed over
+        self._taking: asyncio.Task[None] | None = None
+        self._handling = asyncio.Lock()  # one record at a time, fetched or handed over
         self._unread_log_rung = asyncio.Event()  # a writer rang for a rolled log this reader does not read
         self._positions: dict[TopicPartition, int] = {}  # the logs read now: next offset to handle
         self._last_record: dict[str, float] = {}  # log -> when a record last arrived on it (or it was found)
@@ -74,9 +89,16 @@ class RolledLogReader:
         self._pacer.attach(self._consumer)  # which gives it the pacer's fetch wait
         await self._discover()
         self._task = asyncio.create_task(self._read(), name=self._name)
+        if self._express_lane:
+            assert self._settings.doorbell_url
+            self._taking = asyncio.create_task(self._take_handed_over(), name=f"{self._name}-express")
+            self._express = asyncio.create_task(doorbell.listen_express(
+                self._settings.doorbell_url, self._catalog.tokens + ".", self._handed_over), name=f"{self._name}-lane")
 
     async def stop(self) -> None:
         await self._pacer.close()
+        await cancel_task(self._express)
+        await cancel_task(self._taking)
         if self._consumer is not None and self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -97,6 +119,7 @@ class RolledLogReader:
                     log.warning("%s: listing topics failed (%s)", self._name, type(exc).__name__)
                 for tp in await rewind_recreated(self._consumer):
                     self._positions[tp] = 0
+                    self._heard_until.pop(tp, None)
             if not self._positions:  # no log yet: aiokafka's getmany would wait for an assignment for ever
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, discover_at - loop.time())):
@@ -104,17 +127,49 @@ class RolledLogReader:
                 continue
             batches = await self._consumer.getmany(timeout_ms=500)
             self._pacer.observed_by_topic(batches)  # a log made ahead, or retired, is paused while quiet
-            for tp, records in batches.items():
-                if tp not in self._positions:
-                    continue  # let go meanwhile
-                self._last_record[tp.topic] = time.monotonic()
-                self._written.add(tp.topic)
-                for record in records:
-                    await self._on_record(record)
-                    self._positions[tp] = record.offset + 1
+            watching_lane = self._pacer.watching_lane
+            async with self._handling:
+                for tp, records in batches.items():
+                    if tp not in self._positions:
+                        continue  # let go meanwhile
+                    self._last_record[tp.topic] = time.monotonic()
+                    self._written.add(tp.topic)
+                    for record in records:
+                        if record.offset < self._positions[tp]:
+                            continue  # handed over already
+                        if watching_lane and record.offset >= self._heard_until.get(tp, 0):  # not waiting to be taken
+                            self._pacer.fetched_first(tp.topic, tp.partition, record.offset)
+                        await self._on_record(record)
+                        self._positions[tp] = record.offset + 1
+            if self._express_lane:
+                self._pacer.serving(None)  # it reads every writer's streams: the lane alone says how long to wait
             if loop.time() >= commit_at:
                 commit_at = loop.time() + COMMIT_EVERY_S
                 await self._commit()
+
+    def _handed_over(self, handed: doorbell.Handed) -> None:
+        self._pacer.handed_over(handed.topic, handed.partition, handed.offset)
+        tp = TopicPartition(handed.topic, handed.partition)
+        position = self._positions.get(tp)
+        if position is not None and position <= handed.offset:  # a log it reads, not fetched that far yet
+            self._heard_until[tp] = max(self._heard_until.get(tp, 0), handed.offset + 1)
+            key, value = handed.key, handed.value
+            self._handed.put_nowait(ConsumerRecord(
+                handed.topic, handed.partition, handed.offset, timestamp=-1, timestamp_type=0, key=key, value=value,
+                checksum=None, serialized_key_size=-1 if key is None else len(key),
+                serialized_value_size=len(value), headers=()))  # what is handed over carries no headers
+
+    async def _take_handed_over(self) -> None:
+        """Handle each handed-over record that is the next of its log, in the order they came."""
+        while True:
+            record = await self._handed.get()
+            tp = TopicPartition(record.topic, record.partition)
+            async with self._handling:
+                if self._positions.get(tp) != record.offset:  # fetched meanwhile, a log let go, or one ahead of a gap
+                    continue
+                await self._on_record(record)
+                if tp in self._positions:
+                    self._positions[tp] = record.offset + 1
 
     def _rung(self, topic: str) -> None:
         if (self._catalog.parse_rolled_reply_log(topic) is not None and topic not in self._let_go
@@ -140,6 +195,7 @@ class RolledLogReader:
         for tp in done:
             del self._positions[tp]
             self._committed.pop(tp, None)
+            self._heard_until.pop(tp, None)
             self._last_record.pop(tp.topic, None)
             self._let_go.add(tp.topic)
             if self._on_let_go is not None:

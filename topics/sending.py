@@ -39,7 +39,7 @@ class RecordSender:
         landed = await delivery
         lane = getattr(self.producer, "hand_over", None) if hand_over and not headers else None
         if lane is not None:
-            lane(topic, landed.partition, landed.offset, value)
+            lane(topic, landed.partition, landed.offset, key.encode(), value)
         return landed
 
     async def _send(self, topic: str, record: Record, key: str, partition: int | None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -32,9 +32,9 @@ class BusSettings(BaseSettings):
     # and writers wake them. Unused with `kafka`, which long-polls.
     doorbell_url: str | None = None
     # With the doorbell, the edge also hands each request, and GPU consumers each request's first
-    # token event (at light load every one), to its reader through it once the broker has
-    # acknowledged it (the express lane, topics/doorbell.py).
-    express_first_token: bool = True
+    # token event (at light load every one), to its readers through it once the broker has
+    # acknowledged it (the express lane, topics/doorbell.py). Its first name is still read.
+    express_lane: bool = Field(True, validation_alias=AliasChoices("TOKENBUS_EXPRESS_LANE", "TOKENBUS_EXPRESS_FIRST_TOKEN"))
     topic_prefix: str = "tokenbus."
     # Models served, and tiers from highest priority to lowest.
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]

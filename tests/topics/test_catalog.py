@@ -40,6 +40,14 @@ def test_settings_read_comma_separated_environment(monkeypatch):
     assert settings.models == ["a", "b"] and settings.tiers == ["hi", "lo"]
 
 
+def test_the_express_lane_is_switched_by_its_name_or_its_first_one(monkeypatch):
+    assert BusSettings().express_lane
+    monkeypatch.setenv("TOKENBUS_EXPRESS_FIRST_TOKEN", "false")
+    assert not BusSettings().express_lane
+    monkeypatch.setenv("TOKENBUS_EXPRESS_LANE", "true")  # the current name wins
+    assert BusSettings().express_lane
+
+
 def test_a_kafka_cluster_gets_replicated_topics_with_retention_and_the_embedded_broker_plain_ones():
     kafka = {spec.name.removeprefix("tb."): spec for spec in TopicCatalog(BusSettings(topic_prefix="tb.")).all_topics()}
     assert {spec.replicas for spec in kafka.values()} == {3}

@@ -4,12 +4,14 @@ broker gave them; a reply router offers a handed-over event to its stream, which
 whichever comes first, and while the lane brings every event its fetches back it up at the
 express wait; a light GPU consumer hands over every token event, and takes a request handed over
 by its publisher where its next fetch would have found it, or right after the last it took so;
+output moderation's reader of the rolled logs takes each record once, in order, by lane or fetch;
 nothing is handed over under load."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +28,11 @@ from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
 from tokenbus.topics import BusSettings, FetchPacer, ReplyRouter, TopicCatalog, make_producer
 from tokenbus.topics.clients import PROFILES
-from tokenbus.topics.doorbell import Doorbell, express_channel, listen_express
+from tokenbus.topics.doorbell import Doorbell, Handed, express_channel, listen_express
+from tokenbus.topics.provision import TopicAdmin
+from tokenbus.topics.rolled_logs import RolledLogReader
 
 codec = AvroCodec()
-Handed = tuple[str, int, int, bytes]  # topic, partition, offset, value
 
 
 @pytest.fixture
@@ -45,17 +48,17 @@ async def handed_over(settings: BusSettings, topics_starting: str) -> AsyncItera
     got: list[Handed] = []
     probe, listening = topics_starting + "~listening", asyncio.Event()
 
-    def heard(topic: str, partition: int, offset: int, value: bytes) -> None:
-        if topic == probe:
+    def heard(handed: Handed) -> None:
+        if handed.topic == probe:
             listening.set()
         else:
-            got.append((topic, partition, offset, value))
+            got.append(handed)
 
     client = redis.Redis.from_url(settings.doorbell_url)
     task = asyncio.create_task(listen_express(settings.doorbell_url, topics_starting, heard))
     try:
         for _ in range(500):  # listening once a probe of its own comes back
-            await client.publish(express_channel(probe), bytes(12))
+            await client.publish(express_channel(probe), bytes(16))  # partition, offset, an empty key
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(listening.wait(), 0.01)
             if listening.is_set():
@@ -87,17 +90,17 @@ async def test_a_publisher_hands_over_what_it_is_asked_to_at_the_offsets_the_bro
             await (asyncio.sleep(0) if passes_queue else publisher.flush())
         await publisher.flush()
         await wait_for(lambda: len(got) >= len(asked), 10, "the hand-overs", lambda: f"{len(got)} of {len(asked)}")
-    written = {record.offset: record.value for record in await read_all(embedded, topic, expected=24)}
+    written = {record.offset: (record.key, record.value) for record in await read_all(embedded, topic, expected=24)}
     assert len(written) == 24
-    assert all(t == topic and p == 2 for t, p, _, _ in got)
-    assert all(written[offset] == value for _, _, offset, value in got)
-    texts = [codec.decode(value, TokenEvent).text for _, _, _, value in got]
+    assert all(h.topic == topic and h.partition == 2 for h in got)
+    assert all(written[h.offset] == (h.key, h.value) for h in got)  # the key and value the log holds
+    texts = [codec.decode(h.value, TokenEvent).text for h in got]
     assert sorted(texts) == sorted(asked)
 
 
 async def test_without_the_express_lane_nothing_is_handed_over(embedded):
     topic = TopicCatalog(embedded).tokens
-    off = embedded.model_copy(update={"express_first_token": False})
+    off = embedded.model_copy(update={"express_lane": False})
     async with handed_over(embedded, topic) as got:
         async with publishing(off) as publisher:
             await publisher.publish(topic, 1, "r", TokenEvent("r", 0, "quiet"), hand_over=True)
@@ -105,7 +108,7 @@ async def test_without_the_express_lane_nothing_is_handed_over(embedded):
             await publisher.publish(topic, 1, "r", TokenEvent("r", 1, "handed"), hand_over=True)
         await wait_for(lambda: got, 10, "the control's hand-over")
         await asyncio.sleep(0.2)  # Redis delivers in publish order: the first would have come first
-    assert [codec.decode(value, TokenEvent).text for *_, value in got] == ["handed"]
+    assert [codec.decode(h.value, TokenEvent).text for h in got] == ["handed"]
 
 
 async def test_a_router_takes_a_handed_over_event_once_whichever_copy_comes_first(embedded):
@@ -124,7 +127,8 @@ async def test_a_router_takes_a_handed_over_event_once_whichever_copy_comes_firs
         return int(written.offset)
 
     def hand(request_id: str, seq: int, offset: int) -> None:
-        lane.hand_over(log.topic, log.partition, offset, codec.encode(TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq])))
+        value = codec.encode(TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq]))
+        lane.hand_over(log.topic, log.partition, offset, request_id.encode(), value)
 
     try:
         early, late = router.open("req-early"), router.open("req-late")
@@ -162,7 +166,7 @@ async def test_a_light_router_backs_the_lane_up_at_the_express_wait_until_the_la
     tuned = PROFILES["embedded"]
     router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
     await router.start()
-    producer = make_producer(embedded.model_copy(update={"express_first_token": False}))  # hands nothing over itself
+    producer = make_producer(embedded.model_copy(update={"express_lane": False}))  # hands nothing over itself
     await producer.start()
     assert embedded.doorbell_url
     lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
@@ -184,7 +188,7 @@ async def test_a_light_router_backs_the_lane_up_at_the_express_wait_until_the_la
             value = codec.encode(TokenEvent("fed", seq, f"{seq}", [seq]))
             written = await producer.send_and_wait(log.topic, value, key=b"fed", partition=log.partition)
             if hand:
-                lane.hand_over(log.topic, log.partition, written.offset, value)
+                lane.hand_over(log.topic, log.partition, written.offset, b"fed", value)
             read.append((await asyncio.wait_for(anext(events), 10)).event.seq)
             await asyncio.sleep(0.02)
             if asked() == wait_ms:
@@ -217,11 +221,11 @@ async def test_a_light_gpu_consumer_hands_over_every_token_event(embedded):
         await wait_for(lambda: len(got) >= 12, 10, "a hand-over per event", lambda: f"{len(got)} of 12")
         await asyncio.sleep(0.2)  # none more comes
     assert all(len(stream) == 4 for stream in streams)
-    handed = sorted((event.request_id, event.seq) for event in (codec.decode(value, TokenEvent) for *_, value in got))
+    handed = sorted((event.request_id, event.seq) for event in (codec.decode(h.value, TokenEvent) for h in got))
     assert handed == sorted((r.request_id, seq) for r in requests for seq in range(4))
-    written = {(r.partition, r.offset): r.value for r in await read_all(embedded, tokens, expected=12)}
+    written = {(r.partition, r.offset): (r.key, r.value) for r in await read_all(embedded, tokens, expected=12)}
     assert len(written) == 12
-    assert all(written[partition, offset] == value for (_, partition, offset, value) in got)
+    assert all(written[h.partition, h.offset] == (h.key, h.value) for h in got)
 
 
 async def test_nothing_is_handed_over_under_load(embedded, monkeypatch):
@@ -262,15 +266,15 @@ async def beside_a_warm_worker(embedded: BusSettings) -> AsyncIterator[WarmWorke
     topic = TopicCatalog(embedded).requests(MODEL, embedded.tiers[-1])
     assert embedded.doorbell_url
     lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
-    writer = make_producer(embedded.model_copy(update={"express_first_token": False}))
+    writer = make_producer(embedded.model_copy(update={"express_lane": False}))
     await writer.start()
     try:
         async with (handed_over(embedded, topic) as edge_handed, running_worker(embedded, min_tokens=3, max_tokens=3) as worker,
                     TokenbusClient(embedded, idle_timeout=20) as client):
             warm = client.new_request(MODEL, [ChatMessage("user", "the first, fetched")])
             assert [r.event.seq async for r in client.stream(warm)] == [0, 1, 2]
-            assert [codec.decode(value, ChatRequest).request_id for *_, value in edge_handed] == [warm.request_id]
-            (_, partition, offset, _), = edge_handed
+            assert [codec.decode(h.value, ChatRequest).request_id for h in edge_handed] == [warm.request_id]
+            (_, partition, offset, _, _), = edge_handed
             yield WarmWorker(topic, lane, writer, worker, client, warm, partition, offset)
     finally:
         await writer.stop()
@@ -286,7 +290,7 @@ async def test_a_gpu_consumer_takes_a_handed_over_request_only_where_its_next_fe
         # Handed over before it is written: served from the lane alone.
         early = client.new_request(MODEL, [ChatMessage("user", "handed over first")])
         early_stream = client.router.open(early.request_id)
-        at.lane.hand_over(topic, partition, offset + 1, codec.encode(early))
+        at.lane.hand_over(topic, partition, offset + 1, early.request_id.encode(), codec.encode(early))
         events = [r.event.seq async for r in early_stream.events(idle_timeout=10)]
         assert events == [0, 1, 2]
         await wait_for(lambda: at.worker.completed == 2, 10, "its completion acknowledged")
@@ -297,7 +301,7 @@ async def test_a_gpu_consumer_takes_a_handed_over_request_only_where_its_next_fe
         # Handed over ahead of the fetch (offset + 3 while the next record is at offset + 2): not taken.
         ahead = client.new_request(MODEL, [ChatMessage("user", "handed over too soon")])
         ahead_stream = client.router.open(ahead.request_id)
-        at.lane.hand_over(topic, partition, offset + 3, codec.encode(ahead))
+        at.lane.hand_over(topic, partition, offset + 3, ahead.request_id.encode(), codec.encode(ahead))
         after = client.new_request(MODEL, [ChatMessage("user", "the next, at offset + 2")])
         await at.writer.send_and_wait(topic, codec.encode(after), key=after.request_id.encode(), partition=partition)
         after_stream = client.router.open(after.request_id)
@@ -318,7 +322,7 @@ async def test_a_gpu_consumer_takes_hand_overs_in_a_row_ahead_of_its_fetch(embed
         pair = [client.new_request(MODEL, [ChatMessage("user", f"handed over, {n} of two")]) for n in (1, 2)]
         streams = [client.router.open(request.request_id) for request in pair]
         for n, request in enumerate(pair, start=1):
-            at.lane.hand_over(at.topic, at.partition, at.offset + n, codec.encode(request))
+            at.lane.hand_over(at.topic, at.partition, at.offset + n, request.request_id.encode(), codec.encode(request))
         served = [[r.event.seq async for r in stream.events(idle_timeout=10)] for stream in streams]
         assert served == [[0, 1, 2], [0, 1, 2]]
         await wait_for(lambda: at.worker.completed == 3, 10, "both completions acknowledged")
@@ -333,3 +337,86 @@ async def test_a_gpu_consumer_takes_hand_overs_in_a_row_ahead_of_its_fetch(embed
     completions = [codec.decode(r.value, Completion).request_id
                    for r in await read_all(embedded, TopicCatalog(embedded).completions, expected=4)]
     assert sorted(completions) == sorted([at.warm.request_id, *(r.request_id for r in pair), last.request_id])
+
+
+async def test_output_moderation_takes_each_record_of_a_rolled_log_once_in_order_by_lane_or_fetch(embedded, monkeypatch):
+    """Output moderation's reader of every rolled log (topics/rolled_logs.py) also takes what
+    writers hand over: a hand-over that is the next record of its log is handled at once, with its
+    key; the fetched copy is then passed over, and so is a handed-over copy of a record fetched
+    first; a hand-over ahead of a record not yet handled is left to the fetch. While the lane brings
+    every record its fetches ask for the express wait; records by the fetch alone bring back the
+    reader's own wait (not the light one below it)."""
+    monkeypatch.setattr(FetchPacer, "LANE_TRUST_AFTER_S", 0.3)
+    monkeypatch.setattr(FetchPacer, "LANE_GRACE_S", 0.1)
+    tuned = PROFILES["embedded"]
+    log = TopicCatalog(embedded).rolled_reply_log("moderated", int(time.time() * 1000))
+    admin = TopicAdmin(embedded.bootstrap_servers)
+    await admin.start()
+    await admin.create(log, partitions=1)
+    handled: list[tuple[int, bytes | None, str]] = []
+
+    async def moderate(record: Any) -> None:
+        handled.append((record.offset, record.key, codec.decode(record.value, TokenEvent).text))
+
+    reader = RolledLogReader(embedded, f"{embedded.topic_prefix}moderation", moderate, fetch_wait_ms=37, express=True)
+    await reader.start()
+    writer = make_producer(embedded.model_copy(update={"express_lane": False}))  # hands nothing over itself
+    await writer.start()
+    assert embedded.doorbell_url
+    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+
+    def event(seq: int, text: str) -> bytes:
+        return codec.encode(TokenEvent("a", seq, text, [seq]))
+
+    async def write(seq: int) -> int:
+        return int((await writer.send_and_wait(log, event(seq, f"a:{seq}"), key=b"a", partition=0)).offset)
+
+    def asked() -> int:
+        wait: int = reader._consumer._fetcher._fetch_max_wait_ms  # what the reader's next fetch asks for
+        return wait
+
+    async def relay_until(wait_ms: int, hand: bool) -> None:
+        """Write (and maybe hand over) one event at a time, each handled before the next, until the
+        reader's fetches ask for ``wait_ms``."""
+        for _ in range(200):
+            seq = len(handled)
+            offset = await write(seq)
+            assert offset == seq
+            if hand:
+                lane.hand_over(log, 0, offset, b"a", event(seq, f"a:{seq}"))
+            await wait_for(lambda: len(handled) == offset + 1, 10, f"event {seq}")  # noqa: B023  # called here
+            await asyncio.sleep(0.02)
+            if asked() == wait_ms:
+                return
+        pytest.fail(f"the reader never asked for {wait_ms} ms (asks for {asked()})")
+
+    try:
+        # Handed over before it is in the log: handled from the lane alone, key and all (handed over
+        # again until the reader's subscription is up).
+        for _ in range(500):
+            lane.hand_over(log, 0, 0, b"a", event(0, "a:0"))
+            with contextlib.suppress(TimeoutError):
+                await wait_for(lambda: handled, 0.02)
+            if handled:
+                break
+        assert handled == [(0, b"a", "a:0")]
+        assert await write(0) == 0  # the fetched copy comes second: passed over
+        assert await write(1) == 1  # fetched first...
+        await wait_for(lambda: len(handled) == 2, 10, "the fetched event")
+        lane.hand_over(log, 0, 1, b"a", event(1, "a:1 again"))  # ...so its copy on the lane is passed over
+        lane.hand_over(log, 0, 3, b"a", event(3, "a:3 ahead"))  # ahead of offset 2: left to the fetch
+        await asyncio.sleep(0.2)
+        assert (await write(2), await write(3)) == (2, 3)
+        await wait_for(lambda: len(handled) == 4, 10, "the fetched events")
+        await asyncio.sleep(0.2)
+        assert handled == [(n, b"a", f"a:{n}") for n in range(4)]
+        await relay_until(tuned.express_fetch_max_wait_ms, hand=True)
+        await relay_until(37, hand=False)
+        await relay_until(tuned.express_fetch_max_wait_ms, hand=True)
+    finally:
+        await lane.close()
+        await writer.stop()
+        await reader.stop()
+        await admin.close()
+    assert [offset for offset, *_ in handled] == list(range(len(handled)))
+    assert [text for *_, text in handled] == [f"a:{n}" for n in range(len(handled))]
