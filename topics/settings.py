@@ -22,7 +22,7 @@ class BusSettings(BaseSettings):
     """``TOKENBUS_*`` environment variables. Client settings default to a real Kafka cluster;
     the embedded stack sets ``broker=embedded`` (topics/clients.py says what changes)."""
 
-    model_config = SettingsConfigDict(env_prefix="TOKENBUS_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TOKENBUS_", extra="ignore", populate_by_name=True)
 
     bootstrap_servers: str = "127.0.0.1:9092"
     # Which kind of broker the clients are tuned for: `kafka` (Kafka and anything that long-polls
@@ -34,7 +34,8 @@ class BusSettings(BaseSettings):
     # With the doorbell, the edge also hands each request, and GPU consumers each request's first
     # token event (at light load every one), to its readers through it once the broker has
     # acknowledged it (the express lane, topics/doorbell.py). Its first name is still read.
-    express_lane: bool = Field(True, validation_alias=AliasChoices("TOKENBUS_EXPRESS_LANE", "TOKENBUS_EXPRESS_FIRST_TOKEN"))
+    express_lane: bool = Field(
+        default=True, validation_alias=AliasChoices("TOKENBUS_EXPRESS_LANE", "TOKENBUS_EXPRESS_FIRST_TOKEN"))
     topic_prefix: str = "tokenbus."
     # Models served, and tiers from highest priority to lowest.
     models: Annotated[list[str], NoDecode] = ["tokenbus-sim"]
