@@ -45,9 +45,11 @@ class FetchPacer:
     back the lane up. It
     tells the pacer what the lane brought (``handed_over``) and what a fetch brought first
     (``fetched_first``); a record fetched first whose copy does not come by the lane within
-    ``LANE_GRACE_S`` (its writer was not light, or the hand-over was lost or refused) brings the
-    light wait back for ``LANE_TRUST_AFTER_S``, and so does ``lane_missed``. A copy that comes
-    after the fetched one only lost a race, which at the light wait it often does.
+    ``LANE_GRACE_S`` (its writer was not light, or the hand-over was lost) brings the light wait
+    back for ``LANE_TRUST_AFTER_S``, and so does ``lane_missed``. A copy that comes after the
+    fetched one only lost a race, which at the light wait it often does; one that came before it
+    and was not taken (it waited its turn behind the fetch's records, or the reader refused it)
+    was brought all the same.
 
     A reader that says which topics its reads returned (``observed(records, topics)``) is also paced
     per topic: with a doorbell, the partitions of a topic it has read nothing from for
@@ -102,6 +104,7 @@ class FetchPacer:
         self._lane_missed_at = time.monotonic()  # not trusted before it has delivered a while
         self._lane_heard_at = float("-inf")
         self._unconfirmed: dict[tuple[str, int, int], float] = {}  # fetched first, no copy by the lane yet: when
+        self._heard: dict[tuple[str, int, int], None] = {}  # came by the lane, not fetched yet (the latest few)
         self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
         self._adapts_to_scans = tuned.raise_wait_when_starved
         self._pauses = pauses
@@ -217,17 +220,26 @@ class FetchPacer:
         return self._light and self._express_wait_ms > 0
 
     def fetched_first(self, topic: str, partition: int, offset: int) -> None:
-        """A fetch brought a record the reader waited for that the lane had not brought (yet)."""
+        """A fetch brought a record the reader waited for that it had not taken from the lane. Its
+        copy may have come and waited its turn, or been refused: the lane brought it all the same."""
+        place = (topic, partition, offset)
+        if place in self._heard:
+            del self._heard[place]
+            return
         if len(self._unconfirmed) >= self.MAX_UNCONFIRMED:
             self.lane_missed()
         else:
-            self._unconfirmed[(topic, partition, offset)] = time.monotonic()
+            self._unconfirmed[place] = time.monotonic()
 
     def handed_over(self, topic: str, partition: int, offset: int) -> None:
         """The lane brought a record, first or after the fetch."""
         self._lane_heard_at = time.monotonic()
-        if self._unconfirmed:
-            self._unconfirmed.pop((topic, partition, offset), None)
+        place = (topic, partition, offset)
+        if self._unconfirmed.pop(place, None) is None:
+            heard = self._heard
+            heard[place] = None
+            if len(heard) > self.MAX_UNCONFIRMED:  # the oldest was fetched long ago, or never will be
+                del heard[next(iter(heard))]
 
     def lane_missed(self) -> None:
         """Records come other than by the lane for now (a partition new to the reader, say); call it

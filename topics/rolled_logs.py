@@ -69,7 +69,6 @@ class RolledLogReader:
         self._pacer = FetchPacer(settings, busy_wait_ms=fetch_wait_ms, on_ring=self._rung, express=self._express_lane)
         self._express: asyncio.Task[None] | None = None  # listens on the lane
         self._handed: asyncio.Queue[ConsumerRecord] = asyncio.Queue()  # handed over, to be taken in turn
-        self._heard_until: dict[TopicPartition, int] = {}  # past the last offset handed over
         self._taking: asyncio.Task[None] | None = None
         self._handling = asyncio.Lock()  # one record at a time, fetched or handed over
         self._unread_log_rung = asyncio.Event()  # a writer rang for a rolled log this reader does not read
@@ -119,7 +118,6 @@ class RolledLogReader:
                     log.warning("%s: listing topics failed (%s)", self._name, type(exc).__name__)
                 for tp in await rewind_recreated(self._consumer):
                     self._positions[tp] = 0
-                    self._heard_until.pop(tp, None)
             if not self._positions:  # no log yet: aiokafka's getmany would wait for an assignment for ever
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, discover_at - loop.time())):
@@ -137,7 +135,7 @@ class RolledLogReader:
                     for record in records:
                         if record.offset < self._positions[tp]:
                             continue  # handed over already
-                        if watching_lane and record.offset >= self._heard_until.get(tp, 0):  # not waiting to be taken
+                        if watching_lane:
                             self._pacer.fetched_first(tp.topic, tp.partition, record.offset)
                         await self._on_record(record)
                         self._positions[tp] = record.offset + 1
@@ -149,10 +147,8 @@ class RolledLogReader:
 
     def _handed_over(self, handed: doorbell.Handed) -> None:
         self._pacer.handed_over(handed.topic, handed.partition, handed.offset)
-        tp = TopicPartition(handed.topic, handed.partition)
-        position = self._positions.get(tp)
+        position = self._positions.get(TopicPartition(handed.topic, handed.partition))
         if position is not None and position <= handed.offset:  # a log it reads, not fetched that far yet
-            self._heard_until[tp] = max(self._heard_until.get(tp, 0), handed.offset + 1)
             key, value = handed.key, handed.value
             self._handed.put_nowait(ConsumerRecord(
                 handed.topic, handed.partition, handed.offset, timestamp=-1, timestamp_type=0, key=key, value=value,
@@ -195,7 +191,6 @@ class RolledLogReader:
         for tp in done:
             del self._positions[tp]
             self._committed.pop(tp, None)
-            self._heard_until.pop(tp, None)
             self._last_record.pop(tp.topic, None)
             self._let_go.add(tp.topic)
             if self._on_let_go is not None:

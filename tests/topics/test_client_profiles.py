@@ -259,8 +259,9 @@ async def test_a_partition_the_reader_held_meanwhile_is_not_taken_for_starved(bu
 async def test_a_light_reader_fed_by_the_express_lane_backs_it_up_at_the_express_wait(bus, broker, monkeypatch):
     """A light reader whose records also come by the express lane fetches with the profile's
     express wait once the lane has brought them a while: its fetches only back the lane up. A lane
-    copy that comes after the fetched one only lost a race; a fetched record whose copy never comes
-    brings the light wait back, and load the busy one. Kafka long-polls: one wait there."""
+    copy that comes after the fetched one only lost a race, and one that came before it but was not
+    taken was brought all the same; a fetched record whose copy never comes brings the light wait
+    back, and load the busy one. Kafka long-polls: one wait there."""
     monkeypatch.setattr(FetchPacer, "LANE_TRUST_AFTER_S", 0.3)
     monkeypatch.setattr(FetchPacer, "LANE_GRACE_S", 0.1)
     settings = bus.model_copy(update={"broker": broker, "doorbell_url": None})
@@ -295,16 +296,21 @@ async def test_a_light_reader_fed_by_the_express_lane_backs_it_up_at_the_express
         await asyncio.sleep(0.35)
         pacer.handed_over(topic, 0, 15)
         again = wait_serving(1)
+        pacer.handed_over(topic, 0, 16)  # the lane's copy came first, but the reader took the fetched one
+        pacer.fetched_first(topic, 0, 16)
+        await asyncio.sleep(0.15)
+        taken_late = wait_serving(1)
         loaded = wait_serving(pacer.LIGHT_IN_FLIGHT + 1)
     finally:
         await consumer.stop()
     if broker == "embedded":
         light, express = tuned.light_fetch_max_wait_ms, tuned.express_fetch_max_wait_ms
         assert express > tuned.fetch_max_wait_ms > light
-        assert (unheard, too_soon, fed, raced, missed, again) == (light, light, express, express, light, express)
+        assert (unheard, too_soon, fed, raced, missed, again, taken_late) == (
+            light, light, express, express, light, express, express)
         assert loaded == tuned.fetch_max_wait_ms
     else:
-        assert {unheard, too_soon, fed, raced, missed, again, loaded} == {tuned.fetch_max_wait_ms}
+        assert {unheard, too_soon, fed, raced, missed, again, taken_late, loaded} == {tuned.fetch_max_wait_ms}
 
 
 @pytest.mark.parametrize("broker", ["embedded", "kafka"])
