@@ -29,6 +29,7 @@ from bench import (
     stream_interval,
     tier_fairness,
     tracing,
+    truncation,
     turn_profile,
 )
 
@@ -44,6 +45,7 @@ SCENARIOS = {
     "edge_costs": edge_costs,
     "idle": idle,
     "processors": processors,
+    "truncation": truncation,
     "turn_profile": turn_profile,
     "chat_turn": chat_turn,
     "tracing": tracing,
