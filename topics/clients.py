@@ -62,8 +62,8 @@ class ClientProfile:
     # lately, fetches with this wait instead (0: the light wait): its fetches only back the lane up,
     # and a lane that misses a record brings the light wait back (FetchPacer). The embedded broker
     # holds a fetch about half its wait while records flow, so this sets how often such a reader
-    # fetches (at concurrency 1, 50 ms: ~20 a second a partition; 100: ~11), and how long a record
-    # the lane missed waits at most before the light wait is back (about half of it).
+    # fetches (at concurrency 1 the GPU consumer's request reader: 21 a second at 50 ms, 11 at 100),
+    # and how long a record the lane missed waits at most before the light wait is back (about half).
     express_fetch_max_wait_ms: int = 0
     # A reader's background topics, whose records may wait (the processors' completions and
     # moderation decisions), are fetched in short spells this often rather than at its busy wait

@@ -42,11 +42,10 @@ class FetchPacer:
     A reader whose records also come by the express lane (``express``, topics/doorbell.py: the
     GPU consumer's requests, the edge's token events, output moderation's) fetches, while light,
     with the profile's express wait instead, as long as the lane delivers: its fetches then only
-    back the lane up. It
-    tells the pacer what the lane brought (``handed_over``) and what a fetch brought first
-    (``fetched_first``); a record fetched first whose copy does not come by the lane within
-    ``LANE_GRACE_S`` (its writer was not light, or the hand-over was lost) brings the light wait
-    back for ``LANE_TRUST_AFTER_S``, and so does ``lane_missed``. A copy that comes after the
+    back the lane up. It tells the pacer what the lane brought (``handed_over``) and what a fetch
+    brought first (``fetched_first``); a record fetched first whose copy does not come by the lane
+    within ``LANE_GRACE_S`` (its writer was not light, or the hand-over was lost) brings the light
+    wait back for ``LANE_TRUST_AFTER_S``, and so does ``lane_missed``. A copy that comes after the
     fetched one only lost a race, which at the light wait it often does; one that came before it
     and was not taken (it waited its turn behind the fetch's records, or the reader refused it)
     was brought all the same.

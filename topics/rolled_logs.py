@@ -153,7 +153,7 @@ class RolledLogReader:
             self._handed.put_nowait(ConsumerRecord(
                 handed.topic, handed.partition, handed.offset, timestamp=-1, timestamp_type=0, key=key, value=value,
                 checksum=None, serialized_key_size=-1 if key is None else len(key),
-                serialized_value_size=len(value), headers=()))  # what is handed over carries no headers
+                serialized_value_size=len(value), headers=()))  # the lane carries no timestamp, and no headers
 
     async def _take_handed_over(self) -> None:
         """Handle each handed-over record that is the next of its log, in the order they came."""
