@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tokenbus.topics import doorbell
 from tokenbus.topics.clients import cancel_task, doorbell_on, known_position, profile
+from tokenbus.topics.lane_watch import LaneWatch
 from tokenbus.topics.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -43,12 +44,9 @@ class FetchPacer:
     GPU consumer's requests, the edge's token events, output moderation's) fetches, while light,
     with the profile's express wait instead, as long as the lane delivers: its fetches then only
     back the lane up. It tells the pacer what the lane brought (``handed_over``) and what a fetch
-    brought first (``fetched_first``); a record fetched first whose copy does not come by the lane
-    within ``LANE_GRACE_S`` (its writer was not light, or the hand-over was lost) brings the light
-    wait back for ``LANE_TRUST_AFTER_S``, and so does ``lane_missed``. A copy that comes after the
-    fetched one only lost a race, which at the light wait it often does; one that came before it
-    and was not taken (it waited its turn behind the fetch's records, or the reader refused it)
-    was brought all the same.
+    brought first (``fetched_first``), and a miss (``LaneWatch``, topics/lane_watch.py: a record
+    fetched whose copy does not follow on the lane, or ``lane_missed``) brings the light wait back
+    until the lane has delivered a while again.
 
     A reader that says which topics its reads returned (``observed(records, topics)``) is also paced
     per topic: with a doorbell, the partitions of a topic it has read nothing from for
@@ -79,9 +77,6 @@ class FetchPacer:
     LIGHT_IN_FLIGHT = 2  # up to this many requests or streams in flight, the light wait
     BACKGROUND_SPELL_S = 0.02  # a fetch at the busy wait starts and returns within it
     IDLE_SPELLS_CHECK_S = 1.0  # an idle reader has no spells: how often it looks whether it still is
-    LANE_TRUST_AFTER_S = 2.0
-    LANE_GRACE_S = 0.1
-    MAX_UNCONFIRMED = 256
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
                  pauses: bool = True, on_ring: Callable[[str], None] | None = None, express: bool = False,
@@ -99,11 +94,8 @@ class FetchPacer:
         self._light_wait_ms = min(light_wait_ms or self._base_wait_ms, self._base_wait_ms)
         self._light = False
         self._express_wait_ms = tuned.express_fetch_max_wait_ms if express else 0
+        self._lane = LaneWatch()
         self._lane_trusted = False  # light, and the lane brought every record lately
-        self._lane_missed_at = time.monotonic()  # not trusted before it has delivered a while
-        self._lane_heard_at = float("-inf")
-        self._unconfirmed: dict[tuple[str, int, int], float] = {}  # fetched first, no copy by the lane yet: when
-        self._heard: dict[tuple[str, int, int], None] = {}  # came by the lane, not fetched yet (the latest few)
         self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
         self._adapts_to_scans = tuned.raise_wait_when_starved
         self._pauses = pauses
@@ -198,17 +190,10 @@ class FetchPacer:
         while the lane delivers. ``None`` for a reader of every writer's records, which cannot
         count them: whether the lane delivers decides alone."""
         light = in_flight is None or in_flight <= self.LIGHT_IN_FLIGHT
-        trusted = False
-        if light and self._express_wait_ms:
-            now = time.monotonic()
-            unconfirmed = self._unconfirmed
-            if unconfirmed and now - next(iter(unconfirmed.values())) >= self.LANE_GRACE_S:  # the oldest
-                unconfirmed.clear()
-                self._lane_missed_at = now
-            trusted = (now - self._lane_missed_at >= self.LANE_TRUST_AFTER_S
-                       and now - self._lane_heard_at < self.LANE_TRUST_AFTER_S)
-        elif self._unconfirmed:
-            self._unconfirmed.clear()
+        watching = light and self._express_wait_ms > 0
+        trusted = watching and self._lane.trusted()
+        if not watching:
+            self._lane.forget_fetched()
         if light != self._light or trusted != self._lane_trusted:
             self._light, self._lane_trusted = light, trusted
             self._set_wait(self.fetch_wait_ms)
@@ -219,32 +204,17 @@ class FetchPacer:
         return self._light and self._express_wait_ms > 0
 
     def fetched_first(self, topic: str, partition: int, offset: int) -> None:
-        """A fetch brought a record the reader waited for that it had not taken from the lane. Its
-        copy may have come and waited its turn, or been refused: the lane brought it all the same."""
-        place = (topic, partition, offset)
-        if place in self._heard:
-            del self._heard[place]
-            return
-        if len(self._unconfirmed) >= self.MAX_UNCONFIRMED:
-            self.lane_missed()
-        else:
-            self._unconfirmed[place] = time.monotonic()
+        """A fetch brought a record the reader waited for that it had not taken from the lane."""
+        self._lane.fetched_first((topic, partition, offset))
 
     def handed_over(self, topic: str, partition: int, offset: int) -> None:
         """The lane brought a record, first or after the fetch."""
-        self._lane_heard_at = time.monotonic()
-        place = (topic, partition, offset)
-        if self._unconfirmed.pop(place, None) is None:
-            heard = self._heard
-            heard[place] = None
-            if len(heard) > self.MAX_UNCONFIRMED:  # the oldest was fetched long ago, or never will be
-                del heard[next(iter(heard))]
+        self._lane.handed_over((topic, partition, offset))
 
     def lane_missed(self) -> None:
         """Records come other than by the lane for now (a partition new to the reader, say); call it
         from the consumer's loop."""
-        self._lane_missed_at = time.monotonic()
-        self._unconfirmed.clear()
+        self._lane.missed()
         if self._lane_trusted:
             self._lane_trusted = False
             self._set_wait(self.fetch_wait_ms)

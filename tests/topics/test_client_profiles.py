@@ -12,6 +12,7 @@ from aiokafka import TopicPartition
 
 from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, committed_offsets, make_consumer, make_producer
 from tokenbus.topics.clients import PROFILES
+from tokenbus.topics.lane_watch import LaneWatch
 
 WINDOW_S = 3.0
 
@@ -262,8 +263,8 @@ async def test_a_light_reader_fed_by_the_express_lane_backs_it_up_at_the_express
     copy that comes after the fetched one only lost a race, and one that came before it but was not
     taken was brought all the same; a fetched record whose copy never comes brings the light wait
     back, and load the busy one. Kafka long-polls: one wait there."""
-    monkeypatch.setattr(FetchPacer, "LANE_TRUST_AFTER_S", 0.3)
-    monkeypatch.setattr(FetchPacer, "LANE_GRACE_S", 0.1)
+    monkeypatch.setattr(LaneWatch, "TRUST_AFTER_S", 0.3)
+    monkeypatch.setattr(LaneWatch, "GRACE_S", 0.1)
     settings = bus.model_copy(update={"broker": broker, "doorbell_url": None})
     tuned = PROFILES[broker]
     consumer = make_consumer(settings)

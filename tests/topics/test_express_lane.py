@@ -29,6 +29,7 @@ from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, To
 from tokenbus.topics import BusSettings, FetchPacer, ReplyRouter, TopicCatalog, make_producer
 from tokenbus.topics.clients import PROFILES
 from tokenbus.topics.doorbell import Doorbell, Handed, express_channel, listen_express
+from tokenbus.topics.lane_watch import LaneWatch
 from tokenbus.topics.provision import TopicAdmin
 from tokenbus.topics.rolled_logs import RolledLogReader
 
@@ -161,8 +162,8 @@ async def test_a_light_router_backs_the_lane_up_at_the_express_wait_until_the_la
     a light router's fetches only back the lane up, at the profile's express wait; events that come
     by the fetch alone bring the light wait back. Either way each event reaches its stream once, in
     order."""
-    monkeypatch.setattr(FetchPacer, "LANE_TRUST_AFTER_S", 0.3)
-    monkeypatch.setattr(FetchPacer, "LANE_GRACE_S", 0.1)
+    monkeypatch.setattr(LaneWatch, "TRUST_AFTER_S", 0.3)
+    monkeypatch.setattr(LaneWatch, "GRACE_S", 0.1)
     tuned = PROFILES["embedded"]
     router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
     await router.start()
@@ -346,8 +347,8 @@ async def test_output_moderation_takes_each_record_of_a_rolled_log_once_in_order
     first; a hand-over ahead of a record not yet handled is left to the fetch. While the lane brings
     every record its fetches ask for the express wait; records by the fetch alone bring back the
     reader's own wait (not the light one below it)."""
-    monkeypatch.setattr(FetchPacer, "LANE_TRUST_AFTER_S", 0.3)
-    monkeypatch.setattr(FetchPacer, "LANE_GRACE_S", 0.1)
+    monkeypatch.setattr(LaneWatch, "TRUST_AFTER_S", 0.3)
+    monkeypatch.setattr(LaneWatch, "GRACE_S", 0.1)
     tuned = PROFILES["embedded"]
     log = TopicCatalog(embedded).rolled_reply_log("moderated", int(time.time() * 1000))
     admin = TopicAdmin(embedded.bootstrap_servers)
