@@ -124,11 +124,12 @@ def run() -> dict[str, Any]:
             ids = asyncio.run(stream_all(stack, seeds))
             time.sleep(1)  # the last truncation's record is in the log by then
             streams = asyncio.run(logged_streams(stack))
+            broker = stack.bus_settings().broker
     cuts = [cut_after_phrase(streams.get(request_id, [])) for request_id in ids]
     made = [cut for cut in cuts if cut is not None]
     delays = sorted(ms for ms, _ in made)
     past = [between for _, between in made]
-    return {"scenario": "truncation", "engine": SIM.model_dump(), "broker": stack.bus_settings().broker,
+    return {"scenario": "truncation", "engine": SIM.model_dump(), "broker": broker,
             "streams": len(ids), "cut": len(made),
             "delay_ms": {"median": statistics.median(delays) if delays else None,
                          "mean": round(statistics.mean(delays), 2) if delays else None,

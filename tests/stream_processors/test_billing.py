@@ -65,7 +65,7 @@ def test_cached_prompt_tokens_are_priced_at_their_own_rate():
 
 
 def test_cached_prompt_tokens_reach_the_rows_and_every_rollup(writer):
-    morning = 1_795_000_000_000  # 2026-11-18 11:06:40 UTC: four minutes back stay in one day (from now, not after midnight)
+    morning = 1_795_000_000_000  # 2026-11-18 11:06:40 UTC: the four minutes before it are one day
     batch = [completion(i, at_ms=morning - i * 61_000) for i in range(4)]
     for c in batch:
         c.cached_prompt_tokens = 8
