@@ -5,8 +5,10 @@ owns a row of a static KV cache and every decode step is replayed as a CUDA grap
 (engines/hf_slot_model.py), one step queued ahead of the host. **The manager** (the default
 elsewhere): transformers' continuous-batching manager runs generation steps on its own thread over
 a paged KV cache sized explicitly (``num_blocks``, ``max_batch_tokens``). Either hands each step's
-tokens back to the event loop as deltas. Decoding is greedy unless ``TOKENBUS_HF_DO_SAMPLE`` is
-set, which also makes a taken-over sequence continue exactly as the uninterrupted one would.
+tokens back to the event loop as deltas. Decoding is greedy, so a taken-over sequence continues
+exactly as the uninterrupted one would, unless ``TOKENBUS_HF_DO_SAMPLE`` is set. Sampling then
+honours each request's temperature and top-p; the slots also its ``seed`` (the same tokens in any
+batch, and across a takeover), while the manager samples every request from one generator.
 
 Prefix caching (the manager only): the manager shares KV blocks between requests with a common
 prompt prefix (``allow_block_sharing``): a prompt's leading blocks already computed are reused. Its
@@ -306,7 +308,8 @@ class HfEngine:
                 sampling["top_p"] = inp.sampling.top_p
         if self._slots is not None:
             self._slots.add(SlotRequest(internal_id, prompt + list(inp.prefix_token_ids), sequence.max_new_tokens,
-                                        sequence.on_delta, sampling.get("temperature", 1.0), sampling.get("top_p", 1.0)))
+                                        sequence.on_delta, sampling.get("temperature", 1.0), sampling.get("top_p", 1.0),
+                                        seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids)))
             return sequence
         self._manager.register_result_handler(internal_id, sequence.on_result)
         self._manager.add_request(prompt + list(inp.prefix_token_ids), request_id=internal_id,

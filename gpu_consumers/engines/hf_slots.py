@@ -4,6 +4,12 @@ CUDA graphs, are hf_slot_model.py's.
 
 The batcher runs on its own thread, as transformers' manager does, one decode step queued ahead of
 the host; what a step produced reaches the event loop in one ``call_soon_threadsafe`` per step.
+
+Sampling (``do_sample``) draws each row's token by the inverse of its distribution at a uniform
+number: the engine's generator gives it, or, for a request with a ``seed``, a hash of the seed and
+the token's place in the output. A seeded request so samples the same tokens whichever sequences
+share its steps, and a taken-over one (its output's first tokens already published) continues as
+the uninterrupted one would have: OpenAI's ``seed``, kept across a crashed worker.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class SlotRequest:
     deliver: Deliver  # called on the event loop
     temperature: float = 1.0
     top_p: float = 1.0
+    seed: int | None = None  # sampled reproducibly (see the module's docstring)
+    drawn: int = 0  # the output's tokens before the next one sampled: a taken-over sequence starts past its published ones
     slot: int = -1
     length: int = 0  # cache positions written or being written
     launched: int = 0  # tokens asked of the device: the prefill's, then one a decode step
@@ -262,8 +270,8 @@ class SlotBatcher:
         return _HostCopy(buffer, done)
 
     def _pick(self, logits: Any, by_row: list[SlotRequest | None]) -> Any:
-        """The next token of each row, on the device: greedy, or with ``do_sample`` the temperature
-        and top-p of each row's request (``by_row``, read only then; None: a row no request holds)."""
+        """The next token of each row, on the device: greedy, or with ``do_sample`` the temperature,
+        top-p and seed of each row's request (``by_row``, read only then; None: a row no request holds)."""
         torch = self._torch
         if not self._do_sample:
             return logits.argmax(-1)
@@ -274,7 +282,32 @@ class SlotBatcher:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             outside = sorted_probs.cumsum(-1) - sorted_probs > torch.tensor(top_p, device=self.device)[:, None]
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
-        return torch.multinomial(probs, 1, generator=self._generator)[:, 0]
+        uniform = torch.rand(len(by_row), generator=self._generator, device=self.device)
+        seeded = [(row, seeded_uniform(r.seed, r.drawn)) for row, r in enumerate(by_row) if r and r.seed is not None]
+        if seeded:
+            rows, draws = zip(*seeded, strict=True)
+            uniform[torch.tensor(rows, device=self.device)] = torch.tensor(draws, device=self.device)
+        for r in by_row:
+            if r is not None:
+                r.drawn += 1
+        # The first token whose cumulative probability reaches the uniform's share of the total (the
+        # total, not 1: rounding leaves it a little off); above zero, so never one of probability zero.
+        cumulative = probs.cumsum(-1)
+        share = (uniform * cumulative[:, -1]).clamp_(min=torch.finfo(torch.float32).tiny)
+        return torch.searchsorted(cumulative, share[:, None])[:, 0]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def seeded_uniform(seed: int, place: int) -> float:
+    """A uniform number in [0, 1) that depends only on ``seed`` and ``place`` (SplitMix64's mix of
+    the two, as a 24-bit fraction: a float32 holds it exactly, so below 1): the same on every host,
+    in every batch."""
+    z = (seed + (place + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 40) * 2.0**-24
 
 
 @dataclass(slots=True)

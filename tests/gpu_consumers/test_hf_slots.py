@@ -16,6 +16,7 @@ from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINIS
 from tokenbus.gpu_consumers.engines.hf import HfEngine
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slot_model import LENGTH_BUCKET, bucket, graph_buckets, unsupported
+from tokenbus.gpu_consumers.engines.hf_slots import seeded_uniform
 from tokenbus.schemas import ChatMessage
 
 
@@ -146,6 +147,38 @@ async def test_sampling_at_a_vanishing_temperature_or_top_p_is_greedy(sharp_mode
     finally:
         await greedy.close()
         await sampled.close()
+
+
+async def test_a_seeded_request_samples_the_same_tokens_in_any_batch_and_after_a_takeover(sharp_model):
+    """OpenAI's ``seed``: sampling, a request that names one gets the same tokens alone, in a batch
+    with others (which draw from the engine's generator), and continued by a worker that took it
+    over part-way (its first tokens already published); another seed gives other tokens."""
+    engine = await started(sharp_model, do_sample=True, seed=3)
+
+    def seeded(i: int, seed: int, prefix: tuple[int, ...] = ()) -> GenerationInput:
+        inp = request(i, "the bus carries every token", max_tokens=16, temperature=3.0, seed=seed)
+        return GenerationInput(inp.request_id, inp.messages, inp.sampling, prefix_token_ids=prefix)
+
+    try:
+        alone, finish, _ = await ids_and_finish(engine, seeded(1, 42))
+        assert len(alone) == 16 and finish == FINISH_LENGTH
+        crowd = [request(10 + i, text, max_tokens=16, temperature=3.0) for i, text in enumerate(PROMPTS)]
+        batched = await asyncio.gather(ids_and_finish(engine, seeded(2, 42)), *(ids_and_finish(engine, inp) for inp in crowd))
+        assert batched[0][0] == alone
+        assert len({tuple(ids) for ids, _, _ in batched}) == len(batched)
+        rest, finish, _ = await ids_and_finish(engine, seeded(3, 42, prefix=tuple(alone[:5])))
+        assert alone[:5] + rest == alone and finish == FINISH_LENGTH
+        other, _, _ = await ids_and_finish(engine, seeded(4, 43))
+        assert other != alone
+    finally:
+        await engine.close()
+
+
+def test_a_seeded_uniform_depends_on_the_seed_and_the_place_only():
+    draws = [seeded_uniform(seed, place) for seed in (-(2**63), -1, 0, 1, 42, 2**63 - 1) for place in range(50)]
+    assert all(0.0 <= u < 1.0 for u in draws) and len(set(draws)) == len(draws)
+    assert draws == [seeded_uniform(seed, place) for seed in (-(2**63), -1, 0, 1, 42, 2**63 - 1) for place in range(50)]
+    assert 0.4 < sum(draws) / len(draws) < 0.6
 
 
 async def test_a_closed_engine_lets_go_of_its_model_and_cache(sharp_model):
