@@ -57,11 +57,13 @@ class FetchPacer:
     has one busy and the rest silent.
 
     A reader may name ``background_topics``, whose records may wait: with the embedded profile their
-    partitions rest paused, and are fetched in a spell of ``BACKGROUND_SPELL_S`` every
-    ``background_spell_every_s`` (the processors' completions: a request's billing needs no 5 ms
-    poll, and was most of their fetching at concurrency 1). A spell rather than a longer wait,
-    because the embedded broker holds a fetch for its whole wait: a ring for another of the
-    reader's topics would find such a fetch in flight and wait for it.
+    partitions rest paused, and are fetched in a spell every ``background_spell_every_s`` (the
+    processors' completions: a request's billing needs no 5 ms poll, and was most of their fetching
+    at concurrency 1). A spell lasts until a fetch has answered for its partitions and the reader
+    has taken what that brought: about two fetches when nothing came, and as long as records keep
+    coming, up to the whole period. A spell rather than a longer wait, because the embedded broker
+    holds a fetch for its whole wait: a ring for another of the reader's topics would find such a
+    fetch in flight and wait for it.
 
     ``observed`` and ``wake`` may be called from any thread: what touches the consumer runs in
     its own event loop (faust runs its consumer in a thread of its own)."""
@@ -75,7 +77,8 @@ class FetchPacer:
     MAX_WAIT_MS = 1000
     QUIET_CHECK_S = 0.25
     LIGHT_IN_FLIGHT = 2  # up to this many requests or streams in flight, the light wait
-    BACKGROUND_SPELL_S = 0.02  # a fetch at the busy wait starts and returns within it
+    BACKGROUND_SPELL_S = 0.02  # a spell no fetch answers (a fetch at the busy wait starts and returns within it)
+    SPELL_CHECK_S = 0.002  # how often a spell looks whether its fetch has answered
     IDLE_SPELLS_CHECK_S = 1.0  # an idle reader has no spells: how often it looks whether it still is
 
     def __init__(self, settings: BusSettings, busy_wait_ms: int | None = None, background: bool = False,
@@ -376,16 +379,44 @@ class FetchPacer:
                 waiter.set_result(None)
 
     async def _background_spells(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             if self._idle:  # no spells: an idle reader pauses them with the rest, or fetches them at its idle wait
                 self._end_rest()
                 await asyncio.sleep(self.IDLE_SPELLS_CHECK_S)
                 continue
             await asyncio.sleep(self._spell_every_s)
+            spell, since_ms = set(self._resting), int(time.time() * 1000)
             self._end_rest()
-            # Long enough for a fetch at the wait of the moment to start (after the one in flight) and return.
-            await asyncio.sleep(max(self.BACKGROUND_SPELL_S, 3 * self._busy_wait_ms / 1000))
+            # Over once a fetch has answered for every partition of the spell and the reader has
+            # taken what it brought (a partition paused with fetched records unread loses them to a
+            # fetch again); a partition no fetch answers holds it the short spell at most, and
+            # records coming faster than the reader takes them a whole period.
+            short = loop.time() + max(self.BACKGROUND_SPELL_S, 3 * self._busy_wait_ms / 1000)
+            long = loop.time() + self._spell_every_s
+            while (now := loop.time()) < long:
+                answered, unread = self._spell_progress(spell, since_ms)
+                if not unread and (answered or now >= short):
+                    break
+                await asyncio.sleep(self.SPELL_CHECK_S)
             self._rest()
+
+    def _spell_progress(self, spell: set[TopicPartition], since_ms: int) -> tuple[bool, bool]:
+        """Whether a fetch has answered for every partition of ``spell`` since ``since_ms`` (a wall
+        clock, as aiokafka stamps its fetch responses), and whether one of them holds fetched records
+        the reader has not taken (its position short of the log end that fetch reported)."""
+        consumer = self._consumer
+        if consumer is None:
+            return True, False
+        assigned = consumer.assignment()
+        answered, unread = True, False
+        for tp in spell & assigned:
+            stamp, position = consumer.last_poll_timestamp(tp), known_position(consumer, tp)
+            if stamp is None or stamp < since_ms or position is None:
+                answered = False
+            elif position < (consumer.highwater(tp) or 0):
+                unread = True
+        return answered, unread
 
     def _rest(self) -> None:
         """Pause the background topics' partitions until the next spell."""

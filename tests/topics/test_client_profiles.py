@@ -4,6 +4,7 @@ embedded broker: an idle consumer with the Kafka profile sends a couple of fetch
 embedded reader backs off once idle and returns to polling when records come."""
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -314,12 +315,28 @@ async def test_a_light_reader_fed_by_the_express_lane_backs_it_up_at_the_express
         assert {unheard, too_soon, fed, raced, missed, again, taken_late, loaded} == {tuned.fetch_max_wait_ms}
 
 
+def spells_ended(pacer: FetchPacer) -> list[float]:
+    """When each of ``pacer``'s spells ends from now on (its background partitions put to rest)."""
+    ended: list[float] = []
+    rest = pacer._rest
+
+    def noting_rest() -> None:
+        if pacer._consumer is not None and not pacer._idle:
+            ended.append(time.monotonic())
+        rest()
+
+    pacer._rest = noting_rest  # type: ignore[method-assign]
+    return ended
+
+
 @pytest.mark.parametrize("broker", ["embedded", "kafka"])
 async def test_a_readers_background_topics_are_fetched_in_spells(bus, broker):
     """With the embedded profile a reader's background topics (the processors' completions) rest
     paused between short spells while its other topics are fetched at the busy wait: counted in the
     fetch requests it sends, the background partition is named in a small share of them, and every
-    record written to it is still read. Kafka's profile has no spells: every fetch names both."""
+    record written to it is still read; while it is quiet, a spell ends once a fetch has answered
+    for it (the old fixed spell took three or four). Kafka's profile has no spells: every fetch
+    names both."""
     settings = bus.model_copy(update={"broker": broker, "doorbell_url": None})
     catalog = TopicCatalog(settings)
     busy, background = TopicPartition(catalog.control, 1), TopicPartition(catalog.completions, 1)
@@ -356,6 +373,17 @@ async def test_a_readers_background_topics_are_fetched_in_spells(bus, broker):
         deadline = loop.time() + 10
         while read[background.topic] < 20 and loop.time() < deadline:
             await read_for(0.1)
+        # The background topic quiet, the busy one not: each spell names it in a fetch that answers
+        # (and the one the fetcher sent meanwhile), then rests.
+        named.clear()
+        ended = spells_ended(pacer)
+        for _ in range(20):
+            await producer.send_and_wait(busy.topic, marker, partition=busy.partition)
+            await read_for(0.05)
+        quiet_fetches = sum(background.topic in topics for topics in named if topics is not None)
+        quiet_spells = len(ended)
+        while read[busy.topic] < 40 and loop.time() < deadline + 10:
+            await read_for(0.1)
     finally:
         await producer.stop()
         await pacer.close()
@@ -364,8 +392,10 @@ async def test_a_readers_background_topics_are_fetched_in_spells(bus, broker):
     with_busy = sum(busy.topic in topics for topics in fetches)
     with_background = sum(background.topic in topics for topics in fetches)
     print(f"fetches naming the busy topic {with_busy}, the background one {with_background}")
-    assert read == {busy.topic: 20, background.topic: 20}
+    print(f"quiet: {quiet_fetches} fetches naming the background topic in {quiet_spells} spells")
+    assert read == {busy.topic: 40, background.topic: 20}
     if broker == "embedded":
         assert with_background <= with_busy / 2, (with_background, with_busy)
+        assert quiet_spells >= 5 and quiet_fetches <= 3 * quiet_spells, (quiet_fetches, quiet_spells)
     else:
         assert with_background == with_busy > 0
