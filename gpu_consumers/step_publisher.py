@@ -50,7 +50,7 @@ class StepPass:
 class StepPublisher:
     def __init__(self, running: RunningSequence, published: Published, events: StepEvents,
                  batches: BatchingPublisher, metrics: WorkerMetrics, step_pass: StepPass, interval_s: float,
-                 in_flight: Callable[[], int]) -> None:
+                 streams_beside: Callable[[], int]) -> None:
         request = running.pending.request
         self.turn = CompletionBuilder(published.events)  # not the events: a turn holds hundreds
         self.deliveries: list[asyncio.Future[None]] = []  # those still to be acknowledged
@@ -61,7 +61,7 @@ class StepPublisher:
         self._metrics = metrics
         self._pass = step_pass
         self._interval = interval_s
-        self._in_flight = in_flight
+        self._streams_beside = streams_beside  # running sequences whose events go where this one's do
         self._created_s = request.created_at_ms / 1000
         self._continuing = bool(published.events)  # taken over: its first token came from elsewhere
         self._span = tracing.current_span()
@@ -105,11 +105,13 @@ class StepPublisher:
     def _publish_step(self, out: StepOutput, last_sent: float | None) -> None:
         event = self._events.event(self.turn.count, out)
         deliveries = self.deliveries
-        # While few run, each event is handed to the edge as soon as it is acknowledged (topics/
-        # doorbell.py): the first is what the client waits for, and with every one on the lane the
-        # edge's fetches only back it up, at a longer wait (FetchPacer). Under load fetches return
-        # records at once, and a hand-over only adds work.
-        delivery = self._publish(*self._target, event, self._in_flight() <= FetchPacer.LIGHT_IN_FLIGHT)
+        # While few streams go to its reply partition, each event is handed to their reader (an
+        # edge) as soon as it is acknowledged (topics/doorbell.py): the first is what the client
+        # waits for, and with every one on the lane the edge's fetches only back it up, at a longer
+        # wait (FetchPacer). Under load fetches return records at once, and a hand-over only adds
+        # work. Counted by partition, not for the whole worker: a light edge keeps its lane while
+        # another edge loads the same worker.
+        delivery = self._publish(*self._target, event, self._streams_beside() <= FetchPacer.LIGHT_IN_FLIGHT)
         if not deliveries or deliveries[-1] is not delivery:  # steps of one engine step share one
             deliveries.append(delivery)
         self.turn.add(event)

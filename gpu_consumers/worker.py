@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
@@ -88,6 +88,9 @@ class GpuWorker:
         self._finishing: dict[str, RunningSequence] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
         self._tokens_in_flight = 0
+        # Running sequences by the reply partition their events go to: a reader of one with few
+        # streams (an edge, light) is handed their events over whatever else this worker runs.
+        self._streams_to: Counter[tuple[str, int]] = Counter()
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._sender: RecordSender | None = None
@@ -240,6 +243,7 @@ class GpuWorker:
             running.cancel(self._cancelled[request_id])
         self._running[request_id] = running
         self._tokens_in_flight += cost
+        self._streams_to[pending.request.reply_topic, pending.request.reply_partition] += 1
         self.metrics.queued(time.time() - pending.request.created_at_ms / 1000)
         running.task = asyncio.create_task(self._serve(running), name=f"serve-{request_id}")
 
@@ -332,6 +336,10 @@ class GpuWorker:
         del self._running[request_id]
         self._cancelled.pop(request_id, None)
         self._tokens_in_flight -= running.cost
+        reply_to = running.pending.request.reply_topic, running.pending.request.reply_partition
+        self._streams_to[reply_to] -= 1
+        if not self._streams_to[reply_to]:
+            del self._streams_to[reply_to]
         if not self._stopping.is_set():
             self._admit_waiting()
         self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
@@ -345,7 +353,8 @@ class GpuWorker:
         events = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
                             running.admitted_at_ms)
         steps = StepPublisher(running, published, events, self._batches, self.metrics, self._step_pass,
-                              self.settings.stream_interval_ms / 1000, lambda: len(self._running))
+                              self.settings.stream_interval_ms / 1000,
+                              lambda: self._streams_to[request.reply_topic, request.reply_partition])
         await running.prepare(self.engine, published)  # the prompt tokenized in a thread, for one
         outputs = running.outputs(self.engine, published)
         if self._prefix_reports is not None and running.stream is not None:  # the engine has the prompt

@@ -2,8 +2,9 @@
 and real Redis: a publisher hands over exactly the records it is asked to, at the offsets the
 broker gave them; a reply router offers a handed-over event to its stream, which keeps one copy
 whichever comes first, and while the lane brings every event its fetches back it up at the
-express wait; a light GPU consumer hands over every token event, and takes a request handed over
-by its publisher where its next fetch would have found it, or right after the last it took so;
+express wait; a GPU consumer hands over every token event of a reply partition it sends few
+streams to (another loading it changes nothing), and takes a request handed over by its
+publisher where its next fetch would have found it, or right after the last it took so;
 output moderation's reader of the rolled logs takes each record once, in order, by lane or fetch;
 nothing is handed over under load."""
 
@@ -227,6 +228,33 @@ async def test_a_light_gpu_consumer_hands_over_every_token_event(embedded):
     written = {(r.partition, r.offset): (r.key, r.value) for r in await read_all(embedded, tokens, expected=12)}
     assert len(written) == 12
     assert all(written[h.partition, h.offset] == (h.key, h.value) for h in got)
+
+
+async def test_a_light_reader_keeps_its_lane_while_another_loads_the_gpu_consumer(embedded):
+    """A GPU consumer decides the hand-over by reply partition: while one client (an edge under
+    load) runs more than ``LIGHT_IN_FLIGHT`` streams on it, another with one stream on a reply
+    partition of its own still gets every event of that stream on the lane, and the loaded
+    partition's events come by fetch alone."""
+    tokens = TopicCatalog(embedded).tokens
+    async with (handed_over(embedded, tokens) as got,
+                running_worker(embedded, tokens_per_s=50, min_tokens=60, max_tokens=60) as worker,
+                TokenbusClient(embedded, reply_partitions=[0], idle_timeout=20) as loading,
+                TokenbusClient(embedded, reply_partitions=[1], idle_timeout=20) as light):
+        load = [loading.new_request(MODEL, [ChatMessage("user", f"load {i}")]) for i in range(FetchPacer.LIGHT_IN_FLIGHT + 2)]
+
+        async def stream_of(client: TokenbusClient, request: ChatRequest) -> list[int]:
+            return [r.event.seq async for r in client.stream(request)]
+
+        loaded = [asyncio.create_task(stream_of(loading, request)) for request in load]
+        await wait_for(lambda: worker.running == len(load), 10, "the load running")
+        lone = light.new_request(MODEL, [ChatMessage("user", "alone")], max_tokens=10)
+        lone_seqs = await stream_of(light, lone)
+        assert worker.running == len(load), "the load outlasts the lone stream"
+        loaded_seqs = await asyncio.gather(*loaded)
+    assert lone_seqs == list(range(10)) and all(seqs == list(range(60)) for seqs in loaded_seqs)
+    handed = [codec.decode(h.value, TokenEvent) for h in got]
+    assert sorted(e.seq for e in handed if e.request_id == lone.request_id) == list(range(10))
+    assert not [e for e in handed if e.request_id in {r.request_id for r in load} and e.seq < 50]
 
 
 async def test_nothing_is_handed_over_under_load(embedded, monkeypatch):
