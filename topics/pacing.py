@@ -4,7 +4,6 @@ fetches at all, follow what it reads (``FetchPacer``). See docs/architecture.md.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,8 +14,7 @@ from tokenbus.topics import doorbell
 from tokenbus.topics.clients import cancel_task, doorbell_on, known_position, profile
 from tokenbus.topics.lane_watch import LaneWatch
 from tokenbus.topics.settings import BusSettings
-
-log = logging.getLogger(__name__)
+from tokenbus.topics.starvation import StarvationWatch
 
 
 class FetchPacer:
@@ -33,12 +31,9 @@ class FetchPacer:
     wait while that is one or two, unless it has a wait of its own (``busy_wait_ms``). With the
     Kafka profile there is no doorbell, all waits are the same, and the pacer changes nothing.
 
-    The embedded broker lists every record batch of a partition on each fetch and answers
-    nothing when that outlasts the wait, so a long-lived partition stops delivering to a reader
-    with a short wait (at 5 ms, after some thousands of batches on these machines). A reader
-    whose unpaused partition stays behind its log end (the high-water mark of the last fetch)
-    for ``STARVED_CHECK_S`` doubles its wait, up to ``MAX_WAIT_MS``, and halves it again after
-    ``STARVED_RELAX_S`` without starving.
+    On the embedded broker a reader that the broker starves (its partition behind its log end and
+    no fetch bringing anything: ``StarvationWatch``, topics/starvation.py) doubles its wait, and
+    halves it again once it is fed.
 
     A reader whose records also come by the express lane (``express``, topics/doorbell.py: the
     GPU consumer's requests, the edge's token events, output moderation's) fetches, while light,
@@ -72,9 +67,6 @@ class FetchPacer:
     # wait (short, so that a ring arriving meanwhile finds no long fetch in flight).
     BACKSTOP_FETCH_S = 0.05
     BACKSTOP_WAIT_MS = 20
-    STARVED_CHECK_S = 0.5
-    STARVED_RELAX_S = 30.0
-    MAX_WAIT_MS = 1000
     QUIET_CHECK_S = 0.25
     LIGHT_IN_FLIGHT = 2  # up to this many requests or streams in flight, the light wait
     BACKGROUND_SPELL_S = 0.02  # a spell no fetch answers (a fetch at the busy wait starts and returns within it)
@@ -91,7 +83,7 @@ class FetchPacer:
         its topics fetched in spells."""
         tuned = profile(settings)
         default_wait_ms = tuned.background_fetch_max_wait_ms if background else tuned.fetch_max_wait_ms
-        self._base_wait_ms = self._busy_wait_ms = busy_wait_ms or default_wait_ms
+        self._base_wait_ms = busy_wait_ms or default_wait_ms
         # A wait of the reader's own is its latency budget: no light wait below it.
         light_wait_ms = None if busy_wait_ms else tuned.light_fetch_max_wait_ms
         self._light_wait_ms = min(light_wait_ms or self._base_wait_ms, self._base_wait_ms)
@@ -100,7 +92,7 @@ class FetchPacer:
         self._lane = LaneWatch()
         self._lane_trusted = False  # light, and the lane brought every record lately
         self._idle_wait_ms = tuned.idle_fetch_max_wait_ms
-        self._adapts_to_scans = tuned.raise_wait_when_starved
+        self._starvation = StarvationWatch(self._base_wait_ms) if tuned.raise_wait_when_starved else None
         self._pauses = pauses
         self._idle_after_s = tuned.idle_after_s
         self._idle_poll_s = tuned.idle_poll_s
@@ -122,10 +114,7 @@ class FetchPacer:
         self._backstop_until = 0.0
         self._last_active = time.monotonic()
         self._idle = False
-        self._behind: dict[TopicPartition, int] = {}  # partitions behind their log end: position at the last check
-        self._paused_lately: set[TopicPartition] = set()  # paused at some time since the last check
         self._next_starved_check = 0.0
-        self._wait_changed_at = 0.0
 
     def attach(self, consumer: AIOKafkaConsumer) -> None:
         """The consumer to pace; call it from the consumer's event loop. A started consumer fetches
@@ -152,6 +141,11 @@ class FetchPacer:
     @property
     def idle(self) -> bool:
         return self._idle
+
+    @property
+    def _busy_wait_ms(self) -> int:
+        """The wait while records flow: the reader's own, or what starving made of it."""
+        return self._starvation.wait_ms if self._starvation is not None else self._base_wait_ms
 
     @property
     def fetch_wait_ms(self) -> int:
@@ -183,8 +177,8 @@ class FetchPacer:
             self._in_consumer_loop(self._set, False)
         elif now - self._last_active >= self._idle_after_s:
             self._in_consumer_loop(self._set, True)
-        if self._adapts_to_scans and now >= self._next_starved_check:
-            self._next_starved_check = now + self.STARVED_CHECK_S
+        if self._starvation is not None and now >= self._next_starved_check:
+            self._next_starved_check = now + self._starvation.CHECK_S
             self._in_consumer_loop(self._check_starved, now)
 
     def serving(self, in_flight: int | None) -> None:
@@ -286,36 +280,14 @@ class FetchPacer:
             self._pause()  # again after a rebalance: new partitions come unpaused
 
     def _check_starved(self, now: float) -> None:
-        consumer = self._consumer
-        if consumer is None:
-            return
-        paused = consumer.paused()
-        behind = {}
-        for tp in consumer.assignment():
-            highwater, position = consumer.highwater(tp), known_position(consumer, tp)
-            if tp not in paused and highwater is not None and position is not None and highwater > position:
-                behind[tp] = position
-        # One paused meanwhile (a GPU consumer holds a full tier's partitions, and lets them go a
-        # fetch later) read nothing because it was paused, not because the broker starved it.
-        starved = [tp for tp, position in behind.items()
-                   if self._behind.get(tp) == position and tp not in self._paused_lately]
-        self._behind, self._paused_lately = behind, set()
-        if starved and self._busy_wait_ms < self.MAX_WAIT_MS:
-            self._busy_wait_ms = min(self._busy_wait_ms * 2, self.MAX_WAIT_MS)
-            log.warning("%s-%s gets nothing though its log goes on (the broker's scan outlasts the fetch wait): "
-                        "fetching with %d ms", starved[0].topic, starved[0].partition, self._busy_wait_ms)
-        elif not starved and self._busy_wait_ms > self._base_wait_ms and now - self._wait_changed_at >= self.STARVED_RELAX_S:
-            self._busy_wait_ms = max(self._busy_wait_ms // 2, self._base_wait_ms)
-        else:
-            return
-        self._wait_changed_at = now
-        self._set_wait(self.fetch_wait_ms)
+        if self._consumer is not None and self._starvation is not None and self._starvation.check(self._consumer, now):
+            self._set_wait(self.fetch_wait_ms)
 
     def _pause_partitions(self, partitions: list[TopicPartition]) -> None:
         assert self._consumer is not None
         self._consumer.pause(*partitions)
-        if self._adapts_to_scans:  # only the starvation check reads it, and clears it
-            self._paused_lately.update(partitions)
+        if self._starvation is not None:
+            self._starvation.paused(partitions)
 
     def _set_wait(self, wait_ms: int) -> None:
         fetcher = getattr(self._consumer, "_fetcher", None)  # aiokafka reads it for every fetch request it builds

@@ -14,6 +14,7 @@ from aiokafka import TopicPartition
 from tokenbus.topics import BusSettings, FetchPacer, TopicCatalog, committed_offsets, make_consumer, make_producer
 from tokenbus.topics.clients import PROFILES
 from tokenbus.topics.lane_watch import LaneWatch
+from tokenbus.topics.starvation import StarvationWatch
 
 WINDOW_S = 3.0
 
@@ -227,7 +228,7 @@ async def test_a_partition_the_reader_held_meanwhile_is_not_taken_for_starved(bu
     nothing between two checks because it was held is not one the broker starves, so its wait
     stays; one left unpaused and still at the same place a check later is."""
     embedded = bus.model_copy(update={"broker": "embedded", "doorbell_url": None})
-    monkeypatch.setattr(FetchPacer, "STARVED_CHECK_S", 0.0)  # every read is checked
+    monkeypatch.setattr(StarvationWatch, "CHECK_S", 0.0)  # every read is checked
     tp = TopicPartition(TopicCatalog(embedded).control, 3)
     producer = make_producer(embedded)
     await producer.start()
