@@ -243,7 +243,7 @@ class GpuWorker:
             running.cancel(self._cancelled[request_id])
         self._running[request_id] = running
         self._tokens_in_flight += cost
-        self._streams_to[pending.request.reply_topic, pending.request.reply_partition] += 1
+        self._streams_to[reply_to(pending.request)] += 1
         self.metrics.queued(time.time() - pending.request.created_at_ms / 1000)
         running.task = asyncio.create_task(self._serve(running), name=f"serve-{request_id}")
 
@@ -336,10 +336,10 @@ class GpuWorker:
         del self._running[request_id]
         self._cancelled.pop(request_id, None)
         self._tokens_in_flight -= running.cost
-        reply_to = running.pending.request.reply_topic, running.pending.request.reply_partition
-        self._streams_to[reply_to] -= 1
-        if not self._streams_to[reply_to]:
-            del self._streams_to[reply_to]
+        target = reply_to(running.pending.request)
+        self._streams_to[target] -= 1
+        if not self._streams_to[target]:
+            del self._streams_to[target]
         if not self._stopping.is_set():
             self._admit_waiting()
         self.metrics.occupancy(len(self._running), self.scheduler.waiting(), self.settings.max_num_seqs)
@@ -352,9 +352,9 @@ class GpuWorker:
         assert self._batches is not None
         events = StepEvents(request, self.settings.worker_id, self.settings.tool_parser, published,
                             running.admitted_at_ms)
+        target = reply_to(request)
         steps = StepPublisher(running, published, events, self._batches, self.metrics, self._step_pass,
-                              self.settings.stream_interval_ms / 1000,
-                              lambda: self._streams_to[request.reply_topic, request.reply_partition])
+                              self.settings.stream_interval_ms / 1000, lambda: self._streams_to[target])
         await running.prepare(self.engine, published)  # the prompt tokenized in a thread, for one
         outputs = running.outputs(self.engine, published)
         if self._prefix_reports is not None and running.stream is not None:  # the engine has the prompt
@@ -404,3 +404,7 @@ class GpuWorker:
                 await queued
             raise
 
+
+def reply_to(request: ChatRequest) -> tuple[str, int]:
+    """Where a request's token events go: its reply topic and partition."""
+    return request.reply_topic, request.reply_partition

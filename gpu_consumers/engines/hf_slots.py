@@ -283,13 +283,15 @@ class SlotBatcher:
             outside = sorted_probs.cumsum(-1) - sorted_probs > torch.tensor(top_p, device=self.device)[:, None]
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
         uniform = torch.rand(len(by_row), generator=self._generator, device=self.device)
-        seeded = [(row, seeded_uniform(r.seed, r.drawn)) for row, r in enumerate(by_row) if r and r.seed is not None]
+        seeded = []
+        for row, r in enumerate(by_row):
+            if r is not None:
+                if r.seed is not None:
+                    seeded.append((row, seeded_uniform(r.seed, r.drawn)))
+                r.drawn += 1
         if seeded:
             rows, draws = zip(*seeded, strict=True)
             uniform[torch.tensor(rows, device=self.device)] = torch.tensor(draws, device=self.device)
-        for r in by_row:
-            if r is not None:
-                r.drawn += 1
         # The first token whose cumulative probability reaches the uniform's share of the total (the
         # total, not 1: rounding leaves it a little off); above zero, so never one of probability zero.
         cumulative = probs.cumsum(-1)
