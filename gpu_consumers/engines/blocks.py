@@ -20,12 +20,13 @@ def chain_hash(parent: int | None, tokens: list[int]) -> int:
 
 
 def block_hashes(token_ids: list[int], block_tokens: int, blocks: int | None = None,
-                 chain: ChainHash = chain_hash) -> tuple[int, ...]:
+                 chain: ChainHash = chain_hash, known: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The names of the first ``blocks`` full blocks of ``token_ids`` (all of them by default),
-    chained with ``chain`` (an engine's own, where it has one)."""
-    hashes: list[int] = []
-    parent = None
-    for b in range(len(token_ids) // block_tokens if blocks is None else blocks):
+    chained with ``chain`` (an engine's own, where it has one); ``known``: the names of the first
+    blocks, already worked out."""
+    hashes = list(known)
+    parent = hashes[-1] if hashes else None
+    for b in range(len(hashes), len(token_ids) // block_tokens if blocks is None else blocks):
         parent = chain(parent, token_ids[b * block_tokens:(b + 1) * block_tokens])
         hashes.append(parent)
     return tuple(hashes)

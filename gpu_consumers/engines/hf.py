@@ -10,10 +10,11 @@ exactly as the uninterrupted one would, unless ``TOKENBUS_HF_DO_SAMPLE`` is set.
 honours each request's temperature and top-p; the slots also its ``seed`` (the same tokens in any
 batch, and across a takeover), while the manager samples every request from one generator.
 
-Prefix caching (the manager only): the manager shares KV blocks between requests with a common
-prompt prefix (``allow_block_sharing``): a prompt's leading blocks already computed are reused. Its
-ledger of hashed blocks is what ``HfPrefixCache`` reports for KV-cache-aware routing, under the
-manager's own block names, and what ``cached_tokens`` counts.
+Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
+``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
+(``allow_block_sharing``); the slots keep what a slot held after its sequence ended and copy a
+prefix between slots (hf_slots.py). What either holds is what ``HfPrefixCache`` reports for
+KV-cache-aware routing, and what ``cached_tokens`` counts.
 
 Which model runs, on which device and batched which way: engines/hf_loading.py.
 """
@@ -24,7 +25,7 @@ import asyncio
 import itertools
 import logging
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Container, Iterable
 from typing import Any
 
 from tokenbus.gpu_consumers.engines import chat_template
@@ -38,7 +39,7 @@ from tokenbus.gpu_consumers.engines.base import (
     StepOutput,
     StepSink,
 )
-from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
+from tokenbus.gpu_consumers.engines.blocks import ChainHash, block_hashes, chain_hash, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config, load_model, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
@@ -47,29 +48,39 @@ from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 log = logging.getLogger(__name__)
 
 class HfPrefixCache:
-    """The manager's shared blocks. A block is named as the manager names it (transformers'
-    ``compute_block_hash``, chained over the block's tokens), so a prompt's blocks can be looked up
-    in its ledger without touching the cache."""
+    """The blocks of prompt tokens the engine holds, named as the batching names them: the manager's
+    shared blocks by transformers' ``compute_block_hash`` (looked up in its ledger without touching
+    the cache), the slots' by blocks.chain_hash (``SlotBatcher.held``)."""
 
-    def __init__(self, engine: HfEngine, block_tokens: int) -> None:
-        from transformers.generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
-
+    def __init__(self, engine: HfEngine, block_tokens: int, chain: ChainHash,
+                 held: Callable[[], Container[int]]) -> None:
         self._engine = engine
-        self._hash = compute_block_hash
+        self._hash = chain
+        self._held = held
         self.block_tokens = block_tokens
         self._segment_ends = chat_template.SegmentEnds(engine.tokenizer)
 
-    def _ledger(self) -> dict[int, int]:
-        """The first allocator's hashed blocks ({} until the manager's thread has built its cache)."""
-        cache = getattr(getattr(self._engine._manager, "batch_processor", None), "cache", None)
-        if cache is None or not cache.use_prefix_sharing:
-            return {}
-        return next(iter(cache.cache_allocators.values())).ledger.hash_to_block
+    @classmethod
+    def of_manager(cls, engine: HfEngine, block_tokens: int) -> HfPrefixCache:
+        from transformers.generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
+
+        def ledger() -> dict[int, int]:
+            """The first allocator's hashed blocks ({} until the manager's thread has built its cache)."""
+            cache = getattr(getattr(engine._manager, "batch_processor", None), "cache", None)
+            if cache is None or not cache.use_prefix_sharing:
+                return {}
+            return next(iter(cache.cache_allocators.values())).ledger.hash_to_block
+
+        return cls(engine, block_tokens, compute_block_hash, ledger)
+
+    @classmethod
+    def of_slots(cls, engine: HfEngine, slots: SlotBatcher) -> HfPrefixCache:
+        return cls(engine, slots.block_tokens, chain_hash, lambda: slots.held)
 
     def cached_tokens(self, prompt: list[int]) -> int:
-        """What the manager will reuse of ``prompt``: its leading shared blocks, never its last token."""
+        """What the engine would reuse of ``prompt`` now: its leading blocks held, never its last token."""
         blocks = block_hashes(prompt, self.block_tokens, (len(prompt) - 1) // self.block_tokens, self._hash)
-        return leading_held(blocks, self._ledger()) * self.block_tokens
+        return leading_held(blocks, self._held()) * self.block_tokens
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
         ids = self._engine.prompt_ids(inp)
@@ -77,8 +88,8 @@ class HfPrefixCache:
                             self._segment_ends(inp, ids, self._engine.prompt_rendered(inp)))
 
     def resident(self, hashes: Iterable[int]) -> set[int]:
-        ledger = self._ledger()
-        return {h for h in hashes if h in ledger}
+        held = self._held()
+        return {h for h in hashes if h in held}
 
 
 class _HfSequence:
@@ -90,7 +101,8 @@ class _HfSequence:
 
     pushes = True  # offers push_to to each_step
 
-    def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int]) -> None:
+    def __init__(self, engine: HfEngine, inp: GenerationInput, internal_id: str, prompt_ids: list[int],
+                 cached_tokens: int) -> None:
         self._engine = engine
         self._internal_id = internal_id
         self._deltas: Mailbox[Delta | None] = Mailbox()  # None wakes a reader
@@ -101,7 +113,7 @@ class _HfSequence:
         self._stops = StopFilter(inp.sampling.stop)
         self._taken = 0  # tokens of the manager's cumulative output made into deltas so far
         self.prompt_tokens = len(prompt_ids)
-        self.cached_tokens = engine.prefix_cache.cached_tokens(prompt_ids) if engine.prefix_cache else 0
+        self.cached_tokens = cached_tokens  # the slots' first delta says what they took
         self.finished = False
         limit = inp.sampling.max_tokens or engine.settings.default_max_tokens
         self.max_new_tokens = max(limit - len(inp.prefix_token_ids), 0)
@@ -113,6 +125,8 @@ class _HfSequence:
     def on_delta(self, delta: Delta) -> None:
         """Called on the event loop with what generation added."""
         self._generation_done = self._generation_done or delta.finish is not None
+        if delta.cached_tokens is not None:  # of the prompt, not of a taken-over output's prefix after it
+            self.cached_tokens = min(delta.cached_tokens, self.prompt_tokens)
         self._deltas.put(delta)
 
     def on_result(self, result: Any) -> None:
@@ -213,9 +227,12 @@ class HfEngine:
                 sys.setswitchinterval(self.settings.switch_interval_ms / 1000)
             self._slots = await asyncio.to_thread(self._slot_batcher)
             self._slots.start(asyncio.get_running_loop())
+            if self._slots.block_tokens:
+                self.prefix_cache = HfPrefixCache.of_slots(self, self._slots)
         else:
             self._manager = await asyncio.to_thread(self._start_manager)
-            self.prefix_cache = HfPrefixCache(self, self.settings.page_size)
+            if self.settings.prefix_caching:
+                self.prefix_cache = HfPrefixCache.of_manager(self, self.settings.page_size)
         log.info("hf engine ready on %s, %s batching", self.device, self.batching)
 
     @property
@@ -232,7 +249,8 @@ class HfEngine:
         length = s.max_model_len or min(getattr(self._model.config, "max_position_embeddings", 4096), 4096)
         batcher = SlotBatcher(self._model, slots=self.max_num_seqs, max_model_len=length,
                               eos_token_ids=self.eos_token_ids, cuda_graphs=s.cuda_graphs is not False,
-                              do_sample=s.do_sample, seed=s.seed, max_prefill_tokens=s.max_batch_tokens or 8192)
+                              do_sample=s.do_sample, seed=s.seed, max_prefill_tokens=s.max_batch_tokens or 8192,
+                              prefix_block_tokens=s.page_size if s.prefix_caching else 0)
         batcher.capture()
         return batcher
 
@@ -246,7 +264,7 @@ class HfEngine:
                                       eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id or eos)
         batching = ContinuousBatchingConfig(
             **batching_config(s, self.device, self.max_num_seqs), seed=s.seed,
-            per_request_processors=s.do_sample, auto_switch_to_flash=False,
+            per_request_processors=s.do_sample, auto_switch_to_flash=False, allow_block_sharing=s.prefix_caching,
         )
         manager = self._model.init_continuous_batching(generation_config=generation,
                                                        continuous_batching_config=batching)
@@ -296,7 +314,9 @@ class HfEngine:
     def generate(self, inp: GenerationInput) -> _HfSequence:
         prompt = self.prompt_ids(inp)
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
-        sequence = _HfSequence(self, inp, internal_id, prompt)
+        # The manager reuses what it holds when the request reaches it; the slots tell at admission.
+        expected = self.prefix_cache.cached_tokens(prompt) if self._manager is not None and self.prefix_cache else 0
+        sequence = _HfSequence(self, inp, internal_id, prompt, expected)
         if sequence.max_new_tokens == 0:  # taken over at its limit
             sequence.end(FINISH_LENGTH, sequence.held_back_text())
             return sequence

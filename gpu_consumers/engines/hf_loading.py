@@ -41,7 +41,9 @@ class HfEngineSettings(BaseSettings):
     # KV cache. 0: on the CPU 64 blocks of 32 tokens and 512 tokens a step (transformers would size
     # it from all of system RAM); on CUDA sized by transformers from free GPU memory.
     num_blocks: int = 0
-    page_size: int = 32
+    page_size: int = 32  # tokens a block; also the prefix cache's unit with slot batching
+    # A prompt's leading blocks already in the cache are reused, not computed (either batching).
+    prefix_caching: bool = True
     max_batch_tokens: int = 0
     max_memory_percent: float = 0.0  # of free GPU memory for the KV cache; 0: transformers' default
     # Requests in one engine step. 0: 16 on the CPU; on CUDA the worker's max_num_seqs, so that every

@@ -15,6 +15,12 @@ attention and the cache are written here, so only decoder layers shaped like Lla
 that head's queries, so grouped-query attention reads the cache once, without copying it per
 query head. Prompts admitted together are padded into one batch (a causal mask keeps the padding
 out of every real position).
+
+A slot keeps what it holds after its sequence ends, for the prefix cache (hf_slots.py): a prompt
+may start past positions its slot already holds, or that were copied there from another slot
+(``copy``). So a decode step's idle rows (free slots, and sequences that need no more tokens)
+write at a scratch position past ``max_model_len`` that no sequence ever reads, never at a
+position a slot may keep.
 """
 
 from __future__ import annotations
@@ -88,11 +94,13 @@ class SlotModel:
         self._head_dim, self._scale = attention.head_dim, attention.scaling
         self.device, dtype = model.device, model.dtype
         self.slots, self.max_model_len = slots, max_model_len
-        shape = (slots, self._kv_heads, max_model_len, self._head_dim)
+        self.scratch = max_model_len  # where idle rows write (the module's docstring)
+        shape = (slots, self._kv_heads, max_model_len + 1, self._head_dim)
         self._keys = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in self._layers]
         self._values = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in self._layers]
         # A decode step's inputs, where its graphs read them: each row's last token and its position.
         self._inputs = torch.zeros(2, slots, dtype=torch.long, device=self.device)
+        self._inputs[1] = self.scratch
         self._rows = torch.arange(slots, device=self.device)
         self._positions = torch.arange(max_model_len, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
@@ -124,20 +132,36 @@ class SlotModel:
         if not self.cuda_graphs:
             return
         began = time.monotonic()
-        with self._torch.inference_mode():  # the inputs are zeros: each row writes position 0 of its free slot
+        with self._torch.inference_mode():  # every row idle: each writes its slot's scratch position
             for rows, length in graph_buckets(self.slots, self.max_model_len):
                 self._graph(rows, length)
         log.info("captured %d decode graphs in %.1f s", len(self._graphs), time.monotonic() - began)
 
-    def prefill(self, prompts: list[list[int]], slots: list[int]) -> Any:
-        """Write each prompt's keys and values to its slot's rows, in one padded batch; returns the
-        logits after each prompt's last token (count x vocabulary)."""
+    def prefill(self, prompts: list[list[int]], slots: list[int], starts: list[int]) -> Any:
+        """Write each prompt's keys and values to its slot's rows from position ``starts[i]`` on (the
+        positions before it the slot holds already), in one padded batch; returns the logits after
+        each prompt's last token (count x vocabulary)."""
         torch = self._torch
-        count, width = len(prompts), max(len(p) for p in prompts)
+        count, width = len(prompts), max(len(p) - start for p, start in zip(prompts, starts, strict=True))
         ids = torch.zeros(count, width, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, : len(prompt)] = torch.tensor(prompt)
+        for row, (prompt, start) in enumerate(zip(prompts, starts, strict=True)):
+            ids[row, : len(prompt) - start] = torch.tensor(prompt[start:])
         rows = torch.tensor(slots, device=self.device)
+        if any(starts):
+            positions = torch.tensor(starts, device=self.device)[:, None] + self._positions[:width]
+            lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+            attend = self._attend_past(rows, positions, max(len(p) for p in prompts), positions < lengths[:, None])
+        else:
+            positions = self._positions[:width].expand(count, width)
+            attend = self._attend_new(rows, width)
+        hidden = self._layers_over(self._embed(ids.to(self.device)), positions, attend)
+        ends = torch.tensor([len(p) - start - 1 for p, start in zip(prompts, starts, strict=True)], device=self.device)
+        return self._head(self._norm(hidden[torch.arange(count, device=self.device), ends]))
+
+    def _attend_new(self, rows: Any, width: int) -> Attend:
+        """Attention for prompts that start at position 0: over their own keys and values alone,
+        causally, which also go to the first ``width`` positions of their slots."""
+        torch = self._torch
         groups = self._heads // self._kv_heads
 
         def attend(q: Any, k: Any, v: Any, keys: Any, values: Any) -> Any:
@@ -145,21 +169,45 @@ class SlotModel:
             values[rows, :, :width] = v
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=True, scale=self._scale)
+            return out.transpose(1, 2).reshape(len(rows), width, -1)
+
+        return attend
+
+    def _attend_past(self, rows: Any, positions: Any, span: int, real: Any) -> Attend:
+        """Attention for prompts that start past positions their slots hold: the new tokens' keys and
+        values go to their positions (``real``: not padding), and each query attends over its slot's
+        first ``span`` positions up to its own."""
+        torch = self._torch
+        count, width = positions.shape
+        slot_of, position_of = rows[:, None].expand(count, width)[real], positions[real]
+        visible = (self._positions[:span] <= positions[:, :, None])[:, None]  # count x 1 x width x span
+        groups = self._heads // self._kv_heads
+
+        def attend(q: Any, k: Any, v: Any, keys: Any, values: Any) -> Any:
+            keys[slot_of, :, position_of] = k.transpose(1, 2)[real]
+            values[slot_of, :, position_of] = v.transpose(1, 2)[real]
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, keys[rows, :, :span].repeat_interleave(groups, 1), values[rows, :, :span].repeat_interleave(groups, 1),
+                attn_mask=visible, scale=self._scale)
             return out.transpose(1, 2).reshape(count, width, -1)
 
-        hidden = self._layers_over(self._embed(ids.to(self.device)), self._positions[:width].expand(count, width),
-                                   attend)
-        ends = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-        return self._head(self._norm(hidden[torch.arange(count, device=self.device), ends]))
+        return attend
+
+    def copy(self, source: int, target: int, start: int, end: int) -> None:
+        """Slot ``source``'s keys and values at positions [start, end) to the same positions of slot
+        ``target``, queued on the device in order with the steps around it."""
+        for keys, values in zip(self._keys, self._values, strict=True):
+            keys[target, :, start:end] = keys[source, :, start:end]
+            values[target, :, start:end] = values[source, :, start:end]
 
     def decode(self, rows: int, length: int, positions: Iterable[tuple[int, int]]) -> Any:
         """The logits of one decode step for the first ``rows`` slots over ``length`` cache positions,
         queued on the device and not waited for. ``positions``: (slot, position) of each sequence in
-        the step; another row writes at position 0 of its own slot, never read. The tokens are
+        the step; another row writes at its slot's scratch position, never read. The tokens are
         where ``feed`` left them."""
         staged = self._staged[self._next_staged][:rows]
         self._next_staged ^= 1
-        staged.zero_()
+        staged.fill_(self.scratch)
         filled = staged.numpy()  # a view: assigning through numpy costs a tenth of a tensor's
         for slot, position in positions:
             filled[slot] = position

@@ -10,20 +10,35 @@ number: the engine's generator gives it, or, for a request with a ``seed``, a ha
 the token's place in the output. A seeded request so samples the same tokens whichever sequences
 share its steps, and a taken-over one (its output's first tokens already published) continues as
 the uninterrupted one would have: OpenAI's ``seed``, kept across a crashed worker.
+
+The prefix cache: a slot keeps the keys and values it holds when its sequence ends (the prompt
+and the output), named by blocks of ``prefix_block_tokens`` tokens as blocks.py names them
+(``held``: each block's name, the slots that hold it). A new prompt takes the lowest free slot
+(few rows for few sequences: a decode step's cost grows with its highest row) and starts past
+the leading blocks some slot holds: kept where that slot is its own, copied where another holds
+them (a copy of keys and values costs a small part of computing them), never its last token,
+whose logits it needs. What the lowest free slot held, and no other slot does, is first copied
+to the free slot that matters least (one that holds nothing, else the one used longest ago), so
+the free slots together keep as many prefixes as there are free slots, whichever rows run. A
+system prompt shared by many requests is so computed once while some slot holds it. The first
+delta of a sequence says how many of its prompt's tokens it took from the cache (OpenAI's
+``cached_tokens``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
 
 log = logging.getLogger(__name__)
@@ -36,9 +51,11 @@ class Delta:
     ids: list[int]
     finish: str | None = None
     error: str | None = None
+    cached_tokens: int | None = None  # the first delta's: the prompt's tokens taken from the prefix cache
 
     def followed_by(self, later: Delta) -> Delta:
-        return Delta(self.ids + later.ids, later.finish, later.error)
+        cached = self.cached_tokens if later.cached_tokens is None else later.cached_tokens
+        return Delta(self.ids + later.ids, later.finish, later.error, cached)
 
 
 Deliver = Callable[[Delta], None]
@@ -55,15 +72,16 @@ class SlotRequest:
     seed: int | None = None  # sampled reproducibly (see the module's docstring)
     drawn: int = 0  # the output's tokens before the next one sampled: a taken-over sequence starts past its published ones
     slot: int = -1
+    start: int = 0  # the prompt's positions its slot held before the prefill (the prefix cache)
+    output: list[int] = field(default_factory=list)  # tokens handed out
     length: int = 0  # cache positions written or being written
     launched: int = 0  # tokens asked of the device: the prefill's, then one a decode step
-    generated: int = 0  # tokens handed out
 
 
 class SlotBatcher:
     def __init__(self, model: Any, *, slots: int, max_model_len: int, eos_token_ids: set[int],
                  cuda_graphs: bool, do_sample: bool = False, seed: int | None = None,
-                 max_prefill_tokens: int = 8192) -> None:
+                 max_prefill_tokens: int = 8192, prefix_block_tokens: int = 0) -> None:
         import torch
 
         self._torch = torch
@@ -85,6 +103,13 @@ class SlotBatcher:
         self._running: dict[int, SlotRequest] = {}
         self._free = list(range(slots))
         self.positions_held = 0  # read by the event loop as a gauge
+        # The prefix cache (the module's docstring); 0 tokens a block: none. ``held`` is read by
+        # the event loop (membership only, safe while this thread changes it).
+        self.block_tokens = prefix_block_tokens
+        self.held: dict[int, set[int]] = {}
+        self._slot_blocks: list[tuple[int, ...]] = [()] * slots
+        self._used = [0] * slots  # when each slot's blocks were last written or read, on _uses' clock
+        self._uses = itertools.count(1)
         # A step's token ids reach the host in one of two pinned buffers: the next step's copy goes
         # to the other while this one is read.
         pinned = self.device.type == "cuda"
@@ -158,7 +183,7 @@ class SlotBatcher:
                     failed = [r for r in admitted if r.slot >= 0 and r.slot not in self._running]
                     failed += self._running.values()
                     for request in failed:
-                        self._release(request)
+                        self._release(request, keep=False)
                     self._send([(r.deliver, Delta([], FINISH_ERROR, f"engine step failed: {exc}")) for r in failed])
 
     def _admit(self) -> list[SlotRequest]:
@@ -185,14 +210,66 @@ class SlotBatcher:
             admitted.append(request)
         return admitted
 
-    def _release(self, request: SlotRequest) -> None:
-        """The slot back to the free ones; a step still in flight for it is ignored when it lands."""
+    def _release(self, request: SlotRequest, keep: bool = True) -> None:
+        """The slot back to the free ones; a step still in flight for it is ignored when it lands.
+        The slot keeps the blocks it holds (``keep``; a failed step's are forgotten): the prompt's and
+        the output's full ones. Every token whose position is written is known by now: a step is
+        launched with the token the step before gave, which the host takes right after."""
         if request.slot < 0:
             return
         self._running.pop(request.slot, None)
         self.positions_held -= request.length
+        if self.block_tokens:
+            held: tuple[int, ...] = ()
+            if keep:  # the slot names the prompt's full blocks (_prefill): the output's follow them
+                written = (request.prompt + request.output)[: request.length]
+                held = block_hashes(written, self.block_tokens, known=self._slot_blocks[request.slot])
+            self._hold(request.slot, held)
         heapq.heappush(self._free, request.slot)
         request.slot = -1
+
+    def _hold(self, slot: int, after: tuple[int, ...]) -> None:
+        """Slot ``slot`` now holds the blocks named ``after``, from position 0."""
+        before = self._slot_blocks[slot]
+        self._used[slot] = next(self._uses)
+        for name in set(before) - set(after):
+            holders = self.held[name]
+            holders.discard(slot)
+            if not holders:
+                del self.held[name]
+        for name in after:
+            self.held.setdefault(name, set()).add(slot)
+        self._slot_blocks[slot] = after
+
+    def _reuse(self, request: SlotRequest) -> None:
+        """Start ``request``'s prefill past the leading blocks of its prompt some slot holds: its own
+        slot's kept, another's copied in (never the last token: the prefill gives its logits)."""
+        size, slot = self.block_tokens, request.slot
+        wanted = block_hashes(request.prompt, size, (len(request.prompt) - 1) // size)
+        found = leading_held(wanted, self.held)
+        own = self._slot_blocks[slot]
+        kept = leading_held(wanted[:found], set(own))
+        source = min(self.held[wanted[found - 1]]) if found > kept else None
+        if len(own) > kept and self.held[own[-1]] == {slot}:
+            self._spill(slot, own, source)
+        if source is not None:
+            self._model.copy(source, slot, kept * size, found * size)
+            self._used[source] = next(self._uses)
+        self._hold(slot, wanted[:found])
+        request.start = found * size
+
+    def _spill(self, slot: int, blocks: tuple[int, ...], source: int | None) -> None:
+        """Copy what ``slot`` holds, and no other slot does, to the free slot that matters least
+        (not ``source``, which the new prompt copies from next): one holding nothing, else the one
+        used longest ago."""
+        spare = [s for s in self._free if s != source]
+        if not spare:
+            return
+        target = min(spare, key=lambda s: (len(self._slot_blocks[s]) > 0, self._used[s]))
+        self._model.copy(slot, target, 0, len(blocks) * self.block_tokens)
+        used = self._used[slot]
+        self._hold(target, blocks)
+        self._used[target] = used  # as old as it was: a spill is no use
 
     def _send(self, deltas: list[tuple[Deliver, Delta]]) -> None:
         if deltas and self._loop is not None:
@@ -202,11 +279,12 @@ class SlotBatcher:
         """Each request's new token, its finish if it has one; finished ones give up their slots."""
         deltas = []
         for request, token in zip(requests, next_ids, strict=True):
-            request.generated += 1
+            request.output.append(token)
+            generated = len(request.output)
             finish = None
             if token in self._eos:
                 finish = FINISH_STOP
-            elif request.generated >= request.max_new_tokens or len(request.prompt) + request.generated > self.max_model_len:
+            elif generated >= request.max_new_tokens or len(request.prompt) + generated > self.max_model_len:
                 finish = FINISH_LENGTH  # the next token would have no cache position left
             deltas.append((request.deliver, Delta([token], finish)))
             if finish is not None:
@@ -214,17 +292,26 @@ class SlotBatcher:
         return deltas
 
     def _prefill(self, requests: list[SlotRequest]) -> list[tuple[Deliver, Delta]]:
-        """The admitted prompts in one padded batch; their first tokens go to the host (time to first
-        token) and to the decode inputs of their rows."""
+        """The admitted prompts in one padded batch, each past what the prefix cache holds of it;
+        their first tokens go to the host (time to first token) and to the decode inputs of their rows."""
+        if self.block_tokens:
+            for request in requests:
+                self._reuse(request)
         slots = [r.slot for r in requests]
-        logits = self._model.prefill([r.prompt for r in requests], slots)
+        logits = self._model.prefill([r.prompt for r in requests], slots, [r.start for r in requests])
         first = self._pick(logits, list(requests))
         self._model.feed(first, self._torch.tensor(slots, device=self.device))
         for request in requests:
             request.length, request.launched = len(request.prompt), 1
             self.positions_held += request.length
             self._running[request.slot] = request
-        return self._advance(requests, first.cpu().tolist())
+            if self.block_tokens:
+                self._hold(request.slot, block_hashes(request.prompt, self.block_tokens,
+                                                      known=self._slot_blocks[request.slot]))
+        deltas = self._advance(requests, first.cpu().tolist())
+        for request, (_, delta) in zip(requests, deltas, strict=True):
+            delta.cached_tokens = request.start
+        return deltas
 
     def _launch(self) -> _Launched | None:
         """Queue the next decode step for every sequence that still needs a token, without waiting

@@ -306,19 +306,12 @@ async def test_stop_sequences_never_leak_into_the_text(engine):
 async def test_a_shared_prefix_is_served_from_the_cache_and_reported(engine):
     """The second prompt with the same long system message reuses its blocks (``cached_tokens``),
     and the engine's prefix cache says it holds the block where that message ends (what the worker
-    reports for KV-cache-aware routing). An engine without a prefix cache reports none and counts
-    no prompt token as cached."""
+    reports for KV-cache-aware routing). Every engine here keeps one."""
     system = ChatMessage("system", "Answer as the shared assistant of the contract test would. " * 12)
     first, second = (GenerationInput(f"cached-{i}", (system, ChatMessage("user", f"question number {i}")),
                                      SamplingParams(max_tokens=4)) for i in (1, 2))
     cache = engine.prefix_cache
-    if cache is None:
-        # The one engine that keeps none (hf's slot batching) says so, and counts nothing as cached.
-        assert getattr(engine, "batching", None) == "slots"
-        without_cache = [await collect(engine, inp) for inp in (first, second)]
-        assert [outs[-1].cached_tokens for outs in without_cache] == [0, 0]
-        assert without_cache[1][-1].prompt_tokens > 0
-        return
+    assert cache is not None
     layout = cache.layout(second)
     system_blocks = layout.segment_ends[0] // layout.block_tokens
     assert system_blocks >= 2, "the system message should span blocks"
