@@ -22,6 +22,7 @@ from bench import (
     mixed_load,
     peers,
     pipeline_overhead,
+    prefix_cache,
     prefix_routing,
     processors,
     scale_out,
@@ -52,6 +53,7 @@ SCENARIOS = {
     "chat_turn": chat_turn,
     "tracing": tracing,
     "prefix_routing": prefix_routing,
+    "prefix_cache": prefix_cache,
     "stream_interval": stream_interval,
     "capacity": capacity,  # the inputs and the check of docs/capacity.md: on request only
     "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run
