@@ -6,8 +6,10 @@ prompts of its own, so no round inherits another's cache. Per mode: TTFT p50/p99
 prompt tokens served from cache, requests per consumer (the busiest over the mean), how the router
 decided, and what billing charged (read back from the usage rollups, a tenant per mode).
 
-Two engines: ``simulated`` (its prefix-cache model: uncached prompt tokens prefill at a set rate)
-on three consumers, and ``hf`` (SmolLM2-135M on the CPU, transformers' shared blocks) on two.
+Three runs: ``simulated`` (its prefix-cache model: uncached prompt tokens prefill at a set rate)
+on three consumers; ``hf`` (SmolLM2-135M on the CPU, transformers' shared blocks) on two; and
+``hf-slots``, the same with slot batching (its default on CUDA), two slots a consumer, whose cache
+is what the slots keep.
 """
 
 from __future__ import annotations
@@ -45,10 +47,14 @@ MODES = ("key", "prefix")
 SIM = SimulatedEngineSettings(seed=7, ttft_ms=10, tokens_per_s=100, min_tokens=8, max_tokens=8, kv_block_tokens=16,
                               prefix_cache_tokens=3_000, prefill_tokens_per_s=4_000)
 SHAPES = {
-    # consumers, system prompts per round, words per prompt, requests per round, concurrency, rounds
-    "simulated": dict(consumers=3, prompts=6, words=1_200, requests=150, concurrency=8, rounds=4),
-    # SmolLM2's 64 cache blocks of 32 tokens on the CPU hold two of these prompts per consumer.
-    "hf": dict(consumers=2, prompts=4, words=550, requests=24, concurrency=2, rounds=2),
+    # engine, consumers, system prompts per round, words per prompt, requests per round, concurrency, rounds
+    "simulated": dict(engine="simulated", consumers=3, prompts=6, words=1_200, requests=150, concurrency=8, rounds=4),
+    # SmolLM2's 64 cache blocks of 32 tokens on the CPU hold two of these prompts per consumer ...
+    "hf": dict(engine="hf", consumers=2, prompts=4, words=550, requests=24, concurrency=2, rounds=2),
+    # ... as two slots do (a slot keeps one prompt).
+    "hf-slots": dict(engine="hf", consumers=2, prompts=4, words=550, requests=24, concurrency=2, rounds=2,
+                     env={"TOKENBUS_HF_BATCHING": "slots", "TOKENBUS_HF_MAX_MODEL_LEN": "1024",
+                          "TOKENBUS_WORKER_MAX_NUM_SEQS": "2"}),
 }
 
 
@@ -59,7 +65,7 @@ def system_prompt(round_no: int, index: int, words: int) -> str:
 
 
 @contextlib.contextmanager
-def routing_stack(engine: str, consumers: int) -> Iterator[tuple[EmbeddedStack, str]]:
+def routing_stack(engine: str, consumers: int, engine_env: dict[str, str]) -> Iterator[tuple[EmbeddedStack, str]]:
     """A stack with ``consumers`` GPU consumers and a second edge that places by key; yields the
     stack and that edge's address."""
     raise_open_file_limit()
@@ -68,7 +74,7 @@ def routing_stack(engine: str, consumers: int) -> Iterator[tuple[EmbeddedStack, 
                                  worker_port=free_port(), processors_port=free_port(), engine=engine,
                                  topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", models=[MODEL])
         env = {**sim_env(SIM), "TOKENBUS_EDGE_MAX_QUEUE_DEPTH": "interactive:1000000,standard:1000000,batch:1000000",
-               "TOKENBUS_PROC_BILLING_BATCH_S": "0.2", "TOKENBUS_HF_CPU_THREADS": "1"}
+               "TOKENBUS_PROC_BILLING_BATCH_S": "0.2", "TOKENBUS_HF_CPU_THREADS": "1", **engine_env}
         stack = EmbeddedStack(settings, extra_env=env)
         try:
             stack.start()
@@ -222,9 +228,9 @@ def summarize(results: list[tuple[str, RequestResult]], completions: dict[str, C
             "routes": dict(routes)}
 
 
-def measure(engine: str) -> dict[str, Any]:
-    shape = SHAPES[engine]
-    with routing_stack(engine, shape["consumers"]) as (stack, key_edge):
+def measure(name: str) -> dict[str, Any]:
+    shape = SHAPES[name]
+    with routing_stack(shape["engine"], shape["consumers"], shape.get("env", {})) as (stack, key_edge):
         tenants = {mode: f"bench-{mode}-{uuid.uuid4().hex[:4]}" for mode in MODES}
         keys = {mode: asyncio.run(stack.create_key(tenant, "standard")) for mode, tenant in tenants.items()}
         edges = {"key": key_edge, "prefix": stack.edge_url}
@@ -242,13 +248,13 @@ def measure(engine: str) -> dict[str, Any]:
         row = {"mode": mode, **summarize(results[mode], completions, ids), **bills[mode]}
         row["cost_usd"] = (row["input_cost_nanousd"] + row["output_cost_nanousd"]) / 1e9
         rows.append(row)
-    return {"engine": engine, **shape, "rows": rows, **traffic}
+    return {**shape, "engine": name, "rows": rows, **traffic}
 
 
 def run() -> dict[str, Any]:
     return {"scenario": "prefix_routing", "simulated_engine": SIM.model_dump(),
             "placement_us": placement_cost_us(), "report_check_us": report_check_cost_us(),
-            "runs": [measure("simulated"), measure("hf")]}
+            "runs": [measure(name) for name in SHAPES]}
 
 
 def table(result: dict[str, Any]) -> str:
