@@ -13,6 +13,9 @@ decoding never stops early: every request runs to its ``max_tokens``. Then, in o
   differently and a random model's near-tied tokens part: reported, not asserted);
 - plain ``generate`` on a static batch of 64, the ceiling transformers reaches without batching
   machinery;
+- the slots' prefix cache, on and off, at 64 concurrent: new conversations sharing a few long
+  system prompts, and with one each (``bench.prefix_cache``'s workloads: TTFT, the share of
+  prompt tokens from the cache, what keeping it costs);
 - the same engine behind one GPU consumer at 1, 16, 64 and 256: a backlog of requests on the bus,
   drained by a worker admitting that many at once, every token event published to Kafka and
   acknowledged; tokens/s delivered against the engine alone at the same concurrency, queue time
@@ -39,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import prefix_cache
 from bench.baselines import engine_sender
 from bench.consumer_throughput import delivered_tokens
 from bench.stack import MODEL, bench_stack
@@ -203,6 +207,22 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
     return rows
 
 
+async def slots_prefix_cache(model_dir: Path) -> list[dict[str, Any]]:
+    """The slots with their prefix cache and without, at ``CONSUMER_SEQS`` concurrent."""
+    scale = 1 if quick() else 4
+    requests = {"shared": CONSUMER_SEQS * scale, "unique": CONSUMER_SEQS * scale // 4}
+    engines = {}
+    try:
+        for caching in (True, False):
+            engine = engines[("slots", caching)] = hf_engine(model_dir, CONSUMER_SEQS, batching="slots",
+                                                            prefix_caching=caching)
+            await engine.start()
+        return await prefix_cache.compare(engines, CONSUMER_SEQS, requests)
+    finally:
+        for engine in engines.values():
+            await engine.close()
+
+
 def agreement_inputs(count: int, tokens: int) -> list[Any]:
     from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 
@@ -294,6 +314,7 @@ def run() -> dict[str, Any]:
         agreement = asyncio.run(greedy_agreement(model_dir))
         if alone[0]["batching"] != "manager":
             alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), "manager"))
+        cached = asyncio.run(slots_prefix_cache(model_dir))
         sim = SimulatedEngineSettings()  # the stack starts no worker; only the bus is used
         with bench_stack(sim, start_services=False, redis=False) as stack:
             consumer = [asyncio.run(through_consumer(model_dir, stack.bus_settings(), c, REPLY_PARTITION + i))
@@ -309,7 +330,8 @@ def run() -> dict[str, Any]:
             "transformers": __import__("transformers").__version__, "hf_settings": HfEngineSettings().model_dump(),
             "model": {k: v for k, v in model.items() if k != "plain_generate"}, "output_tokens": OUTPUT_TOKENS,
             "engine_alone": alone,
-            "greedy_agreement": agreement, "plain_generate": model["plain_generate"], "through_consumer": consumer}
+            "greedy_agreement": agreement, "plain_generate": model["plain_generate"], "through_consumer": consumer,
+            "prefix_cache": cached}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -339,6 +361,9 @@ def table(result: dict[str, Any]) -> str:
     lines += [f"| {c['concurrency']} | {c['tokens_per_s']:,.0f} | **{c['consumer_over_engine']:.3f}** | "
               f"{spread(c, 'queue_ms')} | {spread(c, 'ttft_ms')} | {spread(c, 'itl_ms', 1)} | {gpu(c)}"
               for c in result["through_consumer"]]
+    lines += ["", f"The slots' prefix cache at {CONSUMER_SEQS} concurrent, new conversations with ~350-token system "
+              f"prompts, {prefix_cache.OUTPUT_TOKENS} output tokens (`python -m bench prefix_cache`'s workloads):", "",
+              *prefix_cache.rows_table(result.get("prefix_cache", []))]
     a = result["greedy_agreement"]
     lines += ["", f"greedy agreement with plain `generate` ({a['batching']}, {a['dtype']}): leading tokens in common "
               f"of {a['tokens']}: {a['common_leading_tokens']}",

@@ -13,7 +13,8 @@ Runs on the device ``TOKENBUS_HF_DEVICE`` picks (the CPU here) with SmolLM2-135M
 ``TOKENBUS_HF_MODEL_PATH`` names another model; the slots get ``max_model_len`` 1,024 unless
 ``TOKENBUS_HF_MAX_MODEL_LEN`` says. Cache sizes differ: the slots keep at most one prompt a slot
 (``SLOTS``), the manager what its blocks hold (on the CPU 64 blocks of 32 tokens, about five of
-these prompts).
+these prompts). `python -m bench gpu` runs the same comparison for slot batching on its 1B model at
+64 concurrent.
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ WORKLOADS = ("shared", "unique")
 _ids = itertools.count()
 
 
-def round_inputs(round_no: int, workload: str) -> list[GenerationInput]:
+def round_inputs(round_no: int, workload: str, requests: int) -> list[GenerationInput]:
     rng = random.Random(round_no)
     prompts = [system_prompt(round_no, i, WORDS) for i in range(PROMPTS)]
     inputs = []
-    for n in range(REQUESTS[workload]):
+    for n in range(requests):
         system = prompts[rng.randrange(PROMPTS)] if workload == "shared" else system_prompt(round_no, 100 + n, WORDS)
         inputs.append(GenerationInput(f"prefix-cache-{next(_ids)}", (ChatMessage("system", system),
                                                                   ChatMessage("user", f"question {round_no}-{n}")),
@@ -53,8 +54,8 @@ def round_inputs(round_no: int, workload: str) -> list[GenerationInput]:
     return inputs
 
 
-async def run_round(engine: Any, inputs: list[GenerationInput]) -> dict[str, Any]:
-    """The inputs ``CONCURRENCY`` at a time: each one's TTFT, prompt and cached tokens, and the
+async def run_round(engine: Any, inputs: list[GenerationInput], concurrency: int) -> dict[str, Any]:
+    """The inputs ``concurrency`` at a time: each one's TTFT, prompt and cached tokens, and the
     round's wall time and output tokens."""
     ttfts: list[float] = []
     prompt_tokens = cached_tokens = output_tokens = 0
@@ -77,7 +78,7 @@ async def run_round(engine: Any, inputs: list[GenerationInput]) -> dict[str, Any
             ttfts.append(1e3 * (first if first is not None else time.perf_counter() - started))
 
     started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+    await asyncio.gather(*(client() for _ in range(concurrency)))
     return {"ttft_ms": ttfts, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
             "output_tokens": output_tokens, "requests": len(inputs), "wall_s": time.perf_counter() - started}
 
@@ -93,32 +94,37 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             "requests_per_s": round(sum(r["requests"] for r in rounds) / wall, 2)}
 
 
+async def compare(engines: dict[tuple[str, bool], Any], concurrency: int, requests: dict[str, int],
+                  rounds: int = ROUNDS) -> list[dict[str, Any]]:
+    """Engines started, keyed by (batching, prefix caching), round by round on each workload: a row
+    for each engine and workload."""
+    for engine in engines.values():  # warm-up, on prompts of its own
+        await run_round(engine, round_inputs(-1, "unique", concurrency), concurrency)
+    results: dict[tuple[str, bool, str], list[dict[str, Any]]] = {}
+    for round_no in range(rounds):
+        for workload in WORKLOADS:
+            inputs = round_inputs(round_no if workload == "shared" else 1000 + round_no, workload, requests[workload])
+            for key, engine in engines.items():
+                results.setdefault((*key, workload), []).append(await run_round(engine, inputs, concurrency))
+    return [{"batching": batching, "prefix_caching": caching, "workload": workload, **summary(rounds_)}
+            for (batching, caching, workload), rounds_ in results.items()]
+
+
 async def measure() -> dict[str, Any]:
     from tokenbus.gpu_consumers.engines.hf import HfEngine
     from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
 
     engines = {}
-    for batching, caching in ENGINES:
-        defaults = HfEngineSettings()
-        settings = HfEngineSettings(batching=batching, prefix_caching=caching,
-                                    max_model_len=defaults.max_model_len or 1024)
-        engine = engines[(batching, caching)] = HfEngine(settings, max_num_seqs=SLOTS)
-        await engine.start()
-        await run_round(engine, round_inputs(-1, "unique")[:CONCURRENCY])  # warm-up, its own prompts
-    results: dict[tuple[str, bool, str], list[dict[str, Any]]] = {}
     try:
-        for round_no in range(ROUNDS):
-            for workload in WORKLOADS:
-                inputs = round_inputs(round_no if workload == "shared" else 1000 + round_no, workload)
-                for key, engine in engines.items():
-                    results.setdefault((*key, workload), []).append(await run_round(engine, inputs))
-        device = next(iter(engines.values())).device
+        for batching, caching in ENGINES:
+            settings = HfEngineSettings(batching=batching, prefix_caching=caching,
+                                        max_model_len=HfEngineSettings().max_model_len or 1024)
+            engine = engines[(batching, caching)] = HfEngine(settings, max_num_seqs=SLOTS)
+            await engine.start()
+        return {"device": engine.device, "rows": await compare(engines, CONCURRENCY, REQUESTS)}
     finally:
         for engine in engines.values():
             await engine.close()
-    rows = [{"batching": batching, "prefix_caching": caching, "workload": workload, **summary(rounds)}
-            for (batching, caching, workload), rounds in results.items()]
-    return {"device": device, "rows": rows}
 
 
 def run() -> dict[str, Any]:
@@ -128,14 +134,18 @@ def run() -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"`hf` engine alone on {result['device']}, {result['slots']} sequences at once, concurrency "
-             f"{result['concurrency']}, {result['rounds']} rounds of "
-             f"{result['requests_per_round']['shared']} requests sharing {result['prompts_per_round']} system prompts "
-             f"and {result['requests_per_round']['unique']} with one each, {result['output_tokens']} output tokens",
-             "", "| batching | prefix cache | workload | prompt tokens | TTFT p50 | TTFT p99 | from cache | tokens/s | requests/s |",
+    return "\n".join([f"`hf` engine alone on {result['device']}, {result['slots']} sequences at once, concurrency "
+                      f"{result['concurrency']}, {result['rounds']} rounds of "
+                      f"{result['requests_per_round']['shared']} requests sharing {result['prompts_per_round']} "
+                      f"system prompts and {result['requests_per_round']['unique']} with one each, "
+                      f"{result['output_tokens']} output tokens", "", *rows_table(result["rows"])])
+
+
+def rows_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| batching | prefix cache | workload | prompt tokens | TTFT p50 | TTFT p99 | from cache | tokens/s | requests/s |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for row in sorted(result["rows"], key=lambda r: (r["workload"], r["batching"], not r["prefix_caching"])):
+    for row in sorted(rows, key=lambda r: (r["workload"], r["batching"], not r["prefix_caching"])):
         lines.append(f"| {row['batching']} | {'on' if row['prefix_caching'] else 'off'} | {row['workload']} | "
                      f"{row['prompt_tokens_mean']} | {row['ttft_p50_ms']} ms | {row['ttft_p99_ms']} ms | "
                      f"{100 * row['cached_share']:.1f} % | {row['output_tokens_per_s']} | {row['requests_per_s']} |")
-    return "\n".join(lines)
+    return lines

@@ -4,7 +4,7 @@ from bench import prefix_cache
 
 
 def systems(workload: str, round_no: int) -> list[str]:
-    return [inp.messages[0].content for inp in prefix_cache.round_inputs(round_no, workload)]
+    return [inp.messages[0].content for inp in prefix_cache.round_inputs(round_no, workload, prefix_cache.REQUESTS[workload])]
 
 
 def test_shared_rounds_draw_on_a_few_system_prompts_of_their_own_and_unique_ones_share_none():
@@ -12,7 +12,7 @@ def test_shared_rounds_draw_on_a_few_system_prompts_of_their_own_and_unique_ones
     assert len(shared) == prefix_cache.REQUESTS["shared"] and len(set(shared)) <= prefix_cache.PROMPTS < len(shared)
     assert len(set(unique)) == len(unique) == prefix_cache.REQUESTS["unique"]
     assert not set(shared) & set(systems("shared", 1))  # no round inherits another's cache
-    assert len({inp.request_id for inp in prefix_cache.round_inputs(0, "shared")}) == len(shared)
+    assert len({inp.request_id for inp in prefix_cache.round_inputs(0, "shared", 16)}) == len(shared)
 
 
 def test_the_summary_counts_the_cached_share_and_rates_over_every_round():
