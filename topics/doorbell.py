@@ -104,8 +104,11 @@ class Doorbell:
 
     def _publish(self, channel_name: str, message: bytes) -> None:
         self._outbox.append((channel_name, message))
-        if self._sending is None:  # it starts at the loop's next pass: what this pass publishes goes with it
-            self._sending = asyncio.get_running_loop().create_task(self._send())
+        loop = asyncio.get_running_loop()
+        # A sender starts at the loop's next pass, so what this pass publishes goes with it (a sender
+        # of a loop that closed before it ran never will: another starts).
+        if self._sending is None or self._sending.get_loop() is not loop:
+            self._sending = loop.create_task(self._send())
 
     async def _send(self) -> None:
         """Publish what the outbox holds, in one pipeline, until it is empty."""
@@ -126,7 +129,7 @@ class Doorbell:
             self._sending = None
 
     async def close(self) -> None:
-        if self._sending is not None:
+        if self._sending is not None and self._sending.get_loop() is asyncio.get_running_loop():
             await asyncio.gather(self._sending, return_exceptions=True)
         await self._redis.aclose()
 

@@ -181,6 +181,10 @@ def asking(i: int, question: str, max_tokens: int = 16) -> GenerationInput:
     return GenerationInput(f"prefix-{i}", (SYSTEM, ChatMessage("user", question)), SamplingParams(max_tokens=max_tokens))
 
 
+async def collect_final(engine: HfEngine, inp: GenerationInput):
+    return [out async for out in engine.generate(inp)][-1]
+
+
 async def test_a_shared_prefix_is_kept_in_its_slot_or_copied_from_another_and_decodes_the_same(sharp_model):
     """The prefix cache. The first prompt runs in slot 0 beside a long sequence in slot 1 that goes
     on decoding after it ends (slot 0's row idles in those steps and must not touch what the slot
@@ -219,10 +223,6 @@ async def test_a_shared_prefix_is_kept_in_its_slot_or_copied_from_another_and_de
     finally:
         await engine.close()
         await plain.close()
-
-
-async def collect_final(engine: HfEngine, inp: GenerationInput):
-    return [out async for out in engine.generate(inp)][-1]
 
 
 class Slots:
@@ -292,7 +292,7 @@ async def test_a_prefix_in_the_lowest_free_slot_moves_aside_for_a_new_prompt(sha
     async with Slots(sharp_model, slots=2, block_tokens=8) as slots:
         shared = tiny_tokenizer("the bus carries every token to the edge, " * 3)["input_ids"]
         await slots.run(shared + tiny_tokenizer(" first")["input_ids"], 4)  # slot 0
-        other, cached = await slots.run(tiny_tokenizer("a different prompt altogether " * 3)["input_ids"], 4)
+        _, cached = await slots.run(tiny_tokenizer("a different prompt altogether " * 3)["input_ids"], 4)
         assert cached == 0  # slot 0 again; what it held now in slot 1
         again = shared + tiny_tokenizer(" second")["input_ids"]
         reply, cached = await slots.run(again, 8)
