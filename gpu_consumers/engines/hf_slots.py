@@ -20,9 +20,10 @@ them (a copy of keys and values costs a small part of computing them), never its
 whose logits it needs. What the lowest free slot held, and no other slot does, is first copied
 to the free slot that matters least (one that holds nothing, else the one used longest ago), so
 the free slots together keep as many prefixes as there are free slots, whichever rows run. A
-system prompt shared by many requests is so computed once while some slot holds it. The first
-delta of a sequence says how many of its prompt's tokens it took from the cache (OpenAI's
-``cached_tokens``).
+system prompt shared by many requests is so computed once while some slot holds it, and once a
+burst: a prompt admitted with others whose next block past the cache one of them is about to
+compute waits for the next pass (one prefill), and then starts past it. The first delta of a
+sequence says how many of its prompt's tokens it took from the cache (OpenAI's ``cached_tokens``).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class SlotRequest:
     seed: int | None = None  # sampled reproducibly (see the module's docstring)
     drawn: int = 0  # the output's tokens before the next one sampled: a taken-over sequence starts past its published ones
     slot: int = -1
-    start: int = 0  # the prompt's positions its slot held before the prefill (the prefix cache)
+    wanted: tuple[int, ...] = ()  # the names of the prompt's blocks before its last token (the prefix cache)
+    start: int = 0  # the prompt's positions its slot held before the prefill
     output: list[int] = field(default_factory=list)  # tokens handed out
     length: int = 0  # cache positions written or being written
     launched: int = 0  # tokens asked of the device: the prefill's, then one a decode step
@@ -244,8 +246,7 @@ class SlotBatcher:
     def _reuse(self, request: SlotRequest) -> None:
         """Start ``request``'s prefill past the leading blocks of its prompt some slot holds: its own
         slot's kept, another's copied in (never the last token: the prefill gives its logits)."""
-        size, slot = self.block_tokens, request.slot
-        wanted = block_hashes(request.prompt, size, (len(request.prompt) - 1) // size)
+        size, slot, wanted = self.block_tokens, request.slot, request.wanted
         found = leading_held(wanted, self.held)
         own = self._slot_blocks[slot]
         kept = leading_held(wanted[:found], set(own))
@@ -257,6 +258,28 @@ class SlotBatcher:
             self._used[source] = next(self._uses)
         self._hold(slot, wanted[:found])
         request.start = found * size
+
+    def _defer_followers(self, requests: list[SlotRequest]) -> list[SlotRequest]:
+        """Those of ``requests`` to prefill now. One whose prompt goes on past the cache into a block
+        that one before it is about to compute goes back to the head of the queue, its slot to the
+        free ones: at the next pass it starts past that block, whose prefill would otherwise be
+        computed once for each of them (and make this pass's prefill the longer)."""
+        size = self.block_tokens
+        now, later, computing = [], [], set()
+        for request in requests:
+            request.wanted = block_hashes(request.prompt, size, (len(request.prompt) - 1) // size)
+            found = leading_held(request.wanted, self.held)
+            if found < len(request.wanted) and request.wanted[found] in computing:
+                later.append(request)
+                heapq.heappush(self._free, request.slot)
+                request.slot = -1
+            else:
+                now.append(request)
+                computing.update(request.wanted[found:])
+        if later:
+            with self._lock:
+                self._waiting.extendleft(reversed(later))
+        return now
 
     def _spill(self, slot: int, blocks: tuple[int, ...], source: int | None) -> None:
         """Copy what ``slot`` holds, and no other slot does, to the free slot that matters least
@@ -295,6 +318,7 @@ class SlotBatcher:
         """The admitted prompts in one padded batch, each past what the prefix cache holds of it;
         their first tokens go to the host (time to first token) and to the decode inputs of their rows."""
         if self.block_tokens:
+            requests = self._defer_followers(requests)
             for request in requests:
                 self._reuse(request)
         slots = [r.slot for r in requests]

@@ -245,11 +245,11 @@ class Slots:
     async def __aexit__(self, *_: object) -> None:
         self.batcher.stop()
 
-    async def run(self, prompt: list[int], tokens: int) -> tuple[list[int], int | None]:
-        """The tokens decoded and the prompt's tokens taken from the cache."""
+    def submit(self, prompt: list[int], tokens: int) -> asyncio.Future[tuple[list[int], int | None]]:
+        """The tokens decoded and the prompt's tokens taken from the cache, once it finishes."""
         from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotRequest
 
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[tuple[list[int], int | None]] = asyncio.get_running_loop().create_future()
         ids: list[int] = []
         cached: list[int | None] = []
 
@@ -257,11 +257,13 @@ class Slots:
             ids.extend(delta.ids)
             cached.append(delta.cached_tokens)
             if delta.finish is not None:
-                done.set_result(None)
+                done.set_result((ids, cached[0]))
 
-        self.batcher.add(SlotRequest(f"prompt-{len(prompt)}", prompt, tokens, deliver))
-        await asyncio.wait_for(done, 60)
-        return ids, cached[0]
+        self.batcher.add(SlotRequest(f"prompt-{len(prompt)}-{id(done)}", prompt, tokens, deliver))
+        return done
+
+    async def run(self, prompt: list[int], tokens: int) -> tuple[list[int], int | None]:
+        return await asyncio.wait_for(self.submit(prompt, tokens), 60)
 
     def plain(self, prompt: list[int], tokens: int) -> list[int]:
         import torch
@@ -298,6 +300,22 @@ async def test_a_prefix_in_the_lowest_free_slot_moves_aside_for_a_new_prompt(sha
         reply, cached = await slots.run(again, 8)
         assert cached == len(shared) // 8 * 8 > 0
         assert reply == slots.plain(again, 8)
+
+
+async def test_prompts_admitted_together_compute_their_shared_prefix_once(sharp_model, tiny_tokenizer):
+    """Three prompts that share a prefix nobody holds, admitted in one pass: the first computes it;
+    the others wait for the next pass and start past it (the one with nothing more in common, the
+    last, is prefilled beside the first). Each decodes what plain ``generate`` decodes."""
+    slots = Slots(sharp_model, slots=4, block_tokens=8)
+    shared = tiny_tokenizer("the bus carries every token to the edge, " * 3)["input_ids"]
+    prompts = [shared + tiny_tokenizer(f" question {n}")["input_ids"] for n in (1, 2, 3)]
+    prompts.append(tiny_tokenizer("a different prompt altogether " * 3)["input_ids"])
+    served = [slots.submit(prompt, 6) for prompt in prompts]  # all waiting when the batcher starts
+    async with slots:
+        done = await asyncio.wait_for(asyncio.gather(*served), 60)
+    common = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1], strict=False)) if a != b)  # " question" too
+    assert [cached for _, cached in done] == [0, common // 8 * 8, common // 8 * 8, 0] and common >= len(shared)
+    assert [ids for ids, _ in done] == [slots.plain(prompt, 6) for prompt in prompts]
 
 
 def test_a_seeded_uniform_depends_on_the_seed_and_the_place_only():
