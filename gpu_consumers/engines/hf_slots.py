@@ -265,7 +265,9 @@ class SlotBatcher:
         free ones: at the next pass it starts past that block, whose prefill would otherwise be
         computed once for each of them (and make this pass's prefill the longer)."""
         size = self.block_tokens
-        now, later, computing = [], [], set()
+        now: list[SlotRequest] = []
+        later: list[SlotRequest] = []
+        computing: set[int] = set()  # the blocks this pass's prefill computes
         for request in requests:
             request.wanted = block_hashes(request.prompt, size, (len(request.prompt) - 1) // size)
             found = leading_held(request.wanted, self.held)
