@@ -138,6 +138,13 @@ def bus(stack: EmbeddedStack) -> BusSettings:
     return settings
 
 
+@pytest.fixture
+def embedded(bus: BusSettings) -> BusSettings:
+    """``bus`` with the embedded broker's client profile (doorbell, express lane, pacing)."""
+    assert bus.doorbell_url, "the test stack runs Redis, so its bus has a doorbell"
+    return bus.model_copy(update={"broker": "embedded"})
+
+
 @pytest.fixture(scope="session")
 def kafka_cluster() -> Iterator[MockKafkaCluster]:
     with MockKafkaCluster(brokers=3) as cluster:

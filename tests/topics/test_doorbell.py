@@ -18,12 +18,6 @@ from tokenbus.topics.clients import PROFILES, EmbeddedProducer
 from tokenbus.topics.doorbell import Doorbell, channel
 
 
-@pytest.fixture
-def embedded(bus: BusSettings) -> BusSettings:
-    assert bus.doorbell_url, "the test stack runs Redis, so its bus has a doorbell"
-    return bus.model_copy(update={"broker": "embedded"})
-
-
 def with_profile(monkeypatch, **changes) -> None:
     monkeypatch.setitem(PROFILES, "embedded", dataclasses.replace(PROFILES["embedded"], **changes))
 
