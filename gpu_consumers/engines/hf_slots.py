@@ -332,8 +332,7 @@ class SlotBatcher:
             self.positions_held += request.length
             self._running[request.slot] = request
             if self.block_tokens:
-                self._hold(request.slot, block_hashes(request.prompt, self.block_tokens,
-                                                      known=self._slot_blocks[request.slot]))
+                self._hold(request.slot, block_hashes(request.prompt, self.block_tokens, known=request.wanted))
         deltas = self._advance(requests, first.cpu().tolist())
         for request, (_, delta) in zip(requests, deltas, strict=True):
             delta.cached_tokens = request.start
