@@ -1,7 +1,9 @@
 """A light edge beside a loaded one: one client at a time through a second edge, alone and while the
 main edge keeps 16 streams running on the same GPU consumer. What the light edge's client waits
 (TTFT, ITL) and what the light edge spends a request (CPU) say whether it keeps the express lane
-(docs/architecture.md) while the consumer it shares is loaded by someone else.
+(docs/architecture.md) while the consumer it shares is loaded by someone else. Alone, the GPU
+consumer's CPU a request is the light client's alone: at concurrency 1 it hands each token event
+over on the express lane.
 
 Phases alternate, `TOKENBUS_BENCH_MIXED_ROUNDS` (2) rounds of `TOKENBUS_BENCH_MIXED_REQUESTS` (32)
 requests each, `peers`' simulated engine; the load runs in a process of its own, as a second
@@ -76,6 +78,8 @@ def run() -> dict[str, Any]:
         asyncio.run(run_serve(config(light_url, stack.dev_key, 8, 1)))
         results: dict[str, list[RequestResult]] = {"alone": [], "beside load": []}
         cpu = {phase: 0.0 for phase in results}
+        consumer = next(p for name, p in stack.processes.items() if name.startswith("gpu-consumer"))
+        consumer_cpu = 0.0  # alone: the light client's requests only
         for _ in range(ROUNDS):
             for phase in results:
                 loader = None
@@ -84,9 +88,11 @@ def run() -> dict[str, Any]:
                         target=keep_loading, args=(stack.edge_url, stack.dev_key), daemon=True)
                     loader.start()
                     time.sleep(LOAD_SETTLE_S)
-                before = cpu_seconds(light_edge.pid)
+                before, consumer_before = cpu_seconds(light_edge.pid), cpu_seconds(consumer.pid)
                 _, batch = asyncio.run(run_serve(config(light_url, stack.dev_key, REQUESTS, 1)))
                 cpu[phase] += cpu_seconds(light_edge.pid) - before
+                if phase == "alone":
+                    consumer_cpu += cpu_seconds(consumer.pid) - consumer_before
                 results[phase] += batch
                 if loader is not None:
                     assert loader.is_alive(), "the load ended before the light client's requests did"
@@ -104,8 +110,10 @@ def run() -> dict[str, Any]:
                      "ttft_ms": {k: round(s.ttft_ms[k], 2) for k in ("median", "p99")},
                      "itl_ms": {k: round(s.itl_ms[k], 2) for k in ("median", "p99")},
                      "light_edge_cpu_ms_per_request": round(1000 * cpu[phase] / max(len(batch), 1), 2)})
+    alone = len(results["alone"])
     return {"scenario": "mixed_load", "engine": peers.SIM.model_dump(), "broker": broker, "rounds": ROUNDS,
-            "load_concurrency": LOAD_CONCURRENCY, "rows": rows, "handover_cpu_us": handover}
+            "load_concurrency": LOAD_CONCURRENCY, "rows": rows, "handover_cpu_us": handover,
+            "gpu_consumer_cpu_ms_per_request_alone": round(1000 * consumer_cpu / max(alone, 1), 2)}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -117,5 +125,7 @@ def table(result: dict[str, Any]) -> str:
                      f" | {itl['median']} / {itl['p99']} | {row['light_edge_cpu_ms_per_request']} |")
     return "\n".join(lines) + (f"\n\nthe load: {result['load_concurrency']} streams through the main edge on the same"
                                f" GPU consumer; {result['rounds']} rounds alternating; `{result['broker']}` client profile"
+                               f"\n\nthe GPU consumer's CPU a request, the light client alone: "
+                               f"{result['gpu_consumer_cpu_ms_per_request_alone']} ms"
                                "\n\nCPU a hand-over costs its writer, by hand-overs in one pass of its event loop: "
                                + ", ".join(f"{n}: {us} µs" for n, us in result["handover_cpu_us"].items()))

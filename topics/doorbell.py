@@ -31,11 +31,9 @@ wait (``FetchPacer``). What is handed over is the key and value the broker holds
 so a reader that also fetches it passes one of the two copies over, and a lost hand-over costs
 latency only.
 
-What a process rings and hands over in one pass of its event loop goes to Redis in one pipeline
-(a GPU consumer's step hands over the events of several light streams at once), sent by one task
-at a time: a round trip and its task cost ~100 µs of CPU however many publishes it carries, each
-publish a few more (16 in a pass: ~22 µs a hand-over, against ~65 with a round trip each;
-BENCHMARKS.md §18).
+What a process rings and hands over in one pass of its event loop goes to Redis in one write, on
+a connection nothing waits on (publish_connection.py): a hand-over costs its writer a few µs, where
+a task and a round trip through redis-py cost ~110-140 µs (BENCHMARKS.md §18).
 """
 
 from __future__ import annotations
@@ -48,6 +46,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 import redis.asyncio as redis
+
+from tokenbus.topics.publish_connection import PublishConnection
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +79,10 @@ class Doorbell:
     """The ringing side, one per producer."""
 
     def __init__(self, url: str, topic_prefix: str, ring_every_s: float) -> None:
-        self._redis = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        self._publisher = PublishConnection(url)
         self._channel = channel(topic_prefix)
         self._ring_every_s = ring_every_s
         self._last_rung: dict[str, float] = {}
-        self._outbox: list[tuple[str, bytes]] = []  # (channel, message), sent by _sending
-        self._sending: asyncio.Task[None] | None = None
 
     def ring(self, topic: str) -> None:
         """A record was just written to ``topic``; tell the readers unless this was done lately."""
@@ -94,44 +92,20 @@ class Doorbell:
         if len(self._last_rung) > MAX_TOPICS_REMEMBERED:  # rolled reply logs come and go
             self._last_rung = {t: at for t, at in self._last_rung.items() if now - at < self._ring_every_s}
         self._last_rung[topic] = now
-        self._publish(self._channel, topic.encode())
+        self._publisher.publish(self._channel, topic.encode())
 
     def hand_over(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes) -> None:
         """The record ``key``, ``value`` was acknowledged at ``offset`` of ``topic``-``partition``:
         hand it to the readers listening on the topic's express lane."""
         place = _PLACE.pack(partition, offset, -1 if key is None else len(key))
-        self._publish(express_channel(topic), place + (key or b"") + value)
+        self._publisher.publish(express_channel(topic), place + (key or b"") + value)
 
-    def _publish(self, channel_name: str, message: bytes) -> None:
-        self._outbox.append((channel_name, message))
-        loop = asyncio.get_running_loop()
-        # A sender starts at the loop's next pass, so what this pass publishes goes with it (a sender
-        # of a loop that closed before it ran never will: another starts).
-        if self._sending is None or self._sending.get_loop() is not loop:
-            self._sending = loop.create_task(self._send())
-
-    async def _send(self) -> None:
-        """Publish what the outbox holds, in one pipeline, until it is empty."""
-        try:
-            while self._outbox:
-                messages, self._outbox = self._outbox, []
-                try:
-                    if len(messages) == 1:
-                        await self._redis.publish(*messages[0])
-                    else:
-                        pipeline = self._redis.pipeline(transaction=False)
-                        for channel_name, message in messages:
-                            pipeline.publish(channel_name, message)
-                        await pipeline.execute()
-                except (redis.RedisError, OSError) as exc:
-                    log.debug("doorbell: %d publishes lost (%s); readers catch up by fetching", len(messages), exc)
-        finally:
-            self._sending = None
+    @property
+    def publisher(self) -> PublishConnection:
+        return self._publisher
 
     async def close(self) -> None:
-        if self._sending is not None and self._sending.get_loop() is asyncio.get_running_loop():
-            await asyncio.gather(self._sending, return_exceptions=True)
-        await self._redis.aclose()
+        await self._publisher.close()
 
 
 async def listen(url: str, topic_prefix: str, on_ring: Callable[[str], None]) -> None:
