@@ -25,7 +25,6 @@ import asyncio
 import logging
 import ssl
 import time
-from typing import cast
 
 import redis.asyncio as redis
 
@@ -121,8 +120,7 @@ class PublishConnection:
             self._retry_at = time.monotonic() + RECONNECT_S
             self._drop(f"connecting failed ({exc!r})")
             return
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio's class
-        transport = self._transport
+        self._transport = transport  # (uvloop's transports are not of asyncio's classes: no isinstance here)
         if options.password is not None:  # Redis answers in order: a refusal shows as errors
             credentials = (options.username.encode(),) if options.username else ()
             transport.write(command(b"AUTH", *credentials, options.password.encode()))

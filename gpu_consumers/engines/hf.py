@@ -39,7 +39,7 @@ from tokenbus.gpu_consumers.engines.base import (
     StepOutput,
     StepSink,
 )
-from tokenbus.gpu_consumers.engines.blocks import ChainHash, block_hashes, chain_hash, leading_held
+from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config, load_model, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
@@ -55,7 +55,7 @@ class HfPrefixCache:
     def __init__(self, engine: HfEngine, block_tokens: int, chain: ChainHash,
                  held: Callable[[], Container[int]]) -> None:
         self._engine = engine
-        self._hash = chain
+        self.chain = chain
         self._held = held
         self.block_tokens = block_tokens
         self._segment_ends = chat_template.SegmentEnds(engine.tokenizer)
@@ -77,15 +77,14 @@ class HfPrefixCache:
     def of_slots(cls, engine: HfEngine, slots: SlotBatcher) -> HfPrefixCache:
         return cls(engine, slots.block_tokens, chain_hash, lambda: slots.held)
 
-    def cached_tokens(self, prompt: list[int]) -> int:
+    def cached_tokens(self, prompt: chat_template.Prompt) -> int:
         """What the engine would reuse of ``prompt`` now: its leading blocks held, never its last token."""
-        blocks = block_hashes(prompt, self.block_tokens, (len(prompt) - 1) // self.block_tokens, self._hash)
+        blocks = prompt.blocks[:(len(prompt.ids) - 1) // self.block_tokens]
         return leading_held(blocks, self._held()) * self.block_tokens
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
-        ids = self._engine.prompt_ids(inp)
-        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens, chain=self._hash),
-                            self._segment_ends(inp, ids, self._engine.prompt_rendered(inp)))
+        prompt = self._engine.prompt(inp)  # its blocks named with this cache's chain, in a thread mostly
+        return PromptLayout(self.block_tokens, prompt.blocks, self._segment_ends(inp, prompt.ids, prompt.rendered))
 
     def resident(self, hashes: Iterable[int]) -> set[int]:
         held = self._held()
@@ -233,6 +232,8 @@ class HfEngine:
             self._manager = await asyncio.to_thread(self._start_manager)
             if self.settings.prefix_caching:
                 self.prefix_cache = HfPrefixCache.of_manager(self, self.settings.page_size)
+        if self.prefix_cache is not None:  # each prompt's blocks named once, where it is tokenized
+            self._prompt_tokens.name_blocks(self.prefix_cache.block_tokens, self.prefix_cache.chain)
         log.info("hf engine ready on %s, %s batching", self.device, self.batching)
 
     @property
@@ -298,13 +299,12 @@ class HfEngine:
         except Exception:  # a transformers without this API, or the cache being rebuilt
             return None
 
-    def prompt_ids(self, inp: GenerationInput) -> list[int]:
+    def prompt(self, inp: GenerationInput) -> chat_template.Prompt:
         assert self._prompt_tokens is not None, "the engine is not started"
-        return self._prompt_tokens(inp)
+        return self._prompt_tokens.prompt(inp)
 
-    def prompt_rendered(self, inp: GenerationInput) -> chat_template.Rendered | None:
-        assert self._prompt_tokens is not None, "the engine is not started"
-        return self._prompt_tokens.rendered(inp)
+    def prompt_ids(self, inp: GenerationInput) -> list[int]:
+        return self.prompt(inp).ids
 
     async def prepare(self, inp: GenerationInput) -> None:
         """The prompt templated and tokenized in a thread (chat_template.PromptTokens)."""
@@ -312,10 +312,11 @@ class HfEngine:
             await asyncio.to_thread(self._prompt_tokens.prepare, inp)
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
-        prompt = self.prompt_ids(inp)
+        made = self.prompt(inp)
+        prompt = made.ids
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
         # The manager reuses what it holds when the request reaches it; the slots tell at admission.
-        expected = self.prefix_cache.cached_tokens(prompt) if self._manager is not None and self.prefix_cache else 0
+        expected = self.prefix_cache.cached_tokens(made) if self._manager is not None and self.prefix_cache else 0
         sequence = _HfSequence(self, inp, internal_id, prompt, expected)
         if sequence.max_new_tokens == 0:  # taken over at its limit
             sequence.end(FINISH_LENGTH, sequence.held_back_text())
@@ -329,7 +330,7 @@ class HfEngine:
         if self._slots is not None:
             self._slots.add(SlotRequest(internal_id, prompt + list(inp.prefix_token_ids), sequence.max_new_tokens,
                                         sequence.on_delta, sampling.get("temperature", 1.0), sampling.get("top_p", 1.0),
-                                        seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids)))
+                                        seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids), named=made.blocks))
             return sequence
         self._manager.register_result_handler(internal_id, sequence.on_result)
         self._manager.add_request(prompt + list(inp.prefix_token_ids), request_id=internal_id,

@@ -73,6 +73,7 @@ class SlotRequest:
     seed: int | None = None  # sampled reproducibly (see the module's docstring)
     drawn: int = 0  # the output's tokens before the next one sampled: a taken-over sequence starts past its published ones
     slot: int = -1
+    named: tuple[int, ...] = ()  # names of the prompt's first blocks, made where it was tokenized
     wanted: tuple[int, ...] = ()  # the names of the prompt's blocks before its last token (the prefix cache)
     start: int = 0  # the prompt's positions its slot held before the prefill
     output: list[int] = field(default_factory=list)  # tokens handed out
@@ -269,7 +270,8 @@ class SlotBatcher:
         later: list[SlotRequest] = []
         computing: set[int] = set()  # the blocks this pass's prefill computes
         for request in requests:
-            request.wanted = block_hashes(request.prompt, size, (len(request.prompt) - 1) // size)
+            count = (len(request.prompt) - 1) // size
+            request.wanted = block_hashes(request.prompt, size, count, known=request.named[:count])
             found = leading_held(request.wanted, self.held)
             if found < len(request.wanted) and request.wanted[found] in computing:
                 later.append(request)
@@ -332,7 +334,8 @@ class SlotBatcher:
             self.positions_held += request.length
             self._running[request.slot] = request
             if self.block_tokens:
-                self._hold(request.slot, block_hashes(request.prompt, self.block_tokens, known=request.wanted))
+                known = max(request.wanted, request.named, key=len)  # both begin the prompt's chain
+                self._hold(request.slot, block_hashes(request.prompt, self.block_tokens, known=known))
         deltas = self._advance(requests, first.cpu().tolist())
         for request, (_, delta) in zip(requests, deltas, strict=True):
             delta.cached_tokens = request.start

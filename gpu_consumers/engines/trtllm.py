@@ -31,7 +31,7 @@ from tokenbus.gpu_consumers.engines.base import (
     PromptLayout,
     StepOutput,
 )
-from tokenbus.gpu_consumers.engines.blocks import block_hashes, chain_hash, leading_held
+from tokenbus.gpu_consumers.engines.blocks import chain_hash, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
 from tokenbus.topics import cancel_task
 
@@ -86,7 +86,8 @@ class TrtPrefixCache:
     def __init__(self, tokenizer: Any, block_tokens: int, prompt_tokens: chat_template.PromptTokens) -> None:
         self.block_tokens = block_tokens
         self._segment_ends = chat_template.SegmentEnds(tokenizer)
-        self._prompt_tokens = prompt_tokens  # the engine's: a request's prompt is tokenized once
+        self._prompt_tokens = prompt_tokens  # the engine's: a request's prompt is tokenized and named once
+        prompt_tokens.name_blocks(block_tokens, chain_hash)
         self._ours: dict[int, int] = {}  # the engine's block hash -> ours
         self.held: set[int] = set()
 
@@ -106,14 +107,13 @@ class TrtPrefixCache:
                 for engine_hash in data.get("block_hashes") or []:
                     self.held.discard(self._ours.pop(engine_hash, 0))
 
-    def cached_tokens(self, prompt: list[int]) -> int:
-        blocks = block_hashes(prompt, self.block_tokens, (len(prompt) - 1) // self.block_tokens)
+    def cached_tokens(self, prompt: chat_template.Prompt) -> int:
+        blocks = prompt.blocks[:(len(prompt.ids) - 1) // self.block_tokens]
         return leading_held(blocks, self.held) * self.block_tokens
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
-        ids = self._prompt_tokens(inp)
-        return PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens),
-                            self._segment_ends(inp, ids, self._prompt_tokens.rendered(inp)))
+        prompt = self._prompt_tokens.prompt(inp)
+        return PromptLayout(self.block_tokens, prompt.blocks, self._segment_ends(inp, prompt.ids, prompt.rendered))
 
     def resident(self, hashes: Iterable[int]) -> set[int]:
         return {h for h in hashes if h in self.held}
@@ -255,20 +255,18 @@ class TrtLlmEngine:
         if self._llm is not None and hasattr(self._llm, "shutdown"):
             await asyncio.to_thread(self._llm.shutdown)
 
-    def prompt_ids(self, inp: GenerationInput) -> list[int]:
-        assert self._prompt_tokens is not None, "the engine is not started"
-        return self._prompt_tokens(inp)
-
     async def prepare(self, inp: GenerationInput) -> None:
         """The prompt templated and tokenized in a thread (chat_template.PromptTokens)."""
         if self._prompt_tokens is not None:
             await asyncio.to_thread(self._prompt_tokens.prepare, inp)
 
     def generate(self, inp: GenerationInput) -> _TrtStream:
-        prompt = self.prompt_ids(inp)
+        assert self._prompt_tokens is not None, "the engine is not started"
+        made = self._prompt_tokens.prompt(inp)
+        prompt = made.ids
         s = inp.sampling
         remaining = (s.max_tokens or self.settings.default_max_tokens) - len(inp.prefix_token_ids)
-        cached = self.prefix_cache.cached_tokens(prompt) if self.prefix_cache is not None else 0
+        cached = self.prefix_cache.cached_tokens(made) if self.prefix_cache is not None else 0
         if remaining <= 0:
             return _TrtStream(None, inp, self._llm.tokenizer, len(prompt), cached)
         params = self._sampling_params(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_for
 from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.hf import HfEngine
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, uses_slots
@@ -223,6 +224,40 @@ async def test_a_shared_prefix_is_kept_in_its_slot_or_copied_from_another_and_de
     finally:
         await engine.close()
         await plain.close()
+
+
+async def test_a_prompts_blocks_are_named_once_where_it_is_tokenized(sharp_model, monkeypatch):
+    """A worker prepares a request's prompt in a thread, then asks the engine to generate it and its
+    prefix cache for the layout it reports (KV-cache-aware routing). Every block of the sequence is
+    named once: the prompt's where it is tokenized, for the engine and the layout alike, and the
+    output's when the slot keeps them."""
+    from tokenbus.gpu_consumers.engines import blocks
+
+    named: list[bytes] = []
+    real = blocks.hashlib.blake2b
+
+    class Counting:
+        @staticmethod
+        def blake2b(data: bytes, **kwargs):
+            named.append(data)
+            return real(data, **kwargs)
+
+    engine = await started(sharp_model, max_num_seqs=2, page_size=8)
+    try:
+        monkeypatch.setattr(blocks, "hashlib", Counting)
+        inp = asking(5, "what is a bus?", max_tokens=12)
+        await engine.prepare(inp)
+        prompt = engine.prompt_ids(inp)
+        assert len(named) == len(prompt) // 8 >= 4  # in the thread
+        layout = engine.prefix_cache.layout(inp)
+        ids = [t for out in [out async for out in engine.generate(inp)] for t in out.token_ids_diff]
+        assert layout.block_hashes == blocks.block_hashes(prompt, 8)
+        # All it wrote but the last token, whose keys no step computes: each block once.
+        expected = (len(prompt) + len(ids) - 1) // 8 + len(prompt) // 8  # (the check above named the prompt's again)
+        await wait_for(lambda: len(named) >= expected, 10, "the slot to keep the output's blocks")
+        assert len(named) == expected
+    finally:
+        await engine.close()
 
 
 class Slots:
