@@ -13,6 +13,7 @@ producer has an express lane (the embedded producer with a doorbell, topics/door
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import struct
 from collections import defaultdict
@@ -70,6 +71,10 @@ class _Pass:
         self.records: list[_Record] = []
         self.handed_over: list[int] = []  # indexes of the records to hand over once acknowledged
         self.delivered: asyncio.Future[None] = loop.create_future()
+
+
+_Span = tuple[_Pass, int, int]  # a pass, the first of its records in a Kafka batch, and how many
+_Sent = tuple[list[_Span], asyncio.Future[Any]]  # a Kafka batch's spans, and its delivery
 
 
 async def acknowledged(deliveries: list[asyncio.Future[Any]]) -> None:
@@ -160,48 +165,65 @@ class BatchingPublisher:
             if not queue:
                 del self._queued[(topic, partition)]
 
-    async def _submit(self, topic: str, partition: int, passes: list[_Pass],
-                      ) -> tuple[list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]], Exception | None]:
-        """The passes' records in order as Kafka batches: each batch's records (their pass and place
-        in it) and its delivery; and the error that stopped it, if one did."""
-        records = [(batch, index, *record) for batch in passes for index, record in enumerate(batch.records)]
-        submitted: list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]] = []
-        while records:
-            kafka_batch = self._producer.create_batch()
-            taken = 0
-            for _, _, key, value, headers in records:
-                if kafka_batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                    break
-                taken += 1
-            if taken == 0:
-                return submitted, ValueError(f"a record of {len(records[0][3])} bytes exceeds a batch")
-            try:
-                delivery = await self._producer.send_batch(kafka_batch, topic, partition=partition)
-            except Exception as exc:
-                return submitted, exc
-            submitted.append(([(batch, index) for batch, index, *_ in records[:taken]], delivery))
-            records = records[taken:]
+    async def _submit(self, topic: str, partition: int, passes: list[_Pass]) -> tuple[list[_Sent], Exception | None]:
+        """The passes' records in order as Kafka batches, each sent with the spans of passes it holds;
+        and the error that stopped it, if one did."""
+        submitted: list[_Sent] = []
+        kafka_batch = self._producer.create_batch()
+        spans: list[_Span] = []  # of passes in the Kafka batch being filled
+        for batch in passes:
+            records, start = batch.records, 0
+            while start < len(records):
+                end = start
+                for key, value, headers in itertools.islice(records, start, None):
+                    if kafka_batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                        break
+                    end += 1
+                if end > start:
+                    spans.append((batch, start, end - start))
+                    start = end
+                if start < len(records):  # the Kafka batch is full: send it, go on in a new one
+                    if not spans:
+                        return submitted, ValueError(f"a record of {len(records[start][1])} bytes exceeds a batch")
+                    error = await self._send_batch(kafka_batch, topic, partition, spans, submitted)
+                    if error is not None:
+                        return submitted, error
+                    kafka_batch, spans = self._producer.create_batch(), []
+        if spans:
+            return submitted, await self._send_batch(kafka_batch, topic, partition, spans, submitted)
         return submitted, None
 
-    async def _settle(self, topic: str, partition: int, passes: list[_Pass],
-                      submitted: list[tuple[list[tuple[_Pass, int]], asyncio.Future[Any]]], error: Exception | None) -> None:
+    async def _send_batch(self, kafka_batch: Any, topic: str, partition: int, spans: list[_Span],
+                          submitted: list[_Sent]) -> Exception | None:
+        try:
+            delivery = await self._producer.send_batch(kafka_batch, topic, partition=partition)
+        except Exception as exc:
+            return exc
+        submitted.append((spans, delivery))
+        return None
+
+    async def _settle(self, topic: str, partition: int, passes: list[_Pass], submitted: list[_Sent],
+                      error: Exception | None) -> None:
         """Resolve each pass once every Kafka batch holding its records is acknowledged; a pass with
         a record in a batch that failed, or not sent, fails."""
         failed: dict[int, Exception] = {}
         sent: dict[int, int] = defaultdict(int)  # records of each pass in a Kafka batch
-        for placed, delivery in submitted:
-            for batch, _ in placed:
-                sent[id(batch)] += 1
+        for spans, delivery in submitted:
+            for batch, _, count in spans:
+                sent[id(batch)] += count
             try:
                 metadata = await delivery
             except Exception as exc:
-                failed.update((id(batch), exc) for batch, _ in placed)
+                failed.update((id(batch), exc) for batch, _, _ in spans)
                 continue
-            for offset, (batch, index) in enumerate(placed, start=metadata.offset):
-                if batch.handed_over and index in batch.handed_over:
-                    assert self._hand_over is not None
-                    key, value, _ = batch.records[index]
-                    self._hand_over(topic, partition, offset, key, value)
+            offset = metadata.offset  # the batch's first record's
+            for batch, start, count in spans:
+                for index in batch.handed_over:
+                    if start <= index < start + count:
+                        assert self._hand_over is not None
+                        key, value, _ = batch.records[index]
+                        self._hand_over(topic, partition, offset + index - start, key, value)
+                offset += count
         for batch in passes:
             problem = failed.get(id(batch)) or (error if sent[id(batch)] < len(batch.records) else None)
             if problem is not None:

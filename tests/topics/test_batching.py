@@ -77,6 +77,35 @@ async def test_a_pass_bigger_than_a_batch_goes_out_as_several_in_order(bus):
     assert [e.seq for e in await read_back(bus, topic, 5, 10)] == list(range(10))
 
 
+async def test_handed_over_records_carry_their_offsets_across_the_kafka_batches_of_their_passes(bus):
+    """Passes queued together and split over several Kafka batches: each record handed over goes with
+    the offset the broker gave it (the express lane's readers take it as if fetched there)."""
+    topic = TopicCatalog(bus).tokens
+    handed: list[tuple[int, bytes]] = []
+    async with publishing(bus, max_batch_size=16_384) as publisher:
+        publisher._hand_over = lambda _topic, _partition, offset, key, _value: handed.append((offset, key))
+        passes = []
+        for step in range(3):  # each pass 10 x 5 KB: more than a batch, and passes share batches
+            passes.append([publisher.publish(topic, 6, f"r{step}.{n}", TokenEvent("r", 10 * step + n, "x" * 5_000),
+                                             hand_over=n % 3 == 0) for n in range(10)][0])
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*passes), 30)
+    events = await read_back(bus, topic, 6, 30)
+    assert [e.seq for e in events] == list(range(30))  # offset o holds seq o: the topic is new
+    assert handed == [(10 * step + n, f"r{step}.{n}".encode()) for step in range(3) for n in (0, 3, 6, 9)]
+
+
+async def test_a_record_bigger_than_the_batch_size_goes_out_in_a_batch_of_its_own_in_order(bus):
+    """As Kafka's producers do: an empty batch takes one record whatever its size (the broker's
+    message size limit is what bounds it)."""
+    topic = TopicCatalog(bus).tokens
+    async with publishing(bus, max_batch_size=16_384) as publisher:
+        sent = [publisher.publish(topic, 7, key, TokenEvent(key, 0, text))
+                for key, text in (("a", "small"), ("b", "x" * 40_000), ("c", "small again"))]
+        await asyncio.wait_for(sent[0], 30)
+    assert [e.request_id for e in await read_back(bus, topic, 7, 3)] == ["a", "b", "c"]
+
+
 async def test_passes_that_queue_behind_a_batch_in_flight_go_out_together(bus):
     """aiokafka takes a partition's next batch once the one before has gone out, one produce
     request in flight at a time: passes published meanwhile (an engine's steps, a few ms apart)
