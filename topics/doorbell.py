@@ -32,8 +32,9 @@ so a reader that also fetches it passes one of the two copies over, and a lost h
 latency only.
 
 What a process rings and hands over in one pass of its event loop goes to Redis in one write, on
-a connection nothing waits on (publish_connection.py): a hand-over costs its writer a few µs, where
-a task and a round trip through redis-py cost ~110-140 µs (BENCHMARKS.md §18).
+a connection nothing waits on (publish_connection.py): a hand-over alone costs its writer ~30-45 µs
+of CPU and one of several in a pass a few, where a task and a round trip through redis-py cost
+~110-140 µs (BENCHMARKS.md §18).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ RECONNECT_S = 1.0
 CONNECT_TIMEOUT_S = 1.0
 MAX_WAITING = 10_000  # publishes held while the connection is made
 MAX_UNSENT_BYTES = 4 * 1024 * 1024
+MAX_CHANNELS_REMEMBERED = 1024
 
 
 def command(*parts: bytes) -> bytes:
@@ -61,11 +62,14 @@ class PublishConnection:
         self.writes = 0  # writes to the socket (a pass's publishes go in one)
         self.dropped = 0  # publishes that could not go out
         self.reply_bytes = 0  # what Redis answered: nothing, unless it refused CLIENT REPLY OFF
+        self._warned = False
 
     def publish(self, channel: str, message: bytes) -> None:
         """Publish ``message`` on ``channel`` at the end of this pass of the running event loop."""
         head = self._channels.get(channel)
         if head is None:
+            if len(self._channels) >= MAX_CHANNELS_REMEMBERED:  # rolled reply logs' lanes come and go
+                self._channels.clear()
             name = channel.encode()
             head = self._channels[channel] = b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(name), name)
         self._outbox.append(b"%s$%d\r\n%s\r\n" % (head, len(message), message))
@@ -116,7 +120,10 @@ class PublishConnection:
                     transport, _ = await loop.create_connection(
                         lambda: _Replies(self), options.host, options.port, ssl=context,
                         server_hostname=options.host if context is not None else None)
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
+        except Exception as exc:  # Redis away (OSError, a timeout), or the URL's TLS options wrong
+            if not isinstance(exc, OSError | TimeoutError) and not self._warned:
+                self._warned = True  # a setting to mend, said once; the tries go on
+                log.warning("redis publish: cannot connect: %r", exc)
             self._retry_at = time.monotonic() + RECONNECT_S
             self._drop(f"connecting failed ({exc!r})")
             return
