@@ -208,16 +208,20 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
 
 
 async def slots_prefix_cache(model_dir: Path) -> list[dict[str, Any]]:
-    """The slots with their prefix cache and without, at ``CONSUMER_SEQS`` concurrent."""
+    """The slots with their prefix cache and without, at ``CONSUMER_SEQS`` concurrent (every slot
+    busy); and with as many rows again that only keep prefixes, on twice as many system prompts."""
     scale = 1 if quick() else 4
-    requests = {"shared": CONSUMER_SEQS * scale, "unique": CONSUMER_SEQS * scale // 4}
-    engines = {}
+    requests = {"shared": CONSUMER_SEQS * scale, "unique": CONSUMER_SEQS * scale // 4, "busy": CONSUMER_SEQS * scale}
+    engines: prefix_cache.Engines = {}
     try:
-        for caching in (True, False):
-            engine = engines[("slots", caching)] = hf_engine(model_dir, CONSUMER_SEQS, batching="slots",
-                                                            prefix_caching=caching)
+        for caching, keeping in ((True, 0), (False, 0), (True, CONSUMER_SEQS)):
+            engine = engines[("slots", caching, keeping)] = hf_engine(model_dir, CONSUMER_SEQS, batching="slots",
+                                                                     prefix_caching=caching, prefix_rows=keeping)
             await engine.start()
-        return await prefix_cache.compare(engines, CONSUMER_SEQS, requests)
+        plain = {key: engine for key, engine in engines.items() if key[2] == 0}
+        rows = await prefix_cache.compare(plain, CONSUMER_SEQS, requests)
+        busy = {key: engine for key, engine in engines.items() if key[0] == "slots" and key[1]}
+        return rows + await prefix_cache.compare(busy, CONSUMER_SEQS, requests, workloads=("busy",))
     finally:
         for engine in engines.values():
             await engine.close()

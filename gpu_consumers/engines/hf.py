@@ -251,7 +251,7 @@ class HfEngine:
         batcher = SlotBatcher(self._model, slots=self.max_num_seqs, max_model_len=length,
                               eos_token_ids=self.eos_token_ids, cuda_graphs=s.cuda_graphs is not False,
                               do_sample=s.do_sample, seed=s.seed, max_prefill_tokens=s.max_batch_tokens or 8192,
-                              prefix_block_tokens=s.page_size if s.prefix_caching else 0)
+                              prefix_block_tokens=s.page_size if s.prefix_caching else 0, keeping_rows=s.prefix_rows)
         batcher.capture()
         return batcher
 

@@ -56,6 +56,9 @@ class HfEngineSettings(BaseSettings):
     # Slots only: positions of the cache each sequence owns (prompt and output). 0: the model's
     # maximum, at most 4096.
     max_model_len: int = 0
+    # Slots only: rows of the cache past the slots that only keep prompts' prefixes (no sequence runs
+    # in them), where a busy engine keeps what its few free slots cannot; each costs a slot's memory.
+    prefix_rows: int = 0
     # Manager only, CUDA only. Empty: the model's default attention (SDPA); a flash implementation where installed.
     # cuDNN attention re-plans for every new key length. Graphs and async batching: None lets
     # transformers decide (on for flash attention only).

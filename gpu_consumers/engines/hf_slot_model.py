@@ -80,7 +80,7 @@ class SlotModel:
     """The cache, the decode inputs where the graphs read them, and the forward passes. Used by
     one thread at a time (the batcher's; ``capture`` before it starts)."""
 
-    def __init__(self, model: Any, *, slots: int, max_model_len: int, cuda_graphs: bool) -> None:
+    def __init__(self, model: Any, *, slots: int, max_model_len: int, cuda_graphs: bool, keeping_rows: int = 0) -> None:
         import torch
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -95,7 +95,8 @@ class SlotModel:
         self.device, dtype = model.device, model.dtype
         self.slots, self.max_model_len = slots, max_model_len
         self.scratch = max_model_len  # where idle rows write (the module's docstring)
-        shape = (slots, self._kv_heads, max_model_len + 1, self._head_dim)
+        # Rows past the slots only keep prefixes (hf_slots.py): no step reads or writes them, a copy does.
+        shape = (slots + keeping_rows, self._kv_heads, max_model_len + 1, self._head_dim)
         self._keys = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in self._layers]
         self._values = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in self._layers]
         # A decode step's inputs, where its graphs read them: each row's last token and its position.

@@ -19,7 +19,9 @@ the leading blocks some slot holds: kept where that slot is its own, copied wher
 them (a copy of keys and values costs a small part of computing them), never its last token,
 whose logits it needs. What the lowest free slot held, and no other slot does, is first copied
 to the free slot that matters least (one that holds nothing, else the one used longest ago), so
-the free slots together keep as many prefixes as there are free slots, whichever rows run. A
+the free slots together keep as many prefixes as there are free slots, whichever rows run, and
+the rows past the slots that only keep prefixes (``keeping_rows``: none by default; each costs a
+slot's memory) as many more, which a busy engine, with few slots free, keeps its prefixes in. A
 system prompt shared by many requests is so computed once while some slot holds it, and once a
 burst: a prompt admitted with others whose next block past the cache one of them is about to
 compute waits for the next pass (one prefill), and then starts past it. The first delta of a
@@ -84,11 +86,13 @@ class SlotRequest:
 class SlotBatcher:
     def __init__(self, model: Any, *, slots: int, max_model_len: int, eos_token_ids: set[int],
                  cuda_graphs: bool, do_sample: bool = False, seed: int | None = None,
-                 max_prefill_tokens: int = 8192, prefix_block_tokens: int = 0) -> None:
+                 max_prefill_tokens: int = 8192, prefix_block_tokens: int = 0, keeping_rows: int = 0) -> None:
         import torch
 
         self._torch = torch
-        self._model = SlotModel(model, slots=slots, max_model_len=max_model_len, cuda_graphs=cuda_graphs)
+        keeping_rows = keeping_rows if prefix_block_tokens else 0
+        self._model = SlotModel(model, slots=slots, max_model_len=max_model_len, cuda_graphs=cuda_graphs,
+                                keeping_rows=keeping_rows)
         self.device, self.slots, self.max_model_len = self._model.device, slots, max_model_len
         self._do_sample = do_sample
         self._generator = torch.Generator(device=self.device)
@@ -110,8 +114,9 @@ class SlotBatcher:
         # the event loop (membership only, safe while this thread changes it).
         self.block_tokens = prefix_block_tokens
         self.held: dict[int, set[int]] = {}
-        self._slot_blocks: list[tuple[int, ...]] = [()] * slots
-        self._used = [0] * slots  # when each slot's blocks were last written or read, on _uses' clock
+        self._keeping = range(slots, slots + keeping_rows)  # rows that only keep prefixes, past the slots
+        self._slot_blocks: list[tuple[int, ...]] = [()] * (slots + keeping_rows)
+        self._used = [0] * (slots + keeping_rows)  # when each row's blocks were last written or read, on _uses' clock
         self._uses = itertools.count(1)
         # A step's token ids reach the host in one of two pinned buffers: the next step's copy goes
         # to the other while this one is read.
@@ -286,10 +291,10 @@ class SlotBatcher:
         return now
 
     def _spill(self, slot: int, blocks: tuple[int, ...], source: int | None) -> None:
-        """Copy what ``slot`` holds, and no other slot does, to the free slot that matters least
-        (not ``source``, which the new prompt copies from next): one holding nothing, else the one
-        used longest ago."""
-        spare = [s for s in self._free if s != source]
+        """Copy what ``slot`` holds, and no other slot does, to the free slot or keeping row that
+        matters least (not ``source``, which the new prompt copies from next): one holding nothing,
+        else the one used longest ago."""
+        spare = [s for s in (*self._free, *self._keeping) if s != source]
         if not spare:
             return
         target = min(spare, key=lambda s: (len(self._slot_blocks[s]) > 0, self._used[s]))

@@ -11,6 +11,8 @@ def test_shared_rounds_draw_on_a_few_system_prompts_of_their_own_and_unique_ones
     shared, unique = systems("shared", 0), systems("unique", 0)
     assert len(shared) == prefix_cache.REQUESTS["shared"] and len(set(shared)) <= prefix_cache.PROMPTS < len(shared)
     assert len(set(unique)) == len(unique) == prefix_cache.REQUESTS["unique"]
+    busy = systems("busy", 0)
+    assert prefix_cache.PROMPTS_OF["shared"] < len(set(busy)) <= prefix_cache.PROMPTS_OF["busy"] < len(busy)
     assert not set(shared) & set(systems("shared", 1))  # no round inherits another's cache
     assert len({inp.request_id for inp in prefix_cache.round_inputs(0, "shared", 16)}) == len(shared)
 

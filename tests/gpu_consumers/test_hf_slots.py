@@ -242,8 +242,9 @@ async def test_a_prompts_blocks_are_named_once_where_it_is_tokenized(sharp_model
             named.append(data)
             return real(data, **kwargs)
 
-    engine = await started(sharp_model, max_num_seqs=2, page_size=8)
+    engine = await started(sharp_model, max_num_seqs=2, page_size=8, prefix_rows=1)
     try:
+        assert engine._slots is not None and engine._slots._keeping == range(2, 3)  # TOKENBUS_HF_PREFIX_ROWS
         monkeypatch.setattr(blocks, "hashlib", Counting)
         inp = asking(5, "what is a bus?", max_tokens=12)
         await engine.prepare(inp)
@@ -264,14 +265,14 @@ class Slots:
     """A slot batcher of its own over the sharp model, fed token ids: what a slot keeps, seen through
     what a prompt gets from it."""
 
-    def __init__(self, model_dir: Path, slots: int, block_tokens: int) -> None:
+    def __init__(self, model_dir: Path, slots: int, block_tokens: int, keeping_rows: int = 0) -> None:
         from transformers import AutoModelForCausalLM
 
         from tokenbus.gpu_consumers.engines.hf_slots import SlotBatcher
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir)
         self.batcher = SlotBatcher(self.model, slots=slots, max_model_len=256, eos_token_ids=set(), cuda_graphs=False,
-                                   prefix_block_tokens=block_tokens)
+                                   prefix_block_tokens=block_tokens, keeping_rows=keeping_rows)
 
     async def __aenter__(self) -> Slots:
         self.batcher.start(asyncio.get_running_loop())
@@ -335,6 +336,24 @@ async def test_a_prefix_in_the_lowest_free_slot_moves_aside_for_a_new_prompt(sha
         reply, cached = await slots.run(again, 8)
         assert cached == len(shared) // 8 * 8 > 0
         assert reply == slots.plain(again, 8)
+
+
+@pytest.mark.parametrize("keeping_rows", [0, 2])
+async def test_rows_that_only_keep_prefixes_keep_them_while_the_slots_run_others(sharp_model, tiny_tokenizer,
+                                                                                  keeping_rows):
+    """One slot, busy with one conversation after another: what it held is lost to the next prompt,
+    unless rows past the slots keep it (``keeping_rows``, the least recently used given up first,
+    never the one a prompt is about to copy from). The first conversation's next turn then starts
+    past its prefix, copied from where it was kept, and decodes what plain ``generate`` decodes."""
+    async with Slots(sharp_model, slots=1, block_tokens=8, keeping_rows=keeping_rows) as slots:
+        first = tiny_tokenizer("the bus carries every token to the edge, " * 3)["input_ids"]
+        answer, _ = await slots.run(first, 6)
+        for other in ("a different prompt altogether ", "and yet another one here "):
+            await slots.run(tiny_tokenizer(other * 3)["input_ids"], 6)
+        turn = first + answer + tiny_tokenizer(" and then?")["input_ids"]
+        reply, cached = await slots.run(turn, 8)
+    assert cached == (0 if keeping_rows == 0 else (len(first) + len(answer) - 1) // 8 * 8)
+    assert cached < len(turn) and reply == slots.plain(turn, 8)
 
 
 async def test_prompts_admitted_together_compute_their_shared_prefix_once(sharp_model, tiny_tokenizer):
