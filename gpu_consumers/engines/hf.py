@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 class HfPrefixCache:
     """The blocks of prompt tokens the engine holds, named as the batching names them: the manager's
     shared blocks by transformers' ``compute_block_hash`` (looked up in its ledger without touching
-    the cache), the slots' by blocks.chain_hash (``SlotBatcher.held``)."""
+    the cache), the slots' by blocks.chain_hash (``SlotPrefixes.held``)."""
 
     def __init__(self, engine: HfEngine, block_tokens: int, chain: ChainHash,
                  held: Callable[[], Container[int]]) -> None:
@@ -75,7 +75,9 @@ class HfPrefixCache:
 
     @classmethod
     def of_slots(cls, engine: HfEngine, slots: SlotBatcher) -> HfPrefixCache:
-        return cls(engine, slots.block_tokens, chain_hash, lambda: slots.held)
+        prefixes = slots.prefixes
+        assert prefixes is not None, "slots without a prefix cache"
+        return cls(engine, slots.block_tokens, chain_hash, lambda: prefixes.held)
 
     def cached_tokens(self, prompt: chat_template.Prompt) -> int:
         """What the engine would reuse of ``prompt`` now: its leading blocks held, never its last token."""

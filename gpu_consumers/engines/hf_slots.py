@@ -13,7 +13,7 @@ the uninterrupted one would have: OpenAI's ``seed``, kept across a crashed worke
 
 The prefix cache: a slot keeps the keys and values it holds when its sequence ends (the prompt
 and the output), named by blocks of ``prefix_block_tokens`` tokens as blocks.py names them
-(``held``: each block's name, the slots that hold it). A new prompt takes the lowest free slot
+(``SlotPrefixes.held``: each block's name, the rows that hold it). A new prompt takes the lowest free slot
 (few rows for few sequences: a decode step's cost grows with its highest row) and starts past
 the leading blocks some slot holds: kept where that slot is its own, copied where another holds
 them (a copy of keys and values costs a small part of computing them), never its last token,
@@ -21,7 +21,8 @@ whose logits it needs. What the lowest free slot held, and no other slot does, i
 to the free slot that matters least (one that holds nothing, else the one used longest ago), so
 the free slots together keep as many prefixes as there are free slots, whichever rows run, and
 the rows past the slots that only keep prefixes (``keeping_rows``: none by default; each costs a
-slot's memory) as many more, which a busy engine, with few slots free, keeps its prefixes in. A
+slot's memory) as many more, which a busy engine, with few slots free, keeps its prefixes in
+(what each row holds: hf_slot_prefixes.py). A
 system prompt shared by many requests is so computed once while some slot holds it, and once a
 burst: a prompt admitted with others whose next block past the cache one of them is about to
 compute waits for the next pass (one prefill), and then starts past it. The first delta of a
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import logging
 import threading
 from collections import deque
@@ -43,6 +43,7 @@ from typing import Any
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
+from tokenbus.gpu_consumers.engines.hf_slot_prefixes import SlotPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ class SlotBatcher:
         keeping_rows = keeping_rows if prefix_block_tokens else 0
         self._model = SlotModel(model, slots=slots, max_model_len=max_model_len, cuda_graphs=cuda_graphs,
                                 keeping_rows=keeping_rows)
+        # The prefix cache (the module's docstring); 0 tokens a block: none.
+        self.block_tokens = prefix_block_tokens
+        self.prefixes = SlotPrefixes(self._model, prefix_block_tokens, slots, keeping_rows) if prefix_block_tokens else None
         self.device, self.slots, self.max_model_len = self._model.device, slots, max_model_len
         self._do_sample = do_sample
         self._generator = torch.Generator(device=self.device)
@@ -110,14 +114,6 @@ class SlotBatcher:
         self._running: dict[int, SlotRequest] = {}
         self._free = list(range(slots))
         self.positions_held = 0  # read by the event loop as a gauge
-        # The prefix cache (the module's docstring); 0 tokens a block: none. ``held`` is read by
-        # the event loop (membership only, safe while this thread changes it).
-        self.block_tokens = prefix_block_tokens
-        self.held: dict[int, set[int]] = {}
-        self._keeping = range(slots, slots + keeping_rows)  # rows that only keep prefixes, past the slots
-        self._slot_blocks: list[tuple[int, ...]] = [()] * (slots + keeping_rows)
-        self._used = [0] * (slots + keeping_rows)  # when each row's blocks were last written or read, on _uses' clock
-        self._uses = itertools.count(1)
         # A step's token ids reach the host in one of two pinned buffers: the next step's copy goes
         # to the other while this one is read.
         pinned = self.device.type == "cuda"
@@ -227,57 +223,25 @@ class SlotBatcher:
             return
         self._running.pop(request.slot, None)
         self.positions_held -= request.length
-        if self.block_tokens:
-            held: tuple[int, ...] = ()
-            if keep:  # the slot names the prompt's full blocks (_prefill): the output's follow them
-                written = (request.prompt + request.output)[: request.length]
-                held = block_hashes(written, self.block_tokens, known=self._slot_blocks[request.slot])
-            self._hold(request.slot, held)
+        if self.prefixes is not None:
+            self.prefixes.released(request.slot, (request.prompt + request.output)[: request.length] if keep else None)
         heapq.heappush(self._free, request.slot)
         request.slot = -1
-
-    def _hold(self, slot: int, after: tuple[int, ...]) -> None:
-        """Slot ``slot`` now holds the blocks named ``after``, from position 0."""
-        before = self._slot_blocks[slot]
-        self._used[slot] = next(self._uses)
-        for name in set(before) - set(after):
-            holders = self.held[name]
-            holders.discard(slot)
-            if not holders:
-                del self.held[name]
-        for name in after:
-            self.held.setdefault(name, set()).add(slot)
-        self._slot_blocks[slot] = after
-
-    def _reuse(self, request: SlotRequest) -> None:
-        """Start ``request``'s prefill past the leading blocks of its prompt some slot holds: its own
-        slot's kept, another's copied in (never the last token: the prefill gives its logits)."""
-        size, slot, wanted = self.block_tokens, request.slot, request.wanted
-        found = leading_held(wanted, self.held)
-        own = self._slot_blocks[slot]
-        kept = leading_held(wanted[:found], set(own))
-        source = min(self.held[wanted[found - 1]]) if found > kept else None
-        if len(own) > kept and self.held[own[-1]] == {slot}:
-            self._spill(slot, own, source)
-        if source is not None:
-            self._model.copy(source, slot, kept * size, found * size)
-            self._used[source] = next(self._uses)
-        self._hold(slot, wanted[:found])
-        request.start = found * size
 
     def _defer_followers(self, requests: list[SlotRequest]) -> list[SlotRequest]:
         """Those of ``requests`` to prefill now. One whose prompt goes on past the cache into a block
         that one before it is about to compute goes back to the head of the queue, its slot to the
         free ones: at the next pass it starts past that block, whose prefill would otherwise be
         computed once for each of them (and make this pass's prefill the longer)."""
-        size = self.block_tokens
+        assert self.prefixes is not None
+        size, held = self.block_tokens, self.prefixes.held
         now: list[SlotRequest] = []
         later: list[SlotRequest] = []
         computing: set[int] = set()  # the blocks this pass's prefill computes
         for request in requests:
             count = (len(request.prompt) - 1) // size
             request.wanted = block_hashes(request.prompt, size, count, known=request.named[:count])
-            found = leading_held(request.wanted, self.held)
+            found = leading_held(request.wanted, held)
             if found < len(request.wanted) and request.wanted[found] in computing:
                 later.append(request)
                 heapq.heappush(self._free, request.slot)
@@ -289,19 +253,6 @@ class SlotBatcher:
             with self._lock:
                 self._waiting.extendleft(reversed(later))
         return now
-
-    def _spill(self, slot: int, blocks: tuple[int, ...], source: int | None) -> None:
-        """Copy what ``slot`` holds, and no other slot does, to the free slot or keeping row that
-        matters least (not ``source``, which the new prompt copies from next): one holding nothing,
-        else the one used longest ago."""
-        spare = [s for s in (*self._free, *self._keeping) if s != source]
-        if not spare:
-            return
-        target = min(spare, key=lambda s: (len(self._slot_blocks[s]) > 0, self._used[s]))
-        self._model.copy(slot, target, 0, len(blocks) * self.block_tokens)
-        used = self._used[slot]
-        self._hold(target, blocks)
-        self._used[target] = used  # as old as it was: a spill is no use
 
     def _send(self, deltas: list[tuple[Deliver, Delta]]) -> None:
         if deltas and self._loop is not None:
@@ -326,10 +277,10 @@ class SlotBatcher:
     def _prefill(self, requests: list[SlotRequest]) -> list[tuple[Deliver, Delta]]:
         """The admitted prompts in one padded batch, each past what the prefix cache holds of it;
         their first tokens go to the host (time to first token) and to the decode inputs of their rows."""
-        if self.block_tokens:
+        if self.prefixes is not None:
             requests = self._defer_followers(requests)
             for request in requests:
-                self._reuse(request)
+                request.start = self.prefixes.reuse(request.slot, request.wanted, self._free)
         slots = [r.slot for r in requests]
         logits = self._model.prefill([r.prompt for r in requests], slots, [r.start for r in requests])
         first = self._pick(logits, list(requests))
@@ -338,9 +289,8 @@ class SlotBatcher:
             request.length, request.launched = len(request.prompt), 1
             self.positions_held += request.length
             self._running[request.slot] = request
-            if self.block_tokens:
-                known = max(request.wanted, request.named, key=len)  # both begin the prompt's chain
-                self._hold(request.slot, block_hashes(request.prompt, self.block_tokens, known=known))
+            if self.prefixes is not None:  # both begin the prompt's chain
+                self.prefixes.prefilled(request.slot, request.prompt, max(request.wanted, request.named, key=len))
         deltas = self._advance(requests, first.cpu().tolist())
         for request, (_, delta) in zip(requests, deltas, strict=True):
             delta.cached_tokens = request.start

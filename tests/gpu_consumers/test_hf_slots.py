@@ -244,7 +244,7 @@ async def test_a_prompts_blocks_are_named_once_where_it_is_tokenized(sharp_model
 
     engine = await started(sharp_model, max_num_seqs=2, page_size=8, prefix_rows=1)
     try:
-        assert engine._slots is not None and engine._slots._keeping == range(2, 3)  # TOKENBUS_HF_PREFIX_ROWS
+        assert engine._slots is not None and engine._slots.prefixes.keeping_rows == range(2, 3)  # TOKENBUS_HF_PREFIX_ROWS
         monkeypatch.setattr(blocks, "hashlib", Counting)
         inp = asking(5, "what is a bus?", max_tokens=12)
         await engine.prepare(inp)
