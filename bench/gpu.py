@@ -220,7 +220,7 @@ async def slots_prefix_cache(model_dir: Path) -> list[dict[str, Any]]:
             await engine.start()
         plain = {key: engine for key, engine in engines.items() if key[2] == 0}
         rows = await prefix_cache.compare(plain, CONSUMER_SEQS, requests)
-        busy = {key: engine for key, engine in engines.items() if key[0] == "slots" and key[1]}
+        busy = {key: engine for key, engine in engines.items() if key[1]}  # the cache on, keeping rows or not
         return rows + await prefix_cache.compare(busy, CONSUMER_SEQS, requests, workloads=("busy",))
     finally:
         for engine in engines.values():

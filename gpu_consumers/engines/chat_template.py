@@ -15,10 +15,11 @@ import dataclasses
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Container
 from typing import Any, NamedTuple
 
 from tokenbus.gpu_consumers.engines.base import GenerationInput
-from tokenbus.gpu_consumers.engines.blocks import ChainHash, block_hashes
+from tokenbus.gpu_consumers.engines.blocks import ChainHash, block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import rust_tokenizer
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ChatMessage
@@ -119,6 +120,11 @@ class Prompt(NamedTuple):
     ids: list[int]
     rendered: Rendered | None
     blocks: tuple[int, ...]
+
+    def reusable_tokens(self, block_tokens: int, held: Container[int]) -> int:
+        """What an engine whose cache holds the blocks named ``held`` reuses of this prompt: its
+        leading blocks held, never its last token (the prefill gives that one's logits)."""
+        return leading_held(self.blocks[:(len(self.ids) - 1) // block_tokens], held) * block_tokens
 
 
 class PromptTokens:

@@ -39,7 +39,7 @@ from tokenbus.gpu_consumers.engines.base import (
     StepOutput,
     StepSink,
 )
-from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash, leading_held
+from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config, load_model, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
@@ -81,8 +81,7 @@ class HfPrefixCache:
 
     def cached_tokens(self, prompt: chat_template.Prompt) -> int:
         """What the engine would reuse of ``prompt`` now: its leading blocks held, never its last token."""
-        blocks = prompt.blocks[:(len(prompt.ids) - 1) // self.block_tokens]
-        return leading_held(blocks, self._held()) * self.block_tokens
+        return prompt.reusable_tokens(self.block_tokens, self._held())
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
         prompt = self._engine.prompt(inp)  # its blocks named with this cache's chain, in a thread mostly

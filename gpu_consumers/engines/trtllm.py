@@ -31,7 +31,7 @@ from tokenbus.gpu_consumers.engines.base import (
     PromptLayout,
     StepOutput,
 )
-from tokenbus.gpu_consumers.engines.blocks import chain_hash, leading_held
+from tokenbus.gpu_consumers.engines.blocks import chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
 from tokenbus.topics import cancel_task
 
@@ -108,8 +108,7 @@ class TrtPrefixCache:
                     self.held.discard(self._ours.pop(engine_hash, 0))
 
     def cached_tokens(self, prompt: chat_template.Prompt) -> int:
-        blocks = prompt.blocks[:(len(prompt.ids) - 1) // self.block_tokens]
-        return leading_held(blocks, self.held) * self.block_tokens
+        return prompt.reusable_tokens(self.block_tokens, self.held)
 
     def layout(self, inp: GenerationInput) -> PromptLayout:
         prompt = self._prompt_tokens.prompt(inp)

@@ -126,16 +126,19 @@ async def test_a_unix_socket_url(tmp_path):
         assert (await published(url, [b"over", b"a socket"]))[0] == [b"over", b"a socket"]
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 async def test_a_tls_url_with_its_options_as_redis_py_reads_them(tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    import trustme
+
+    authority = trustme.CA()  # a certificate authority of the test's own, and a certificate for 127.0.0.1
+    served = authority.issue_cert("127.0.0.1")
+    cert, key, ca = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    served.cert_chain_pems[0].write_to_path(str(cert))
+    served.private_key_pem.write_to_path(str(key))
+    authority.cert_pem.write_to_path(str(ca))
     port = free_port()
-    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}"
     with redis_server(tmp_path, url, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-                      "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                      "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
                       "--tls-auth-clients", "no"):
         assert (await published(url, [b"sealed"]))[0] == [b"sealed"]
 
