@@ -26,7 +26,15 @@ from tokenbus.moderation import InputReview, Policy
 from tokenbus.producers.moderated import InputModerator
 from tokenbus.producers.placement import Placement, PrefixRouter
 from tokenbus.producers.publisher import RequestPublisher
-from tokenbus.schemas import FINISH_INCOMPLETE, AvroCodec, ChatMessage, ChatRequest, Completion, TokenEvent
+from tokenbus.schemas import (
+    FINISH_INCOMPLETE,
+    AvroCodec,
+    ChatMessage,
+    ChatRequest,
+    Completion,
+    CompletionBuilder,
+    TokenEvent,
+)
 from tokenbus.topics import (
     BusSettings,
     FetchPacer,
@@ -136,7 +144,7 @@ class TokenbusClient:
         await self.sender.send_and_wait(request.reply_topic, final, request.request_id,
                                         partition=request.reply_partition)
         await self.sender.cancel(request.request_id, "stream closed as incomplete")
-        completion = Completion.from_events(request, [*delivered, final], CLOSED_BY)
+        completion = CompletionBuilder([*delivered, final]).build(request, CLOSED_BY)
         await self.sender.send_and_wait(self.catalog.completions, completion, request.request_id)
         return completion
 

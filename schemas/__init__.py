@@ -1,6 +1,7 @@
 """Avro schemas of every record on the bus, their dataclasses and the codec."""
 
 from tokenbus.schemas.codec import AvroCodec, DecodeError
+from tokenbus.schemas.completion_builder import CompletionBuilder, whole_tool_calls
 from tokenbus.schemas.records import (
     FINISH_INCOMPLETE,
     INCOMPLETE_FINISH_REASONS,
@@ -13,7 +14,6 @@ from tokenbus.schemas.records import (
     ChatMessage,
     ChatRequest,
     Completion,
-    CompletionBuilder,
     Control,
     ControlAction,
     ModerationDecision,
@@ -26,7 +26,6 @@ from tokenbus.schemas.records import (
     message_text,
     now_ms,
     shallow_fields,
-    whole_tool_calls,
 )
 
 __all__ = [

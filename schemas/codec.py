@@ -121,6 +121,10 @@ class AvroCodec:
         self._writers_by_fingerprint.setdefault(fp, parsed)  # a current schema stays its reader's object
         return fp
 
+    def schema(self, name: str) -> Any:
+        """The current schema of a record type (its full name, e.g. ``tokenbus.TokenEvent``), parsed."""
+        return self._readers[name]
+
     def encode(self, record: Record) -> bytes:
         name = record.schema_name
         out = [SINGLE_OBJECT_MAGIC, self._writer_fingerprints[name]]

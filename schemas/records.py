@@ -40,6 +40,8 @@ def estimate_prompt_tokens(texts: Iterable[str]) -> int:
 class ToolCall:
     """A function call the assistant made: ``arguments`` is JSON text, as the model wrote it."""
 
+    schema_name: ClassVar[str] = "tokenbus.ToolCall"  # a record inside a request and a completion
+
     id: str
     name: str
     arguments: str
@@ -48,6 +50,8 @@ class ToolCall:
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     """A function a request offers the model: ``parameters`` is its JSON Schema as JSON text."""
+
+    schema_name: ClassVar[str] = "tokenbus.ToolSpec"  # a record inside a request
 
     name: str
     description: str = ""
@@ -69,6 +73,8 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
+    schema_name: ClassVar[str] = "tokenbus.ChatMessage"  # a record inside a request and a completion
+
     role: str
     content: str
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
@@ -104,17 +110,6 @@ def _messages_from_avro(items: list[dict[str, Any]]) -> list[ChatMessage]:
             for m in items]
 
 
-def whole_tool_calls(deltas: Iterable[ToolCallDelta]) -> list[ToolCall]:
-    """The function calls of a stream, put back together from their pieces."""
-    calls: dict[int, list[str]] = {}
-    for delta in deltas:
-        if delta.id is not None:
-            calls[delta.index] = [delta.id, delta.name or "", ""]
-        if delta.index in calls:
-            calls[delta.index][2] += delta.arguments
-    return [ToolCall(*calls[i]) for i in sorted(calls)]
-
-
 def message_text(message: ChatMessage) -> str:
     """What a message says in words a tokenizer or a policy sees: its content and its calls' names
     and arguments."""
@@ -126,6 +121,11 @@ def message_text(message: ChatMessage) -> str:
 @dataclass(slots=True)
 class ChatRequest:
     schema_name: ClassVar[str] = "tokenbus.ChatRequest"
+    # ``to_avro`` is its fields as they are (its messages', their calls' and its tools' too): the
+    # codec writes a request straight from its attributes (an edge, every request) and reads one
+    # straight into these classes (a GPU consumer, every request; ``from_avro`` is for older schemas).
+    avro_from_attributes: ClassVar[bool] = True
+    avro_record_classes: ClassVar[tuple[type, ...]] = (ChatMessage, ToolCall, ToolSpec)
 
     request_id: str
     model: str
@@ -236,6 +236,9 @@ class Completion:
     """Closes a request: the source of transcripts and billing."""
 
     schema_name: ClassVar[str] = "tokenbus.Completion"
+    # Written from its attributes and read into these classes, as a request is.
+    avro_from_attributes: ClassVar[bool] = True
+    avro_record_classes: ClassVar[tuple[type, ...]] = (ChatMessage, ToolCall)
 
     request_id: str
     model: str
@@ -281,11 +284,6 @@ class Completion:
                    continues_turn_at_ms=request.continues_turn_at_ms, carried_tokens=len(request.prefix_token_ids),
                    annotations=request.annotations, **outcome)
 
-    @classmethod
-    def from_events(cls, request: ChatRequest, events: Iterable[TokenEvent], worker_id: str) -> Completion:
-        """The Completion of a stream that ended with the last of ``events``."""
-        return CompletionBuilder(events).build(request, worker_id)
-
     def to_avro(self) -> dict[str, Any]:
         return {**shallow_fields(self), "messages": _messages_to_avro(self.messages),
                 "tool_calls": _tool_calls_to_avro(self.tool_calls)}
@@ -294,59 +292,6 @@ class Completion:
     def from_avro(cls, data: dict[str, Any]) -> Completion:
         return cls(**{**data, "messages": _messages_from_avro(data["messages"]),
                       "tool_calls": list(_tool_calls_from_avro(data["tool_calls"]))})
-
-
-class CompletionBuilder:
-    """A turn's Completion, gathered as its token events go by: the one record that says how a turn
-    ended, built the same by a GPU consumer and by an edge that closes a silent stream
-    (``TokenbusClient.close_incomplete``). It keeps
-    what the record needs of the events (their text, function-call pieces, times, the last one)
-    rather than the events: a GPU consumer runs hundreds of turns at once, a token event each step."""
-
-    __slots__ = ("count", "last", "_texts", "_deltas", "_started_at_ms", "_first_token_at_ms")
-
-    def __init__(self, events: Iterable[TokenEvent] = ()) -> None:
-        self.count = 0  # events added: the next one's seq
-        self.last: TokenEvent | None = None
-        self._texts: list[str] = []
-        self._deltas: list[ToolCallDelta] = []
-        self._started_at_ms = 0
-        self._first_token_at_ms: int | None = None
-        for event in events:
-            self.add(event)
-
-    def add(self, event: TokenEvent) -> None:
-        if self.last is None:
-            self._started_at_ms = event.created_at_ms
-        if event.token_ids and self._first_token_at_ms is None:
-            self._first_token_at_ms = event.created_at_ms
-        if event.text:
-            self._texts.append(event.text)
-        if event.tool_calls:
-            self._deltas.extend(event.tool_calls)
-        self.last = event
-        self.count += 1
-
-    def build(self, request: ChatRequest, worker_id: str) -> Completion:
-        final = self.last
-        if final is None:
-            raise ValueError("a completion needs the turn's last token event")
-        finish_reason = final.finish_reason or "error"
-        return Completion.for_request(
-            request,
-            text=request.prefix_text + "".join(self._texts),
-            tool_calls=whole_tool_calls(self._deltas),
-            finish_reason=finish_reason,
-            prompt_tokens=final.prompt_tokens or 0,
-            completion_tokens=final.completion_tokens or 0,
-            cached_prompt_tokens=final.cached_tokens or 0,
-            cancelled=finish_reason in ("cancelled", "content_filter"),
-            error=final.error,
-            worker_id=worker_id,
-            started_at_ms=self._started_at_ms,
-            first_token_at_ms=self._first_token_at_ms,
-            finished_at_ms=final.created_at_ms,
-        )
 
 
 class ControlAction(str, enum.Enum):

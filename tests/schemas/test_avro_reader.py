@@ -71,6 +71,23 @@ def test_a_class_that_is_no_dataclass_gets_the_fields_by_name():
     assert compile_reader(reserved)(fastavro_bytes(reserved, {"class": 3}), 0) == ({"class": 3}, 1)
 
 
+class Pair:
+    """Annotated with a name its module does not define: which fields are tuples cannot be told."""
+
+    def __init__(self, left: int, right: int) -> None:
+        self.left, self.right = left, right
+
+    __annotations__ = {"left": "int", "right": "Undefined"}
+
+
+def test_a_class_whose_annotations_do_not_resolve_is_read_into_a_dict():
+    schema = parse_schema({"type": "record", "name": "Pair", "fields": [
+        {"name": "left", "type": "int"}, {"name": "right", "type": "int"}]})
+    with pytest.raises(NotCompiled):
+        compile_reader(schema, {"Pair": Pair})
+    assert compile_reader(schema)(fastavro_bytes(schema, {"left": 1, "right": 2}), 0) == ({"left": 1, "right": 2}, 2)
+
+
 def test_a_recursive_record_and_a_union_with_null_second():
     schema = parse_schema({"type": "record", "name": "Node", "fields": [
         {"name": "value", "type": "int"}, {"name": "next", "type": ["Node", "null"]},

@@ -10,7 +10,7 @@ from fastavro.schema import parse_schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenbus.schemas import TokenEvent
+from tokenbus.schemas import ChatMessage, ChatRequest, Completion, TokenEvent, ToolCall, ToolSpec
 from tokenbus.schemas.avro_source import NotCompiled
 from tokenbus.schemas.avro_writer import compile_writer, long_bytes
 from tokenbus.schemas.codec import HEADER_SIZE, SCHEMA_DIR, AvroCodec, _writer
@@ -141,3 +141,45 @@ def test_a_token_event_written_from_its_attributes_is_what_its_dict_gives(event)
     assert TokenEvent.schema_name in CODEC._attribute_writers
     assert CODEC.encode(event)[HEADER_SIZE:] == fastavro_bytes(SCHEMAS["token_event"], event.to_avro())
     assert CODEC.decode(CODEC.encode(event), TokenEvent) == event
+
+
+texts = st.text(max_size=12)
+ints, longs = st.integers(-(2**31), 2**31 - 1), st.integers(-(2**63), 2**63 - 1)
+tool_calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)
+messages = st.builds(ChatMessage, role=texts, content=texts, tool_calls=st.lists(tool_calls, max_size=2).map(tuple),
+                     tool_call_id=optional(texts))
+requests = st.builds(
+    ChatRequest, request_id=texts, model=texts, tier=texts, messages=st.lists(messages, max_size=3),
+    reply_topic=texts, reply_partition=ints, tenant=texts, key_id=texts, conversation_id=optional(texts),
+    max_tokens=optional(ints), temperature=optional(st.floats(allow_nan=False)),
+    top_p=optional(st.floats(allow_nan=False)), seed=optional(longs), stop=st.lists(texts, max_size=2),
+    created_at_ms=longs, deadline_ms=optional(longs),
+    tools=st.lists(st.builds(ToolSpec, name=texts, description=texts, parameters=texts), max_size=2),
+    tool_choice=texts, tool_choice_name=optional(texts), parallel_tool_calls=st.booleans(),
+    continues_request_id=optional(texts), continues_turn_at_ms=optional(longs),
+    prefix_token_ids=st.lists(ints, max_size=4), prefix_text=texts,
+    annotations=st.dictionaries(texts, texts, max_size=2))
+completions = st.builds(
+    Completion, request_id=texts, model=texts, tier=texts, text=texts, finish_reason=texts, prompt_tokens=ints,
+    completion_tokens=ints, created_at_ms=longs, started_at_ms=longs, finished_at_ms=longs, tenant=texts,
+    key_id=texts, conversation_id=optional(texts), messages=st.lists(messages, max_size=3), cancelled=st.booleans(),
+    error=optional(texts), worker_id=texts, first_token_at_ms=optional(longs),
+    tool_calls=st.lists(tool_calls, max_size=2), continues_request_id=optional(texts),
+    continues_turn_at_ms=optional(longs), carried_tokens=ints, annotations=st.dictionaries(texts, texts, max_size=2),
+    cached_prompt_tokens=ints)
+
+
+@settings(max_examples=200)
+@given(st.one_of(requests, completions))
+def test_requests_and_completions_written_from_their_attributes_are_what_their_dicts_give(record):
+    """A request (an edge writes one a request, a GPU consumer reads it) and a completion are written
+    from their attributes and read into their classes: the bytes are fastavro's of ``to_avro``'s
+    dict, and a message read back keeps its calls as the tuple its frozen class holds."""
+    assert record.schema_name in CODEC._attribute_writers
+    schema = SCHEMAS["chat_request" if isinstance(record, ChatRequest) else "completion"]
+    written = CODEC.encode(record)
+    assert written[HEADER_SIZE:] == fastavro_bytes(schema, record.to_avro())
+    read = CODEC.decode(written, type(record))
+    assert read == record
+    assert all(type(m.tool_calls) is tuple for m in read.messages)
+    hash(tuple(read.messages))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tokenbus.schemas import ChatMessage, ChatRequest, Completion, CompletionBuilder, TokenEvent, ToolCall, ToolCallDelta
+from tokenbus.schemas import ChatMessage, ChatRequest, CompletionBuilder, TokenEvent, ToolCall, ToolCallDelta
 
 
 def request(prefix_text: str = "") -> ChatRequest:
@@ -27,7 +27,7 @@ def test_a_turn_gathered_event_by_event():
     completion = builder.build(turn, "w-1")
 
     assert builder.count == 5 and builder.last is events[-1]
-    assert completion == Completion.from_events(turn, events, "w-1")
+    assert completion == CompletionBuilder(events).build(turn, "w-1")
     assert completion.text == "Oh. Hello!"
     assert completion.tool_calls == [ToolCall("call-1", "f", '{"a": 1}')]
     assert (completion.started_at_ms, completion.first_token_at_ms, completion.finished_at_ms) == (1000, 1010, 1040)
