@@ -3,10 +3,13 @@ writes one for every token of every sequence, an edge and output moderation read
 (an edge writes one, a GPU consumer reads it) and a completion (a GPU consumer writes one a turn,
 the stream processors read it).
 
-Three ways, each the whole of ``AvroCodec.encode`` / ``decode``'s work for one record (framing,
+Four ways, each the whole of ``AvroCodec.encode`` / ``decode``'s work for one record (framing,
 the fingerprint, the body): as tokenbus does it (the compiled writer reading the object's
-attributes, the compiled reader building the objects), the same compiled code through the dicts
-``to_avro`` and ``from_avro`` make, and fastavro's schemaless writer and reader with those dicts.
+attributes, the compiled reader building the objects), the same in Confluent's wire format (as with
+a schema registry, its ids already known, as they are once a service has started: here from a
+stand-in that numbers the schemas, for no registry is asked for anything while records flow), the
+same compiled code through the dicts ``to_avro`` and ``from_avro`` make, and fastavro's schemaless
+writer and reader with those dicts.
 Rounds alternate and the best of each counts (these machines are noisy); every way's bytes and
 records are checked equal before anything is timed."""
 
@@ -22,11 +25,11 @@ import fastavro
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, Record, TokenEvent, ToolSpec
 from tokenbus.schemas.avro_reader import compile_reader
 from tokenbus.schemas.avro_writer import compile_writer
-from tokenbus.schemas.codec import HEADER_SIZE, SINGLE_OBJECT_MAGIC, schema_fingerprint
+from tokenbus.schemas.codec import CONFLUENT_HEADER_SIZE, HEADER_SIZE, SINGLE_OBJECT_MAGIC, schema_fingerprint
 
 ROUNDS = 5
 CALLS = 5_000
-WAYS = ("served", "dicts", "fastavro")
+WAYS = ("served", "confluent", "dicts", "fastavro")
 WEATHER = ToolSpec("get_weather", "The weather in a city, now.",
                    '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}')
 
@@ -59,10 +62,26 @@ def records() -> dict[str, Record]:
     }
 
 
+class NumberedSchemas:
+    """A schema registry's ids, as a codec knows them once its service has started (``id_of``
+    answered at its start); ``schema`` is never asked while the ids are known."""
+
+    url = "(numbered in process)"
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def id_of(self, subject: str, schema: dict[str, Any]) -> int:
+        return self._ids.setdefault(subject, len(self._ids) + 1)
+
+    def schema(self, schema_id: int) -> dict[str, Any] | None:
+        raise AssertionError("a registry asked for a schema while records flow")
+
+
 class Ways:
     """Encode and decode of one record type, each way."""
 
-    def __init__(self, codec: AvroCodec, record: Record) -> None:
+    def __init__(self, codec: AvroCodec, record: Record, confluent: AvroCodec | None = None) -> None:
         kind = type(record)
         schema = codec.schema(record.schema_name)
         header = SINGLE_OBJECT_MAGIC + schema_fingerprint(schema)
@@ -82,23 +101,33 @@ class Ways:
         def fastavro_decode(data: bytes) -> Any:
             return kind.from_avro(fastavro.schemaless_reader(io.BytesIO(data[HEADER_SIZE:]), schema, None))
 
+        confluent = confluent or confluent_codec()
         self.encode: dict[str, Callable[[Record], bytes]] = {
-            "served": codec.encode, "dicts": dict_encode, "fastavro": fastavro_encode}
+            "served": codec.encode, "confluent": confluent.encode, "dicts": dict_encode, "fastavro": fastavro_encode}
         self.decode: dict[str, Callable[[bytes], Any]] = {
             "served": lambda data: codec.decode(data, kind),
+            "confluent": lambda data: confluent.decode(data, kind),
             "dicts": lambda data: kind.from_avro(read_dict(data, HEADER_SIZE)[0]),
             "fastavro": fastavro_decode}
 
-    def check(self, record: Record) -> bytes:
-        """The bytes every way writes, after checking that they agree and read back as ``record``."""
+    def check(self, record: Record) -> dict[str, bytes]:
+        """What each way writes, after checking that the ways agree (the same body; Confluent's
+        framing has its own header) and each reads back ``record``."""
         written = {way: encode(record) for way, encode in self.encode.items()}
-        if len(set(written.values())) != 1:
+        bodies = {data[CONFLUENT_HEADER_SIZE if way == "confluent" else HEADER_SIZE:] for way, data in written.items()}
+        headers = {data[:HEADER_SIZE] for way, data in written.items() if way != "confluent"}
+        if len(bodies) != 1 or len(headers) != 1:
             raise AssertionError(f"{record.schema_name}: the ways write different bytes")
-        data = written["served"]
         for way, decode in self.decode.items():
-            if decode(data) != record:
+            if decode(written[way if way == "confluent" else "served"]) != record:
                 raise AssertionError(f"{record.schema_name}: {way} reads back another record")
-        return data
+        return written
+
+
+def confluent_codec() -> AvroCodec:
+    codec = AvroCodec(registry=NumberedSchemas())  # type: ignore[arg-type]  # a registry's ids, known
+    codec.register_schemas()
+    return codec
 
 
 def us_per_call(call: Callable[[Any], Any], argument: Any, calls: int) -> float:
@@ -109,30 +138,33 @@ def us_per_call(call: Callable[[Any], Any], argument: Any, calls: int) -> float:
 
 
 def run(calls: int = CALLS, rounds: int = ROUNDS) -> dict[str, Any]:
-    codec = AvroCodec()
-    cases = {label: (record, Ways(codec, record)) for label, record in records().items()}
+    codec, confluent = AvroCodec(), confluent_codec()
+    cases = {label: (record, Ways(codec, record, confluent)) for label, record in records().items()}
     data = {label: ways.check(record) for label, (record, ways) in cases.items()}
     best: dict[tuple[str, str, str], float] = {}
     for _ in range(rounds):
         for label, (record, ways) in cases.items():
             for way in WAYS:
-                for op, call, argument in (("encode", ways.encode[way], record), ("decode", ways.decode[way], data[label])):
+                written = data[label]["confluent" if way == "confluent" else "served"]
+                for op, call, argument in (("encode", ways.encode[way], record), ("decode", ways.decode[way], written)):
                     key = (label, op, way)
                     best[key] = min(best.get(key, float("inf")), us_per_call(call, argument, calls))
-    rows = [{"record": label, "bytes": len(data[label]),
+    rows = [{"record": label, "bytes": len(data[label]["served"]),
              **{f"{op}_{way}_us": round(best[(label, op, way)], 2) for op in ("encode", "decode") for way in WAYS}}
             for label in cases]
     return {"scenario": "codec", "calls": calls, "rounds": rounds, "rows": rows}
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["| record | bytes | encode: served / dicts / fastavro µs | decode: served / dicts / fastavro µs |",
+    lines = ["| record | bytes | encode: served / Confluent's framing / dicts / fastavro µs "
+             "| decode: served / Confluent's framing / dicts / fastavro µs |",
              "|---|---:|---:|---:|"]
     for row in result["rows"]:
         encode = " / ".join(str(row[f"encode_{way}_us"]) for way in WAYS)
         decode = " / ".join(str(row[f"decode_{way}_us"]) for way in WAYS)
         lines.append(f"| {row['record']} | {row['bytes']} | {encode} | {decode} |")
-    lines += ["", f"served: as the codec does it (compiled, from and into the objects); dicts: the same compiled "
+    lines += ["", f"served: as the codec does it (compiled, from and into the objects); Confluent's framing: the same "
+              f"with a schema registry's ids; dicts: the same compiled "
               f"code through `to_avro` / `from_avro`; fastavro: its schemaless writer and reader with those dicts. "
               f"Best of {result['rounds']} rounds of {result['calls']} calls."]
     return "\n".join(lines)

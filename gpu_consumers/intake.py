@@ -30,7 +30,8 @@ from tokenbus.gpu_consumers.offsets import OffsetTracker
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.token_log import TokenLog
-from tokenbus.schemas import AvroCodec, ChatRequest, DecodeError
+from tokenbus.schemas import AvroCodec, ChatRequest, DecodeError, SchemaRegistryError
+from tokenbus.schemas.registry import READ_AGAIN_AFTER_S
 from tokenbus.topics import DeadLetterPublisher, FetchPacer, TopicCatalog, cancel_task, doorbell, known_position, tracing
 from tokenbus.topics.clients import express_lane_on
 
@@ -130,6 +131,7 @@ class RequestIntake:
         batches = await self._consumer.getmany(timeout_ms=50 if self._in_flight() else 500)
         self._enqueuing = True
         watching_lane = self._pacer.watching_lane
+        registry_away = False
         try:
             for tp, records in batches.items():
                 handed_until = self._handed_until.pop(tp, 0)
@@ -137,30 +139,42 @@ class RequestIntake:
                     if record.offset >= handed_until:
                         if watching_lane:  # no hand-over had brought it (yet)
                             self._pacer.fetched_first(tp.topic, tp.partition, record.offset)
-                        await self._enqueue(tp, record)
+                        try:
+                            await self._enqueue(tp, record)
+                        except SchemaRegistryError as exc:  # the record is fine: it is fetched again
+                            log.warning("request at %s-%s@%s waits for its schema registry: %s",
+                                        tp.topic, tp.partition, record.offset, exc)
+                            self._consumer.seek(tp, record.offset)
+                            registry_away = True
+                            break
                 if records and records[-1].offset + 1 < handed_until:
                     self._handed_until[tp] = handed_until
         finally:
             self._enqueuing = False
         self._pacer.observed_by_topic(batches)  # a tier's topic is paused while it is quiet
         self._pacer.serving(self._in_flight())
+        if registry_away:
+            await asyncio.sleep(READ_AGAIN_AFTER_S)
         return bool(batches)
 
     async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         assert self._consumer is not None and self._dead_letters is not None
-        self._offsets.started(tp, record.offset)
         try:
+            # Decoded before it is started: one whose schema registry does not answer is fetched again.
             request = self._codec.decode(record.value, ChatRequest)
         except DecodeError as exc:
+            self._offsets.started(tp, record.offset)
             await self._dead_letters.send(record, exc.reason, exc.detail)
             self._offsets.finished(tp, record.offset)
             return
         if request.model != self._settings.model or request.tier != self._tiers_by_topic.get(record.topic):
             # Served here it would jump (or lose) its place among the tiers: the topic says where it
             # was queued, the record how it is scheduled. The express lane refuses it the same way.
+            self._offsets.started(tp, record.offset)
             await self._dead_letters.send(record, "wrong_route", f"model={request.model} tier={request.tier}")
             self._offsets.finished(tp, record.offset)
             return
+        self._offsets.started(tp, record.offset)
         fresh_from = self._fresh_from.get(tp)
         if fresh_from is None:
             fresh_from = self._fresh_from[tp] = self._consumer.highwater(tp) or record.offset + 1
@@ -190,8 +204,8 @@ class RequestIntake:
             return
         try:
             request = self._codec.decode(value, ChatRequest)
-        except DecodeError:
-            return  # the fetch dead-letters it
+        except (DecodeError, SchemaRegistryError):
+            return  # the fetch dead-letters it, or waits for the registry
         if request.tier != tier or request.model != self._settings.model:
             return
         self._handed_until[tp] = offset + 1

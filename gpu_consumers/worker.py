@@ -44,6 +44,7 @@ from tokenbus.topics import (
     TopicCatalog,
     acknowledged,
     commit_as_member,
+    make_codec,
     make_consumer,
     make_producer,
     tracing,
@@ -73,7 +74,7 @@ class GpuWorker:
                  metrics: WorkerMetrics | None = None) -> None:
         self.settings = settings
         self.engine = engine
-        self.codec = codec or AvroCodec()
+        self.codec = codec or make_codec(settings.bus)
         self.catalog = TopicCatalog(settings.bus)
         self.metrics = metrics or WorkerMetrics(settings.model)
         self.offsets = OffsetTracker()

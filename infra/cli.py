@@ -20,6 +20,7 @@ from tokenbus.infra.devstack.processes import StartupError
 from tokenbus.infra.devstack.redis_server import install_redis_server, redis_answers
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings, stop_recorded
 from tokenbus.infra.loadgen.serve import add_arguments as add_serve_arguments
+from tokenbus.schemas import AvroCodec, SchemaRegistry
 from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
 
 
@@ -89,6 +90,10 @@ def cmd_topics(args: argparse.Namespace) -> int:
     bus = BusSettings()
     created = asyncio.run(ensure_topics(bus.bootstrap_servers, TopicCatalog(bus).all_topics()))
     print(f"created: {', '.join(created)}" if created else "all topics exist")
+    if bus.schema_registry_url:  # the deployment step that registers them, for services that only look ids up
+        codec = AvroCodec(registry=SchemaRegistry(bus.schema_registry_url, auto_register=True))
+        for subject, schema_id in codec.register_schemas().items():
+            print(f"schema {subject}: id {schema_id} in {bus.schema_registry_url}")
     return 0
 
 
@@ -131,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--install", action="store_true", help="install what is missing (apt-get)")
     doctor.set_defaults(run=cmd_doctor)
     add_key_commands(commands)
-    commands.add_parser("topics", help="create missing topics on TOKENBUS_BOOTSTRAP_SERVERS").set_defaults(run=cmd_topics)
+    commands.add_parser("topics", help="create missing topics on TOKENBUS_BOOTSTRAP_SERVERS (and register the "
+                        "schemas in TOKENBUS_SCHEMA_REGISTRY_URL)").set_defaults(run=cmd_topics)
     commands.add_parser("edge", help="run one SSE edge process (TOKENBUS_EDGE_*)").set_defaults(run=cmd_edge)
     commands.add_parser("worker", help="run one GPU consumer process (TOKENBUS_WORKER_*)").set_defaults(run=cmd_worker)
     commands.add_parser("processors", help="run one stream-processor worker (TOKENBUS_PROC_*)").set_defaults(

@@ -28,7 +28,6 @@ from tokenbus.producers.placement import Placement, PrefixRouter
 from tokenbus.producers.publisher import RequestPublisher
 from tokenbus.schemas import (
     FINISH_INCOMPLETE,
-    AvroCodec,
     ChatMessage,
     ChatRequest,
     Completion,
@@ -43,6 +42,7 @@ from tokenbus.topics import (
     ReplyRouter,
     ReplyStream,
     TopicCatalog,
+    make_codec,
     make_producer,
     profile,
 )
@@ -73,7 +73,7 @@ class TokenbusClient:
     ) -> None:
         self.settings = settings or BusSettings()
         self.catalog = TopicCatalog(self.settings)
-        self.codec = AvroCodec()
+        self.codec = make_codec(self.settings)
         self.idle_timeout = idle_timeout
         # On the embedded broker a rotating router rolls its logs (topics/replies.py).
         rolls = profile(self.settings).roll_reply_logs and (rotate_every_s > 0 or rotate_after_streams > 0)

@@ -27,6 +27,7 @@ from tokenbus.schemas.records import (
     now_ms,
     shallow_fields,
 )
+from tokenbus.schemas.registry import SchemaRegistry, SchemaRegistryError
 
 __all__ = [
     "FINISH_INCOMPLETE",
@@ -47,6 +48,8 @@ __all__ = [
     "DecodeError",
     "ModerationDecision",
     "Record",
+    "SchemaRegistry",
+    "SchemaRegistryError",
     "TokenEvent",
     "ToolCall",
     "ToolCallDelta",

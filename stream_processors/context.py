@@ -20,10 +20,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from tokenbus.producers import PrefixRouter, RequestPublisher
-from tokenbus.schemas import AvroCodec, DecodeError, Record
+from tokenbus.schemas import DecodeError, Record, SchemaRegistryError
 from tokenbus.stream_processors.metrics import ProcessorMetrics
 from tokenbus.stream_processors.settings import ProcessorSettings
-from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog, make_producer, tracing
+from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog, make_codec, make_producer, tracing
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -40,8 +40,10 @@ class Rejected(ValueError):
 
 
 def transient_errors() -> tuple[type[BaseException], ...]:
-    """Failures of something outside the record (a store, the broker): retry, never dead-letter."""
-    errors: list[type[BaseException]] = [OSError, KafkaError, sqlite3.OperationalError, TimeoutError]
+    """Failures of something outside the record (a store, the broker, the schema registry): retry,
+    never dead-letter."""
+    errors: list[type[BaseException]] = [OSError, KafkaError, sqlite3.OperationalError, TimeoutError,
+                                         SchemaRegistryError]
     try:
         from clickhouse_connect.driver.exceptions import OperationalError
 
@@ -74,7 +76,7 @@ async def run_to_end(work: Awaitable[R]) -> R:
 class ProcessorContext:
     def __init__(self, settings: ProcessorSettings) -> None:
         self.settings = settings
-        self.codec = AvroCodec()
+        self.codec = make_codec(settings.bus)
         self.catalog = TopicCatalog(settings.bus)
         self.metrics = ProcessorMetrics()
         self.transient = transient_errors()
@@ -132,6 +134,15 @@ class ProcessorContext:
     def decode(self, message: Any, record_type: type[RecordT]) -> RecordT:
         return self.codec.decode(message.value, record_type)
 
+    async def decode_when_registry_answers(self, processor: str, message: Any, record_type: type[RecordT]) -> RecordT:
+        """``decode`` of a record whose schema the registry did not give (it did not answer): asked
+        again until it does, as for any failure outside the record, which is neither skipped nor
+        dead-lettered. A record that does not decode raises ``DecodeError``."""
+        async def decode() -> RecordT:
+            return self.decode(message, record_type)
+
+        return await self.retrying(processor, decode)
+
     async def retrying(self, processor: str, action: Callable[[], Awaitable[R]]) -> R:
         """Run ``action`` until it succeeds, backing off on transient failures."""
         delay = 0.05
@@ -158,7 +169,10 @@ class ProcessorContext:
         cost more than the rest of moderating a token event."""
         self.positions[(processor, message.topic, message.partition)] = message.offset + 1
         try:
-            record = self.decode(message, record_type)
+            try:
+                record = self.decode(message, record_type)
+            except SchemaRegistryError:  # rare: a schema id met for the first time, and no answer
+                record = await self.decode_when_registry_answers(processor, message, record_type)
         except DecodeError as exc:
             await self.dead_letter(processor, message, exc.reason, exc.detail)
             return

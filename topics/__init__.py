@@ -6,7 +6,8 @@ reading one request's token stream (``ReplyRouter`` live, ``replay`` from the lo
 ``tracing``, a turn's trace carried across the bus in record headers; ``event_loops`` and
 ``collector``, the event loop every service process runs on and how often it collects garbage;
 ``per_event_metrics``, the Prometheus series a service updates for every token event;
-``holes``, how readers on the embedded broker wait for a batch numbered but not stored yet."""
+``holes``, how readers on the embedded broker wait for a batch numbered but not stored yet;
+``make_codec``, how records are framed (with a schema registry or without)."""
 
 from tokenbus.topics.batching import BatchingPublisher, acknowledged
 from tokenbus.topics.catalog import TopicCatalog, TopicSpec, topic_safe
@@ -23,6 +24,7 @@ from tokenbus.topics.clients import (
     topic_partitions,
 )
 from tokenbus.topics.dead_letters import DeadLetterPublisher
+from tokenbus.topics.framing import make_codec
 from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import delete_topics, ensure_topics
 from tokenbus.topics.replay import record_at, replay
@@ -53,6 +55,7 @@ __all__ = [
     "known_position",
     "delete_topics",
     "ensure_topics",
+    "make_codec",
     "make_consumer",
     "make_producer",
     "profile",

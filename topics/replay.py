@@ -13,6 +13,7 @@ from aiokafka import TopicPartition
 from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.clients import make_consumer, stop_reader
+from tokenbus.topics.framing import make_codec
 from tokenbus.topics.reply_stream import ReplyEvent, ReplyStream
 from tokenbus.topics.settings import BusSettings
 
@@ -34,7 +35,7 @@ async def replay(
     ``delivered_through`` (a Last-Event-ID) were delivered already: they are read to learn
     where the stream stands but not yielded again; if the final event was among them, the
     replay ends with nothing more to yield."""
-    codec = codec or AvroCodec()
+    codec = codec or make_codec(settings)
     tp = TopicPartition(topic or TopicCatalog(settings).tokens, partition)
     key = request_id.encode()
     stream = ReplyStream(request_id)

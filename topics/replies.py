@@ -45,10 +45,12 @@ import time
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
+from tokenbus.schemas import AvroCodec, DecodeError, SchemaRegistryError, TokenEvent
+from tokenbus.schemas.registry import READ_AGAIN_AFTER_S
 from tokenbus.topics import doorbell
 from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.clients import cancel_task, express_lane_on, make_consumer, rewind_recreated, stop_reader
+from tokenbus.topics.framing import make_codec
 from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import TopicAdmin, TopicProvisioningError
 from tokenbus.topics.reply_stream import DEFAULT_QUEUE_SIZE, ROUTER_STOPPED, ReplyEvent, ReplyStream, ReplyStreamError
@@ -100,7 +102,7 @@ class ReplyRouter:
         self._opened_here = 0  # streams opened on the current partition since it became current
         self._current_written_at = float("-inf")  # when events last arrived on the current partition
         self._written_s = 0.0  # the rotation ticks in which they did, in seconds
-        self._codec = codec or AvroCodec()
+        self._codec = codec or make_codec(settings)
         self._queue_size = queue_size
         self._streams: dict[str, ReplyStream] = {}
         self._stream_partitions: dict[str, TopicPartition] = {}
@@ -366,6 +368,7 @@ class ReplyRouter:
             batches = await self._consumer.getmany(timeout_ms=500)
             now = time.monotonic()
             watching_lane = self._pacer.watching_lane
+            registry_away = False
             for tp, records in batches.items():
                 if records:
                     if self.roll_logs:
@@ -373,8 +376,19 @@ class ReplyRouter:
                     if tp == self._current:
                         self._current_written_at = now
                 for record in records:
-                    if self._route(tp, record) and watching_lane:  # news to its stream: the lane had not brought it
+                    try:
+                        news = self._route(tp, record)
+                    except SchemaRegistryError as exc:  # the event is fine: it is fetched again
+                        log.warning("token event at %s-%s@%s waits for its schema registry: %s",
+                                    tp.topic, tp.partition, record.offset, exc)
+                        self._consumer.seek(tp, record.offset)
+                        self._positions[tp] = record.offset
+                        registry_away = True
+                        break
+                    if news and watching_lane:  # news to its stream: the lane had not brought it
                         self._pacer.fetched_first(tp.topic, tp.partition, record.offset)
+            if registry_away:
+                await asyncio.sleep(READ_AGAIN_AFTER_S)
             # An open stream is as good as traffic: its next event may come at any moment.
             self._pacer.observed(sum(map(len, batches.values())) or len(self._streams))
             self._pacer.serving(len(self._streams))
@@ -391,8 +405,8 @@ class ReplyRouter:
             return
         try:
             event = self._codec.decode(handed.value, TokenEvent)
-        except DecodeError:
-            return  # the fetch brings it too, and counts it
+        except (DecodeError, SchemaRegistryError):
+            return  # the fetch brings it too, and counts it (or waits for the registry)
         request_id = event.request_id
         stream = self._streams.get(request_id)
         if stream is None or self._stream_partitions.get(request_id) != tp:

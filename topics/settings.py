@@ -51,6 +51,15 @@ class BusSettings(BaseSettings):
     # Where every service sends its OpenTelemetry spans (an OTLP/HTTP collector's base address,
     # e.g. http://otel-collector:4318); unset, nothing is traced (topics/tracing.py).
     otlp_endpoint: str | None = None
+    # A schema registry with Confluent's REST API (e.g. http://registry:8081; credentials in the
+    # address are sent as basic auth): records are then written in Confluent's wire format, which
+    # ClickHouse's AvroConfluent, Kafka Connect and ksqlDB read, under subjects named by record
+    # type (topics/framing.py). Set it for every service of a bus: each reads both framings, but a
+    # reader without a registry cannot read the registry's. Unset: Avro single-object encoding.
+    schema_registry_url: str | None = None
+    # Register a schema a subject lacks (the registry checks its compatibility with the subject's
+    # versions), or only look the ids up, where a deployment step registers them.
+    schema_registry_auto_register: bool = True
     # KV-cache-aware routing: GPU consumers report what their engines cache on `kvcache`, and
     # whatever places requests (the edge, the ingress processor, the SDK with a policy) sends each
     # to the consumer holding the longest prefix of its prompt (producers/placement.py). Off: GPU

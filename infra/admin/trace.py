@@ -32,9 +32,9 @@ import httpx
 from aiokafka.structs import ConsumerRecord
 
 from tokenbus.infra.admin.usage import DEFAULT_PROCESSORS_URL
-from tokenbus.schemas import AvroCodec, ChatRequest, Completion, DecodeError, ModerationDecision, TokenEvent
+from tokenbus.schemas import ChatRequest, Completion, DecodeError, ModerationDecision, TokenEvent
 from tokenbus.stores.transcripts import TranscriptSettings, open_store
-from tokenbus.topics import BusSettings, TopicCatalog, make_consumer, topic_partitions
+from tokenbus.topics import BusSettings, TopicCatalog, make_codec, make_consumer, topic_partitions
 
 READ_IDLE_MS = 500
 
@@ -66,7 +66,7 @@ async def records(bus: BusSettings, topics: list[str], key: bytes | None = None)
 
 
 async def bus_stages(bus: BusSettings, request_id: str) -> tuple[list[Stage], ChatRequest | None, Completion | None]:
-    codec, catalog = AvroCodec(), TopicCatalog(bus)
+    codec, catalog = make_codec(bus), TopicCatalog(bus)
     stages: list[Stage] = []
     request: ChatRequest | None = None
     routed_topics = [t for model in bus.models for t in catalog.model_request_topics(model)]

@@ -132,7 +132,7 @@ async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(each_bus
         producer = make_producer(each_bus)
         await producer.start()
         try:
-            await producer.send_and_wait(catalog.requests(MODEL, "standard"), b"\x00garbage, not an avro record", key=b"k")
+            await producer.send_and_wait(catalog.requests(MODEL, "standard"), b"\x01garbage, not an avro record", key=b"k")
         finally:
             await producer.stop()
         request = client.new_request(MODEL, [ChatMessage("user", "still there?")], tier="standard")
@@ -141,7 +141,7 @@ async def test_poison_record_goes_to_dlq_and_the_next_request_is_served(each_bus
 
     (dead,) = await read_all(each_bus, catalog.dlq, expected=1)
     headers = dict(dead.headers)
-    assert dead.value == b"\x00garbage, not an avro record"
+    assert dead.value == b"\x01garbage, not an avro record"
     assert headers[HEADER_REASON] == b"bad_magic"
     assert headers[HEADER_SOURCE].startswith(catalog.requests(MODEL, "standard").encode())
 

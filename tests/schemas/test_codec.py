@@ -197,6 +197,8 @@ def test_unknown_enum_symbol_reads_as_unknown():
         (b"\xc3\x01abc", "truncated"),
         (b"{\"json\": true, \"not\": \"avro\"}", "bad_magic"),
         (SINGLE_OBJECT_MAGIC + b"\x00" * 8 + b"body", "unknown_schema"),
+        (b"\x00\x00\x00\x00\x07body", "no_schema_registry"),  # Confluent's framing, and no registry
+        (b"\x00\x00\x01", "truncated"),
     ],
 )
 def test_garbage_raises_typed_error(data, reason):

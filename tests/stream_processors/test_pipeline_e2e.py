@@ -217,7 +217,7 @@ async def test_poison_records_on_every_input_topic_go_to_dlq_and_processing_cont
     bus = stack.bus_settings()
     wrong_schema = CODEC.encode(Control("x", ControlAction.CANCEL))
     poison = {
-        catalog.ingress: b"\x00this is not avro at all",
+        catalog.ingress: b"\x01this is not avro at all",
         catalog.tokens: b"\xc3\x01" + b"\x00" * 8 + b"unknown schema",
         catalog.completions: wrong_schema,
         catalog.moderation: b"",
