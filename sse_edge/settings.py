@@ -69,6 +69,8 @@ class EdgeSettings(BaseSettings):
     # that a burst of streams does not pile into one partition's log.
     reply_rotate_streams: int = 1000
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # redis_url is a node of a Redis Cluster (the client finds the others and each key's shard).
+    redis_cluster: bool = False
     redis_prefix: str = "tokenbus:"
     # When Redis is unreachable: `local` keeps rate limiting per process; `closed` refuses requests.
     redis_failure_mode: Literal["local", "closed"] = "local"

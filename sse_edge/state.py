@@ -27,6 +27,7 @@ from tokenbus.sse_edge.plumbing.relay import RelayHooks
 from tokenbus.sse_edge.plumbing.streams import StreamRecord, StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore
+from tokenbus.stores.redis_client import redis_client
 from tokenbus.stores.transcripts import TranscriptStore, open_store
 from tokenbus.topics import ReplyStreamError, cancel_task, record_at, replay
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
@@ -47,7 +48,8 @@ class EdgeState:
                                   policy=settings.moderation.load_policy() if settings.route == "inline" else None,
                                   on_review=self._count_decision, on_placed=self._count_placement)
         self.watch = BrokerWatch(self.bus.producer, self.bus.router, settings.broker_check_s, settings.broker_grace_s)
-        self.redis = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
+        self.redis = redis_client(settings.redis_url, settings.redis_cluster, socket_connect_timeout=0.5,
+                                  socket_timeout=1.0)
         self.keys = KeyStore(self.redis, settings.redis_prefix)
         self.auth = Authenticator(self.keys, settings.key_cache_ttl_s)
         self.limiter = RateLimiter(self.redis, settings.redis_prefix, settings.redis_failure_mode)

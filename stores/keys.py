@@ -14,7 +14,7 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field
 
-import redis.asyncio as redis
+from tokenbus.stores.redis_client import RedisClient
 
 KEY_PREFIX = "tb"
 # Tenant names become parts of Redis keys, topic records and store rows: with no ':' or
@@ -74,7 +74,7 @@ def parse_key_id(key: str) -> str | None:
 
 
 class KeyStore:
-    def __init__(self, client: redis.Redis, prefix: str = "tokenbus:") -> None:
+    def __init__(self, client: RedisClient, prefix: str = "tokenbus:") -> None:
         self._redis = client
         self._prefix = prefix
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from tests.kafka_cluster import MockKafkaCluster
+from tests.redis_cluster import RedisCluster
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
@@ -143,6 +144,13 @@ def embedded(bus: BusSettings) -> BusSettings:
     """``bus`` with the embedded broker's client profile (doorbell, express lane, pacing)."""
     assert bus.doorbell_url, "the test stack runs Redis, so its bus has a doorbell"
     return bus.model_copy(update={"broker": "embedded"})
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real three-primary Redis Cluster (tests/redis_cluster.py)."""
+    with RedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -8,15 +8,14 @@ import asyncio
 import json
 import sys
 
-import redis.asyncio as redis
-
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore, Limits
+from tokenbus.stores.redis_client import RedisClient, redis_client
 
 
-def _key_store() -> tuple[KeyStore, redis.Redis]:
+def _key_store() -> tuple[KeyStore, RedisClient]:
     settings = EdgeSettings()
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client(settings.redis_url, settings.redis_cluster)
     return KeyStore(client, settings.redis_prefix), client
 
 

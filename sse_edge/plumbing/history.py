@@ -27,6 +27,7 @@ from typing import Any
 import redis.asyncio as redis
 
 from tokenbus.schemas import ChatMessage, ToolCall
+from tokenbus.stores.redis_client import RedisClient
 from tokenbus.stores.transcripts import Conversation, Summary, TranscriptMessage, TranscriptStore
 
 POLL_S = 0.05
@@ -60,7 +61,7 @@ class ConversationNotFound(LookupError):
 
 
 class ConversationHistory:
-    def __init__(self, client: redis.Redis, prefix: str, store: Callable[[], TranscriptStore], turns: int,
+    def __init__(self, client: RedisClient, prefix: str, store: Callable[[], TranscriptStore], turns: int,
                  ttl_s: int, wait_s: float) -> None:
         self._redis = client
         self._prefix = prefix

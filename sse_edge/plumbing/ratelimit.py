@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis.asyncio as redis
+from redis.crc import key_slot
+
+from tokenbus.stores.redis_client import RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +125,12 @@ class RedisUnavailable(RuntimeError):
 
 
 class RateLimiter:
-    def __init__(self, client: redis.Redis, prefix: str = "tokenbus:", failure_mode: str = "local") -> None:
+    def __init__(self, client: RedisClient, prefix: str = "tokenbus:", failure_mode: str = "local") -> None:
         self._redis = client
         self._prefix = prefix
         self._failure_mode = failure_mode
-        self._script = client.register_script(TOKEN_BUCKET_LUA)
+        self._script = client.register_script(TOKEN_BUCKET_LUA)  # type: ignore[misc]  # a cluster's too
+        self._cluster = isinstance(client, redis.RedisCluster)
         self._local = LocalBuckets()
         self.degraded = False
 
@@ -156,13 +160,14 @@ class RateLimiter:
 
     async def _charge(self, buckets: list[Bucket], must_fit: bool) -> tuple[bool, float, list[float]]:
         now_ms = time.time() * 1000
-        args: list[float] = [now_ms, 1 if must_fit else 0]
-        for b in buckets:
-            args += [b.limit, b.cost]
         try:
-            allowed, retry_ms, left = await self._script(keys=[f"{self._prefix}rl:{b.name}" for b in buckets], args=args)
+            slots = self._by_slot(buckets)
+            if len(slots) == 1:
+                result = await self._run(buckets, must_fit, now_ms)
+            else:
+                result = await self._charge_by_slot(buckets, slots, must_fit, now_ms)
             self.degraded = False
-            return bool(allowed), float(retry_ms), [float(x) for x in left]
+            return result
         except (redis.RedisError, OSError) as exc:
             if self._failure_mode == "closed":
                 raise RedisUnavailable(str(exc)) from exc
@@ -171,6 +176,51 @@ class RateLimiter:
             self.degraded = True
             return self._local.charge(buckets, must_fit, now_ms)
 
+    async def _run(self, buckets: list[Bucket], must_fit: bool, now_ms: float) -> tuple[bool, float, list[float]]:
+        """The script over ``buckets`` (one hash slot's on a cluster)."""
+        args: list[float] = [now_ms, 1 if must_fit else 0]
+        for b in buckets:
+            args += [b.limit, b.cost]
+        allowed, retry_ms, left = await self._script(keys=[self._key(b) for b in buckets], args=args)
+        return bool(allowed), float(retry_ms), [float(x) for x in left]
+
+    def _key(self, bucket: Bucket) -> str:
+        """``<prefix>rl:{key:ab12}:rpm``: a level's buckets (its requests and its tokens) share a
+        hash slot, so that on a Redis Cluster a request's buckets take three calls at most."""
+        level, _, dimension = bucket.name.rpartition(":")
+        return f"{self._prefix}rl:{{{level}}}:{dimension}" if level else f"{self._prefix}rl:{bucket.name}"
+
+    def _by_slot(self, buckets: list[Bucket]) -> list[list[int]]:
+        """The buckets' places grouped by their keys' hash slot: one group but on a cluster."""
+        if not self._cluster:
+            return [list(range(len(buckets)))]
+        slots: dict[int, list[int]] = {}
+        for i, b in enumerate(buckets):
+            slots.setdefault(key_slot(self._key(b).encode()), []).append(i)
+        return list(slots.values())
+
+    async def _charge_by_slot(self, buckets: list[Bucket], slots: list[list[int]], must_fit: bool,
+                              now_ms: float) -> tuple[bool, float, list[float]]:
+        """On a cluster a script may only touch one slot's keys: a request's buckets (its key's, its
+        tenant's, its route's: a slot each, ``_key``) are charged a slot at a time, all at once, and
+        where one slot's refuse, what the others took is given back. Meanwhile a concurrent request
+        may see those buckets lower than they end up (a refusal it would not have had), as with any
+        limiter spread over shards; a request is never let through on a bucket that could not pay."""
+        results = await asyncio.gather(*(self._run([buckets[i] for i in places], must_fit, now_ms) for places in slots))
+        left = [0.0] * len(buckets)
+        for places, (_, _, got) in zip(slots, results):
+            for i, tokens in zip(places, got):
+                left[i] = tokens
+        refused = [retry_ms for allowed, retry_ms, _ in results if not allowed]
+        if not refused:
+            return True, 0.0, left
+        charged = [places for places, (allowed, _, _) in zip(slots, results) if allowed]
+        await asyncio.gather(*(self._run([Bucket(b.name, b.dimension, b.limit, -b.cost) for b in (buckets[i] for i in places)],
+                                         False, now_ms) for places in charged))
+        for places in charged:
+            for i in places:
+                left[i] += buckets[i].cost  # as they were: nothing of this request was taken
+        return False, max(refused), left
 
 class CompletionCharges:
     """Completion tokens charged together: what the requests that end within ``EVERY_S`` of each

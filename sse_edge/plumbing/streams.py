@@ -8,9 +8,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-import redis.asyncio as redis
-
 from tokenbus.schemas import shallow_fields
+from tokenbus.stores.redis_client import RedisClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +43,7 @@ class IdempotencyConflict(Exception):
 
 
 class StreamRegistry:
-    def __init__(self, client: redis.Redis, prefix: str = "tokenbus:", ttl_s: int = 86_400) -> None:
+    def __init__(self, client: RedisClient, prefix: str = "tokenbus:", ttl_s: int = 86_400) -> None:
         self._redis = client
         self._prefix = prefix
         self._ttl_s = ttl_s

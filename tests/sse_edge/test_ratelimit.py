@@ -1,10 +1,12 @@
-"""The token-bucket limiter against the real Redis (its Lua script), and its fallbacks."""
+"""The token-bucket limiter against the real Redis (its Lua script; one server, and a
+three-primary Redis Cluster, where a request's buckets lie on several shards), and its fallbacks."""
 
 import asyncio
 import uuid
 
 import pytest
 import redis.asyncio as redis
+from redis.crc import key_slot
 
 from tokenbus.sse_edge.plumbing.ratelimit import (
     Bucket,
@@ -14,11 +16,13 @@ from tokenbus.sse_edge.plumbing.ratelimit import (
     RedisUnavailable,
     format_reset,
 )
+from tokenbus.stores.redis_client import redis_client
 
 
-@pytest.fixture
-async def limiter():
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+@pytest.fixture(params=["server", "cluster"])
+async def limiter(request):
+    cluster = request.param == "cluster"
+    client = redis_client(request.getfixturevalue("redis_cluster").url if cluster else "redis://127.0.0.1:6379/0", cluster)
     yield RateLimiter(client, f"test-rl-{uuid.uuid4().hex[:8]}:")
     await client.aclose()
 
@@ -147,3 +151,22 @@ def test_local_buckets_refill_over_time():
 
 def test_reset_is_formatted_like_openai():
     assert format_reset(0.02) == "20ms" and format_reset(1) == "1s" and format_reset(360) == "6m0s"
+
+
+async def test_on_a_cluster_a_bucket_on_another_shard_that_refuses_leaves_the_others_uncharged(redis_cluster):
+    """The key's and the tenant's buckets on different hash slots (a level's two share one): the
+    script runs once a slot, and one slot's refusal gives back what the others took."""
+    client = redis_client(redis_cluster.url, cluster=True)
+    limiter = RateLimiter(client, "test-rl-shards:")  # fixed names: their slots are known to differ
+    fits, refuses = Bucket("key:k1:rpm", "requests", 100, 1), Bucket("tenant:t1:tpm", "tokens", 10, 50)
+    assert key_slot(limiter._key(fits).encode()) != key_slot(limiter._key(refuses).encode())
+    assert key_slot(limiter._key(fits).encode()) == key_slot(limiter._key(Bucket("key:k1:tpm", "tokens", 1, 1)).encode())
+    await client.delete(limiter._key(fits), limiter._key(refuses))
+    try:
+        denied = await limiter.admit([fits, refuses])
+        assert not denied.allowed and denied.limited_by == refuses and denied.retry_after_s > 0
+        assert await limiter.remaining([fits, refuses]) == [100.0, pytest.approx(10.0, abs=0.1)]
+        allowed = await limiter.admit([fits, Bucket(refuses.name, "tokens", 10, 5)])
+        assert allowed.allowed and allowed.headers["x-ratelimit-remaining-requests"] == "99"
+    finally:
+        await client.aclose()
