@@ -1,5 +1,6 @@
 """Token-bucket rate limits in Redis, checked and charged atomically across every bucket that
-applies to a request (per key, per tenant, per model+tier; requests and tokens per minute).
+applies to a request (per key, per tenant, per model+tier; requests and tokens per minute); on a
+Redis Cluster, atomically per level, the levels' charges given back where one refuses.
 
 A bucket holds up to ``limit`` and refills at ``limit`` per minute. Admission charges one
 request and the prompt's estimated tokens, only if every bucket can pay; completion tokens
@@ -221,6 +222,7 @@ class RateLimiter:
             for i in places:
                 left[i] += buckets[i].cost  # as they were: nothing of this request was taken
         return False, max(refused), left
+
 
 class CompletionCharges:
     """Completion tokens charged together: what the requests that end within ``EVERY_S`` of each
