@@ -20,8 +20,7 @@ from tokenbus.infra.devstack.processes import StartupError
 from tokenbus.infra.devstack.redis_server import install_redis_server, redis_answers
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings, stop_recorded
 from tokenbus.infra.loadgen.serve import add_arguments as add_serve_arguments
-from tokenbus.schemas import AvroCodec, SchemaRegistry
-from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
+from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics, make_codec
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
@@ -91,8 +90,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
     created = asyncio.run(ensure_topics(bus.bootstrap_servers, TopicCatalog(bus).all_topics()))
     print(f"created: {', '.join(created)}" if created else "all topics exist")
     if bus.schema_registry_url:  # the deployment step that registers them, for services that only look ids up
-        codec = AvroCodec(registry=SchemaRegistry(bus.schema_registry_url, auto_register=True))
-        for subject, schema_id in codec.register_schemas().items():
+        codec = make_codec(bus.model_copy(update={"schema_registry_auto_register": True}))
+        for subject, schema_id in codec.register_schemas().items():  # known by now: nothing asked again
             print(f"schema {subject}: id {schema_id} in {bus.schema_registry_url}")
     return 0
 

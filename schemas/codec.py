@@ -194,7 +194,7 @@ class AvroCodec:
 
     def _writer_for(self, data: bytes | None) -> tuple[Any, int]:
         """The schema ``data`` was written with, and where its body starts."""
-        if data and data[:1] == CONFLUENT_MAGIC:
+        if data and data[0] == CONFLUENT_MAGIC[0]:  # an int compared: no slice made, on every record read
             return self._writer_of_id(data), CONFLUENT_HEADER_SIZE
         if not data or len(data) < HEADER_SIZE:
             raise DecodeError("truncated", f"{len(data or b'')} bytes")
