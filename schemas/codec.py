@@ -90,7 +90,6 @@ class AvroCodec:
         self._headers: dict[str, bytes] = {}  # each record type's framing, up to its body
         self._writers_by_id: dict[int, Any] = {}  # the registry's ids met so far, and their writer schemas
         self._readers: dict[str, Any] = {}
-        self._writer_fingerprints: dict[str, bytes] = {}
         self._writers_by_fingerprint: dict[bytes, Any] = {}
         self._writers: dict[str, Writer] = {}
         self._compiled_readers: dict[str, Reader | None] = {}  # for records written with the current schema
@@ -107,7 +106,6 @@ class AvroCodec:
             # against 5.4 µs for a token event).
             fp = schema_fingerprint(parsed)
             self._writers_by_fingerprint[fp] = parsed
-            self._writer_fingerprints[name] = fp
             if registry is None:
                 self._headers[name] = SINGLE_OBJECT_MAGIC + fp
         for raw in _load_schema_files(schema_dir / "history"):

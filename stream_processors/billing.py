@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from tokenbus.schemas import Completion, DecodeError, ModerationDecision, SchemaRegistryError
+from tokenbus.schemas import Completion, DecodeError, ModerationDecision
 from tokenbus.stores.billing.clickhouse import UsageWriter
 from tokenbus.stream_processors.context import ProcessorContext, run_to_end
 from tokenbus.topics import tracing
@@ -63,10 +63,7 @@ class ClickHouseSink:
         for message in messages:
             self.ctx.positions[(processor, message.topic, message.partition)] = message.offset + 1
             try:
-                try:
-                    decoded.append((message, self.ctx.decode(message, record_type)))
-                except SchemaRegistryError:
-                    decoded.append((message, await self.ctx.decode_when_registry_answers(processor, message, record_type)))
+                decoded.append((message, await self.ctx.decode_waiting_for_registry(processor, message, record_type)))
             except DecodeError as exc:
                 await self.ctx.dead_letter(processor, message, exc.reason, exc.detail)
         if not decoded:

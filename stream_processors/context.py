@@ -134,14 +134,17 @@ class ProcessorContext:
     def decode(self, message: Any, record_type: type[RecordT]) -> RecordT:
         return self.codec.decode(message.value, record_type)
 
-    async def decode_when_registry_answers(self, processor: str, message: Any, record_type: type[RecordT]) -> RecordT:
-        """``decode`` of a record whose schema the registry did not give (it did not answer): asked
-        again until it does, as for any failure outside the record, which is neither skipped nor
-        dead-lettered. A record that does not decode raises ``DecodeError``."""
-        async def decode() -> RecordT:
+    async def decode_waiting_for_registry(self, processor: str, message: Any, record_type: type[RecordT]) -> RecordT:
+        """``decode``, and where the schema registry did not give the record's schema (it did not
+        answer), asked again until it does, as for any failure outside the record, which is neither
+        skipped nor dead-lettered. A record that does not decode raises ``DecodeError``."""
+        try:
             return self.decode(message, record_type)
+        except SchemaRegistryError:  # rare: a schema id met for the first time, and no answer
+            async def decode() -> RecordT:
+                return self.decode(message, record_type)
 
-        return await self.retrying(processor, decode)
+            return await self.retrying(processor, decode)
 
     async def retrying(self, processor: str, action: Callable[[], Awaitable[R]]) -> R:
         """Run ``action`` until it succeeds, backing off on transient failures."""
@@ -169,10 +172,7 @@ class ProcessorContext:
         cost more than the rest of moderating a token event."""
         self.positions[(processor, message.topic, message.partition)] = message.offset + 1
         try:
-            try:
-                record = self.decode(message, record_type)
-            except SchemaRegistryError:  # rare: a schema id met for the first time, and no answer
-                record = await self.decode_when_registry_answers(processor, message, record_type)
+            record = await self.decode_waiting_for_registry(processor, message, record_type)
         except DecodeError as exc:
             await self.dead_letter(processor, message, exc.reason, exc.detail)
             return
