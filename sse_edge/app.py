@@ -15,7 +15,7 @@ from tokenbus.sse_edge.api.console import console, console_root
 from tokenbus.sse_edge.api.continuation import continue_turn
 from tokenbus.sse_edge.api.conversations import list_conversations, list_messages
 from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_key
-from tokenbus.sse_edge.api.models import list_models
+from tokenbus.sse_edge.api.models import list_models, retrieve_model
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
 from tokenbus.sse_edge.api.resume import resume_stream
 from tokenbus.sse_edge.api.usage import tenant_usage
@@ -84,6 +84,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),
             Route("/v1/usage", tenant_usage, methods=["GET"]),
             Route("/v1/keys", list_keys, methods=["GET"]),

@@ -278,8 +278,9 @@ def completion_body(
     }
 
 
+def model_body(model: str, owned_by: str = "tokenbus") -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": owned_by}
+
+
 def model_list_body(models: list[str], owned_by: str = "tokenbus") -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"id": m, "object": "model", "created": 0, "owned_by": owned_by} for m in models],
-    }
+    return {"object": "list", "data": [model_body(m, owned_by) for m in models]}

@@ -32,9 +32,11 @@ API_KEY = {"type": "object", "required": ["id", "object", "tenant", "tier", "mod
     "models": {"type": "array", "items": {"type": "string"}}, "rpm": {"type": "integer"}, "tpm": {"type": "integer"},
     "fallback": {"type": "boolean"}, "admin": {"type": "boolean"}, "created_at": {"type": "integer"},
     "revoked": {"type": "boolean"}}}
+MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+    "owned_by": {"type": "string"}}}
 MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
-    "object": {"const": "list"},
-    "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "owned_by"]}}}}
+    "object": {"const": "list"}, "data": {"type": "array", "items": MODEL}}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -108,6 +110,11 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/models": {"get": {"operationId": "listModels", "security": secured, "responses": {
                 "200": {"description": "Models this key may use",
                         "content": {"application/json": {"schema": MODEL_LIST}}}, **_errors(401)}}},
+            "/v1/models/{model}": {"get": {
+                "operationId": "retrieveModel", "security": secured,
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "The model, if this key may use it",
+                                      "content": {"application/json": {"schema": MODEL}}}, **_errors(401, 404)}}},
             "/v1/keys": {
                 "get": {"operationId": "listKeys", "security": secured, "description": "A tenant admin key only",
                         "responses": {"200": {"description": "The tenant's keys, newest first (never their secrets)",

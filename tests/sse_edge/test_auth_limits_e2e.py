@@ -41,6 +41,9 @@ async def test_models_are_scoped_to_the_key(stack, edge_url):
     key = await stack.create_key("scoped", "standard", models=(MODEL,))
     client = client_for(edge_url, key)
     assert [m.id for m in (await client.models.list()).data] == [MODEL]
+    assert (await client.models.retrieve(MODEL)).id == MODEL
+    with pytest.raises(openai.NotFoundError):  # as the list leaves it out
+        await client.models.retrieve(SLOW_MODEL)
     with pytest.raises(openai.PermissionDeniedError) as exc:
         await client.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES)
     assert exc.value.code == "model_not_allowed"

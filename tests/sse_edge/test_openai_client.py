@@ -72,6 +72,14 @@ async def test_models_lists_the_served_model(client):
     assert [m.id for m in models.data] == [MODEL, SLOW_MODEL, UNSERVED_MODEL]
 
 
+async def test_a_served_model_is_retrieved_and_an_unknown_one_is_not_found(client):
+    model = await client.models.retrieve(MODEL)
+    assert (model.id, model.object, model.owned_by) == (MODEL, "model", "tokenbus")
+    with pytest.raises(openai.NotFoundError) as exc:
+        await client.models.retrieve("no-such-model")
+    assert (exc.value.code, exc.value.param) == ("model_not_found", "model")
+
+
 async def test_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError) as exc:
         await client.chat.completions.create(model="no-such-model", messages=messages_for(0))
