@@ -1,6 +1,7 @@
 """Scenario 1, what the bus adds: the same simulated engine called in-process and
 through the whole pipeline (HTTP -> edge -> Kafka -> GPU consumer -> Kafka -> edge -> SSE)
-at several concurrencies; TTFT, ITL and E2EL percentiles and the milliseconds added."""
+at several concurrencies; TTFT, ITL and E2EL percentiles and the milliseconds added. The same
+load as text completions (``/v1/completions``) beside the chat completions, in the same run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from bench.baselines import engine_sender
 from bench.stack import bench_stack, serve_config
 from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
 from tokenbus.infra.loadgen import Summary, run_load, summarize
-from tokenbus.infra.loadgen.prompts import synthetic_prompts
+from tokenbus.infra.loadgen.prompts import CHAT_BACKEND, synthetic_prompts
 from tokenbus.infra.loadgen.serve import run_serve
 
 OUTPUT_TOKENS = 32
@@ -35,9 +36,10 @@ async def measure_direct(concurrency: int, requests: int) -> Summary:
     return summarize(results, duration, (50.0, 99.0))
 
 
-async def measure_pipeline(edge_url: str, api_key: str, concurrency: int, requests: int) -> Summary:
+async def measure_pipeline(edge_url: str, api_key: str, concurrency: int, requests: int,
+                           backend: str = CHAT_BACKEND) -> Summary:
     config = serve_config(edge_url, api_key, num_prompts=requests, max_concurrency=concurrency,
-                          output_len=OUTPUT_TOKENS, warmup=4)
+                          output_len=OUTPUT_TOKENS, warmup=4, backend=backend)
     summary, _ = await run_serve(config)
     return summary
 
@@ -55,15 +57,30 @@ def overhead_row(concurrency: int, direct: Summary, pipeline: Summary) -> dict[s
     return row
 
 
+def text_row(concurrency: int, chat: Summary, text: Summary) -> dict[str, Any]:
+    """The same load as text completions (``/v1/completions``, vLLM's ``--backend vllm``) against
+    chat completions, in the same run."""
+    row: dict[str, Any] = {"concurrency": concurrency, "failed": text.failed}
+    for name, summary in (("chat", chat), ("text", text)):
+        row[f"{name}_ttft_ms_median"] = round(summary.ttft_ms["median"], 2)
+        row[f"{name}_itl_ms_median"] = round(summary.itl_ms["median"], 2)
+        row[f"{name}_output_throughput"] = round(summary.output_throughput, 1)
+    row["output_throughput_ratio"] = round(text.output_throughput / max(chat.output_throughput, 1e-9), 3)
+    return row
+
+
 def run() -> dict[str, Any]:
-    rows = []
+    rows, text_rows = [], []
     with bench_stack(SIM) as stack:
         for concurrency in CONCURRENCIES:
             count = request_count(concurrency)
             direct = asyncio.run(measure_direct(concurrency, count))
             pipeline = asyncio.run(measure_pipeline(stack.edge_url, stack.dev_key, concurrency, count))
+            text = asyncio.run(measure_pipeline(stack.edge_url, stack.dev_key, concurrency, count, "vllm"))
             rows.append(overhead_row(concurrency, direct, pipeline))
-    return {"scenario": "pipeline_overhead", "engine": SIM.model_dump(), "output_tokens": OUTPUT_TOKENS, "rows": rows}
+            text_rows.append(text_row(concurrency, pipeline, text))
+    return {"scenario": "pipeline_overhead", "engine": SIM.model_dump(), "output_tokens": OUTPUT_TOKENS, "rows": rows,
+            "text_completions": text_rows}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -79,4 +96,12 @@ def table(result: dict[str, Any]) -> str:
     lines.append("|---:|---:|---:|---:|")
     for row in result["rows"]:
         lines.append(f"| {row['concurrency']} | {row['requests']} | {row['failed']} | {row['output_throughput_ratio']:.3f} |")
+    lines += ["", "Text completions (`/v1/completions`) against chat completions, through the pipeline:", "",
+              "| conc | TTFT p50 chat / text | ITL p50 chat / text | output tok/s chat / text | text / chat | failed |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    for row in result.get("text_completions", []):
+        lines.append(f"| {row['concurrency']} | {row['chat_ttft_ms_median']:.2f} / {row['text_ttft_ms_median']:.2f} | "
+                     f"{row['chat_itl_ms_median']:.2f} / {row['text_itl_ms_median']:.2f} | "
+                     f"{row['chat_output_throughput']:.1f} / {row['text_output_throughput']:.1f} | "
+                     f"{row['output_throughput_ratio']:.3f} | {row['failed']} |")
     return "\n".join(lines)

@@ -55,8 +55,10 @@ class Submission(NamedTuple):
     landed: RecordMetadata | None  # where the request lies on the bus; None when the policy refused it
 
 
-def new_request_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+def new_request_id(kind: str = "chatcmpl") -> str:
+    """A request's id, which its client sees as the completion's: ``chatcmpl-...`` (``cmpl-...`` for
+    a text completion, as OpenAI names them)."""
+    return f"{kind}-{uuid.uuid4().hex}"
 
 
 class TokenbusClient:

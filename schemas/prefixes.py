@@ -5,7 +5,8 @@ no tokenizer: it sees messages. So prefixes are named at the boundaries every en
 template keeps whole: the offered functions first (one segment), then each message. The name of
 the first ``k`` segments is a chain hash, ``h_k = blake2b(h_{k-1} || segment_k)``, so it names the
 whole prefix and nothing else (each field is length-prefixed, so no two prompts feed it the
-same bytes). A GPU consumer reports the ``h_k`` whose tokens its engine holds
+same bytes). A text completion's prompt, which no template wraps, is one segment of its own
+kind. A GPU consumer reports the ``h_k`` whose tokens its engine holds
 (gpu_consumers/prefix_reports.py); the router looks up the longest ``h_k`` of a new request
 (producers/placement.py). Both compute them here.
 
@@ -41,6 +42,9 @@ class Prompt(Protocol):
     @property
     def offers_tools(self) -> bool: ...
 
+    @property
+    def text_prompt(self) -> bool: ...
+
 
 def _fields(h: Any, *fields: str | None) -> None:
     """Length-prefixed, so no two different segments feed the hash the same bytes."""
@@ -57,6 +61,10 @@ def _message(h: Any, message: ChatMessage) -> None:
     _fields(h, "message", message.role, message.content, message.tool_call_id)
     for call in message.tool_calls:
         _fields(h, "call", call.id, call.name, call.arguments)
+
+
+def _text(h: Any, message: ChatMessage) -> None:
+    _fields(h, "text", message.content)
 
 
 def _tools(h: Any, prompt: Prompt) -> None:
@@ -78,6 +86,9 @@ def segment_hashes(prompt: Prompt) -> list[int]:
         previous = h.digest()
         hashes.append(int.from_bytes(previous, "little", signed=True))
 
+    if prompt.text_prompt:  # no chat template around it: not the tokens of a message that says the same
+        chain(_text, prompt.messages[0])
+        return hashes
     if prompt.offers_tools:
         chain(_tools, prompt)
     for message in prompt.messages:

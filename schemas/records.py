@@ -155,6 +155,10 @@ class ChatRequest:
     prefix_text: str = ""
     # Notes tokenbus's own parts leave on a request (and its Completion), e.g. ``purpose=summary``.
     annotations: dict[str, str] = field(default_factory=dict)
+    # A text completion (OpenAI's legacy ``/v1/completions``): the one user message is a prompt the
+    # model continues as it is, with no chat template. Moderation, transcripts and billing see it as
+    # that message.
+    text_prompt: bool = False
 
     @property
     def partition_key(self) -> str:

@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenbus.sse_edge.api.cancel import cancel_completion
 from tokenbus.sse_edge.api.chat import chat_completions
+from tokenbus.sse_edge.api.completions import completions
 from tokenbus.sse_edge.api.console import console, console_root
 from tokenbus.sse_edge.api.continuation import continue_turn
 from tokenbus.sse_edge.api.conversations import list_conversations, list_messages
@@ -83,6 +84,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
             Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),

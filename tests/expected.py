@@ -24,12 +24,14 @@ class Expected:
 
 
 async def expected_output(messages: list[dict[str, str]], seed: int, max_tokens: int | None = None,
-                          settings: SimulatedEngineSettings = SIM_SETTINGS) -> Expected:
+                          settings: SimulatedEngineSettings = SIM_SETTINGS, text_prompt: bool = False) -> Expected:
+    """What the stack's engine answers; with ``text_prompt``, to the one message as a text completion's prompt."""
     engine = SimulatedEngine(settings.model_copy(update={"ttft_ms": 0, "tokens_per_s": 100_000}))
     inp = GenerationInput(
         "expected",
         tuple(ChatMessage(m["role"], m["content"]) for m in messages),
         SamplingParams(seed=seed, max_tokens=max_tokens),
+        text_prompt=text_prompt,
     )
     await engine.start()
     try:

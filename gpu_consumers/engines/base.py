@@ -48,6 +48,8 @@ class GenerationInput:
     tool_choice: str = TOOL_CHOICE_AUTO
     tool_choice_name: str | None = None
     parallel_tool_calls: bool = True
+    # A text completion: the one message's content is the prompt, continued with no chat template.
+    text_prompt: bool = False
 
     @property
     def offers_tools(self) -> bool:
@@ -57,7 +59,7 @@ class GenerationInput:
     def prompt_key(self) -> tuple[Any, ...]:
         """Everything the prompt is rendered from (not a taken-over sequence's output): equal keys,
         equal prompts. Unhashable where a message holds a list the schema has as a tuple."""
-        return (self.request_id, self.messages, self.tools, self.tool_choice, self.tool_choice_name)
+        return (self.request_id, self.messages, self.tools, self.tool_choice, self.tool_choice_name, self.text_prompt)
 
     @classmethod
     def from_request(cls, request: ChatRequest, prefix_token_ids: tuple[int, ...] = (), prefix_text: str = "") -> GenerationInput:
@@ -70,6 +72,7 @@ class GenerationInput:
             tool_choice=request.tool_choice,
             tool_choice_name=request.tool_choice_name,
             parallel_tool_calls=request.parallel_tool_calls,
+            text_prompt=request.text_prompt,
             sampling=SamplingParams(
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,

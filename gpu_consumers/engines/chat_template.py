@@ -87,14 +87,19 @@ def _conversation(tokenizer: Any, inp: GenerationInput) -> tuple[list[dict[str, 
 
 def prompt_ids(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool = True) -> list[int]:
     """The prompt's token ids; without ``add_generation_prompt``, just its messages (a prefix of a
-    longer prompt, for the prefix cache's layout)."""
+    longer prompt, for the prefix cache's layout). A text prompt is tokenized as it is, with the
+    tokenizer's special tokens (a Llama's BOS), as a text completion server does."""
+    if inp.text_prompt:
+        return list(tokenizer(inp.messages[0].content)["input_ids"])
     messages, options = _conversation(tokenizer, inp)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **options)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
 
 
 def prompt_text(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool = True) -> str:
-    """The prompt as the chat template writes it, before tokenizing."""
+    """The prompt as the chat template writes it, before tokenizing (a text prompt as it is)."""
+    if inp.text_prompt:
+        return inp.messages[0].content
     messages, options = _conversation(tokenizer, inp)
     return str(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
                                              **options))
@@ -160,7 +165,8 @@ class PromptTokens:
             ids, rendered = prompt_ids(self._tokenizer, inp), None
         else:
             text = prompt_text(self._tokenizer, inp)
-            encoding = self._rust.encode_batch([text], add_special_tokens=False)[0]
+            # A chat template writes its special tokens into the text; a text prompt gets the tokenizer's.
+            encoding = self._rust.encode_batch([text], add_special_tokens=inp.text_prompt)[0]
             ids, rendered = list(encoding.ids), Rendered(text, tuple(end for _, end in encoding.offsets))
         blocks = block_hashes(ids, self._blocks[0], chain=self._blocks[1]) if self._blocks is not None else ()
         return Prompt(ids, rendered, blocks)

@@ -106,7 +106,8 @@ def _token_id(piece: str) -> int:
 
 def tokenize_prompt(inp: GenerationInput) -> tuple[list[int], list[int]]:
     """The simulated tokenizer: a token per word plus a few for each function's and message's
-    template, functions first; returns the ids and where each segment (schemas/prefixes.py) ends."""
+    template, functions first (a text prompt's words alone); returns the ids and where each segment
+    (schemas/prefixes.py) ends."""
     ids: list[int] = []
     ends: list[int] = []
 
@@ -114,6 +115,9 @@ def tokenize_prompt(inp: GenerationInput) -> tuple[list[int], list[int]]:
         ids.extend(_token_id(f"<{kind}:{i}>") for i in range(TEMPLATE_TOKENS))
         ids.extend(_token_id(word) for word in text.split())
 
+    if inp.text_prompt:  # no template: the words alone
+        ids.extend(_token_id(word) for word in inp.messages[0].content.split())
+        return ids, [len(ids)]
     if inp.offers_tools:
         for t in inp.tools:
             add("function", f"{t.name} {t.description} {t.parameters}")

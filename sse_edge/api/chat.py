@@ -1,14 +1,15 @@
 """``POST /v1/chat/completions``: authenticate, validate, place the conversation's stored turns
 (server-side history), admit (or fall back to another model), publish to the bus, relay the
 token stream. With an ``Idempotency-Key`` seen before (same body), the request is not
-published again: the client is attached to the first one's stream."""
+published again: the client is attached to the first one's stream. A text completion
+(completions.py) is served the same way from ``answer`` on."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import redis.asyncio as redis
 from aiokafka.errors import KafkaError
@@ -40,7 +41,7 @@ from tokenbus.sse_edge.plumbing.relay import collect_completion, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
-from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter
+from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter, GenerationRequest
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
@@ -51,28 +52,41 @@ IDEMPOTENT_WAIT_S = 3.0
 
 async def chat_completions(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
-    settings = edge.settings
     started = time.perf_counter()
     key = await edge.auth.authenticate(request.headers.get("authorization"))
-    raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-    chat = parse_chat_request(raw, settings)
-    if chat.model not in settings.bus.models:
-        raise model_not_found(chat.model)
-    if not key.allows(chat.model):
-        raise PermissionDenied(f"This API key may not use the model `{chat.model}`.", param="model",
+    raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
+    chat = parse_chat_request(raw, edge.settings)
+    check_model(edge, key, chat.model)
+
+    async def bus_request(request_id: str) -> ChatRequest:
+        made = to_bus_request(chat, edge, key, request_id)
+        made.messages = await prompt_messages(edge, key, chat, made.messages)
+        return made
+
+    return await answer(request, edge, key, raw, chat, new_request_id(), bus_request, started)
+
+
+def check_model(edge: EdgeState, key: ApiKey, model: str) -> None:
+    if model not in edge.settings.bus.models:
+        raise model_not_found(model)
+    if not key.allows(model):
+        raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model",
                                code="model_not_allowed")
 
-    request_id = new_request_id()
+
+async def answer(request: Request, edge: EdgeState, key: ApiKey, raw: bytes, asked: GenerationRequest,
+                 request_id: str, bus_request: Callable[[str], Awaitable[ChatRequest]], started: float) -> Response:
+    """Serve a validated request (``asked``, its body ``raw``) as the bus request ``bus_request``
+    makes for ``request_id``; or, with an ``Idempotency-Key`` seen before, the earlier one's stream."""
     digest = body_hash(raw)
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key:
         earlier = await claim_idempotency_key(edge, key, idempotency_key, digest, request_id)
         if earlier is not None:
-            return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), chat.stream)
+            return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), asked.stream)
     try:
-        bus_request = to_bus_request(chat, edge, key, request_id)
-        bus_request.messages = await prompt_messages(edge, key, chat, bus_request.messages)
-        return await serve(request, edge, key, bus_request, chat.stream, chat.include_usage, digest, started)
+        return await serve(request, edge, key, await bus_request(request_id), asked.stream, asked.include_usage,
+                           digest, started)
     except ApiError:
         if idempotency_key:  # never published: a retry with this key must be able to try again
             await edge.streams.release(key.tenant, idempotency_key, request_id)
@@ -96,13 +110,17 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
         raise
     hooks = TurnHooks(edge, bus_request.request_id, admitted.token_buckets)
     events = live_events(edge, reply_stream, span, registering)
+    text = bus_request.text_prompt  # answered in a text completion's shapes
     if stream:
-        writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000)
+        writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000,
+                             text=text)
         stream_format = StreamFormat.for_request(request)
         direct = DirectWrites(reply_stream)
-        return sse_response(sse_frames(events, writer, hooks, edge.metrics, started, stream_format, direct=direct),
-                            edge.settings.heartbeat_s, stream_format, admitted.headers, direct)
-    return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, admitted.headers)
+        frames = sse_frames(events, writer, hooks, edge.metrics, started, stream_format, send_role=not text,
+                            direct=direct)
+        return sse_response(frames, edge.settings.heartbeat_s, stream_format, admitted.headers, direct)
+    return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, admitted.headers,
+                                    text_completion=text)
 
 
 async def live_events(edge: EdgeState, stream: ReplyStream, span: tracing.Span | None = None,
@@ -244,7 +262,8 @@ def stream_record(bus_request: ChatRequest, stream_offset: int, landed: RecordMe
                         request_topic=landed.topic if landed else "",
                         request_partition=landed.partition if landed else -1,
                         request_offset=landed.offset if landed else -1,
-                        created_at_ms=bus_request.created_at_ms, topic=bus_request.reply_topic)
+                        created_at_ms=bus_request.created_at_ms, topic=bus_request.reply_topic,
+                        text_prompt=bus_request.text_prompt)
 
 
 async def register_stream(edge: EdgeState, record: StreamRecord) -> None:

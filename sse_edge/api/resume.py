@@ -109,11 +109,12 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
             turn = await edge.turn_request(record)
             created_at_ms = turn.created_at_ms if turn is not None else 0
         created = created_at_ms // 1000 if created_at_ms else None
-        writer = ChunkWriter(record.request_id, record.model, record.include_usage, created)
+        writer = ChunkWriter(record.request_id, record.model, record.include_usage, created, text=record.text_prompt)
         stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None,
                                                  skip_in_event=last_event.chunks_to_skip if last_event else 0)
         frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), stream_format,
-                            send_role=last_event is None)
+                            send_role=last_event is None and not record.text_prompt)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format)
-    return await collect_completion(request, events, record.request_id, record.model, hooks, {})
+    return await collect_completion(request, events, record.request_id, record.model, hooks, {},
+                                    text_completion=record.text_prompt)
 

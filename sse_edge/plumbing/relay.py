@@ -1,5 +1,5 @@
 """Relay a request's token events to its client: as SSE frames (in the format the client reads,
-stream_response.py), or collected into one ``chat.completion``. The events come from this edge's
+stream_response.py), or collected into one ``chat.completion`` (or ``text_completion``). The events come from this edge's
 reply router (a new request) or from the log (a resumed or re-attached stream); the frames go out
 through the streaming response (stream_response.py)."""
 
@@ -190,9 +190,10 @@ def event_chunks(event: TokenEvent, writer: ChunkWriter) -> list[str]:
 
 async def collect_completion(
     request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
-    headers: dict[str, str],
+    headers: dict[str, str], text_completion: bool = False,
 ) -> JSONResponse:
-    """Wait for the whole completion; a client that disconnects first abandons it."""
+    """Wait for the whole completion (a ``text_completion`` for a text prompt); a client that
+    disconnects first abandons it."""
     collecting = asyncio.ensure_future(_collect(events))
     disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
     done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
@@ -213,7 +214,7 @@ async def collect_completion(
         raise error
     body = completion_body(request_id, model, text, final.finish_reason or "stop", final.prompt_tokens or 0,
                            final.completion_tokens or 0, [(c.id, c.name, c.arguments) for c in calls],
-                           final.cached_tokens or 0)
+                           final.cached_tokens or 0, text_completion)
     return JSONResponse(body, headers=headers)
 
 

@@ -4,6 +4,7 @@ the client comes back."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -32,10 +33,14 @@ class StreamRecord:
     # The request itself (Avro, base64), as records written before the request's place was kept
     # held it; read as such while they last.
     request: str = ""
+    text_prompt: bool = False  # a text completion's stream: read again in its shapes
 
     @property
     def names_request(self) -> bool:
         return bool(self.request) or self.request_offset >= 0
+
+
+STREAM_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(StreamRecord))
 
 
 class IdempotencyConflict(Exception):
@@ -79,7 +84,10 @@ class StreamRegistry:
 
     async def get(self, request_id: str) -> StreamRecord | None:
         raw = await self._redis.get(self._stream(request_id))
-        return StreamRecord(**json.loads(raw)) if raw else None
+        if not raw:
+            return None
+        # What a newer edge may write besides (during a rolling upgrade) is left out.
+        return StreamRecord(**{k: v for k, v in json.loads(raw).items() if k in STREAM_RECORD_FIELDS})
 
     async def claim(self, tenant: str, key: str, body_hash: str, request_id: str) -> str | None:
         """Bind an idempotency key to a new request; returns the earlier request's id if the key

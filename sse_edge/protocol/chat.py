@@ -87,18 +87,17 @@ HISTORY_CLIENT, HISTORY_SERVER = "client", "server"
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
-class ChatCompletionRequest(BaseModel):
-    """The part of OpenAI's request that tokenbus serves. Fields OpenAI defines that change
-    nothing here (``metadata``, ``store``, ``service_tier``, ...) are accepted and ignored."""
+class GenerationRequest(BaseModel):
+    """What a chat completion request and a text completion request (protocol/completions.py)
+    share: the model, streaming and sampling. Fields OpenAI defines that change nothing here
+    (``metadata``, ``store``, ``service_tier``, ...) are accepted and ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1, max_length=256)
-    messages: list[ChatMessageParam] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=1)
@@ -106,9 +105,40 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(default=None, ge=-INT64 - 1, le=INT64)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    user: str | None = Field(default=None, max_length=256)
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s or len(s) > 256 for s in stops):
+            raise ValueError("stop sequences must be 1 to 256 characters")
+        return value
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """The part of OpenAI's chat completion request that tokenbus serves."""
+
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: dict | None = None
     modalities: list[str] | None = None
-    user: str | None = Field(default=None, max_length=256)
     # OpenAI's request metadata; tokenbus reads `conversation_id` from it to group transcripts.
     metadata: dict[str, str] | None = None
     tools: list[ToolParam] | None = Field(default=None, max_length=128)
@@ -141,29 +171,9 @@ class ChatCompletionRequest(BaseModel):
         before this request's messages."""
         return (self.metadata or {}).get("history") == HISTORY_SERVER
 
-    @field_validator("stop")
-    @classmethod
-    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > 4:
-            raise ValueError("at most 4 stop sequences")
-        if any(not s or len(s) > 256 for s in stops):
-            raise ValueError("stop sequences must be 1 to 256 characters")
-        return value
-
-    @property
-    def stop_sequences(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
 class ContinueRequest(BaseModel):
@@ -195,26 +205,31 @@ _json_string = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class ChunkWriter:
-    """Builds the ``chat.completion.chunk`` bodies of one streamed response."""
+    """Builds the ``chat.completion.chunk`` bodies of one streamed response; with ``text``, the
+    ``text_completion`` chunks of a text completion (OpenAI's legacy ``/v1/completions``), whose
+    choices carry ``text`` where a chat's carry a ``delta`` (and no role chunk, nor calls)."""
 
-    __slots__ = ("request_id", "model", "created", "include_usage", "_content_head", "_content_tail")
+    __slots__ = ("request_id", "model", "created", "include_usage", "text", "_content_head", "_content_tail")
 
-    def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None) -> None:
+    def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None,
+                 text: bool = False) -> None:
         """``created``: the request's time in seconds, so that a stream resumed later carries the
         same ``created`` as the chunks before it (now when unknown)."""
         self.request_id = request_id
         self.model = model
         self.created = int(time.time()) if created is None else created
         self.include_usage = include_usage
+        self.text = text
         # Content chunks are the hot path: everything but the delta and finish reason is fixed.
         head = json.dumps(self._chunk([]), separators=(",", ":"), ensure_ascii=False)
-        self._content_head = head[: head.index('"choices":[')] + '"choices":[{"index":0,"delta":'
+        choice = '"choices":[{"index":0,"text":' if text else '"choices":[{"index":0,"delta":'
+        self._content_head = head[: head.index('"choices":[')] + choice
         self._content_tail = "]" + (',"usage":null}' if include_usage else "}")
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.request_id,
-            "object": "chat.completion.chunk",
+            "object": "text_completion" if self.text else "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
@@ -229,7 +244,10 @@ class ChunkWriter:
 
     def delta(self, text: str, finish_reason: str | None) -> str:
         """A content chunk as JSON text, rendered from the fixed parts."""
-        delta = '{"content":' + _json_string(text) + "}" if text else "{}"
+        if self.text:
+            delta = _json_string(text)
+        else:
+            delta = '{"content":' + _json_string(text) + "}" if text else "{}"
         finish = "null" if finish_reason is None else _json_string(finish_reason)
         return f'{self._content_head}{delta},"logprobs":null,"finish_reason":{finish}}}{self._content_tail}'
 
@@ -255,8 +273,15 @@ def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
 
 def completion_body(
     request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-    tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0,
+    tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0, text_completion: bool = False,
 ) -> dict[str, Any]:
+    """A ``chat.completion``; with ``text_completion``, the ``text_completion`` of OpenAI's legacy
+    ``/v1/completions`` (a choice's ``text`` in place of its message)."""
+    if text_completion:
+        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+                "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens)}
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if tool_calls:
         message.update(content=text or None, tool_calls=tool_calls_body(tool_calls))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueRequest
+from tokenbus.sse_edge.protocol.completions import CompletionRequest
 from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
 
 ERROR = {
@@ -27,6 +28,15 @@ CHAT_COMPLETION = {
         "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"]}},
     },
 }
+TEXT_COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices", "usage"],
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": USAGE,
+        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text", "finish_reason"]}},
+    },
+}
 API_KEY = {"type": "object", "required": ["id", "object", "tenant", "tier", "models", "admin", "revoked"], "properties": {
     "id": {"type": "string"}, "object": {"const": "api_key"}, "tenant": {"type": "string"}, "tier": {"type": "string"},
     "models": {"type": "array", "items": {"type": "string"}}, "rpm": {"type": "integer"}, "tpm": {"type": "integer"},
@@ -47,16 +57,18 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 def openapi_spec() -> dict[str, Any]:
     request_schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    text_schema = CompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     continue_schema = ContinueRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     create_key_schema = CreateKeyRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
+                  "CompletionRequest": text_schema, **text_schema.pop("$defs", {}),
                   "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {}),
                   "CreateKeyRequest": create_key_schema, "ApiKey": API_KEY}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
         "info": {"title": "tokenbus", "version": "0.1.0",
-                 "description": "OpenAI-compatible chat completions served through a Kafka pipeline."},
+                 "description": "OpenAI-compatible chat (and text) completions served through a Kafka pipeline."},
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": {
@@ -68,6 +80,20 @@ def openapi_spec() -> dict[str, Any]:
                     "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}},
                 "responses": {"200": {"description": "A completion, or an SSE stream of chunks when stream is true",
                                       "content": {"application/json": {"schema": CHAT_COMPLETION},
+                                                  "text/event-stream": {"schema": {"type": "string"}}}},
+                              **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
+            }},
+            "/v1/completions": {"post": {
+                "operationId": "createCompletion", "security": secured,
+                "description": "A text completion (OpenAI's legacy API): one prompt, continued as it is, with no "
+                               "chat template. Its stream is read again, and its turn continued, through the chat "
+                               "completion's routes, in these shapes.",
+                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                                "schema": {"type": "string", "maxLength": 255}}],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/CompletionRequest"}}}},
+                "responses": {"200": {"description": "A text_completion, or an SSE stream of them when stream is true",
+                                      "content": {"application/json": {"schema": TEXT_COMPLETION},
                                                   "text/event-stream": {"schema": {"type": "string"}}}},
                               **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
             }},

@@ -1,5 +1,5 @@
-"""Turn a request body into its protocol model (a ChatCompletionRequest above all), or an
-OpenAI-format error naming the problem."""
+"""Turn a request body into its protocol model (a ChatCompletionRequest above all, or a text
+completion's CompletionRequest), or an OpenAI-format error naming the problem."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from tokenbus.sse_edge.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, from_validation_error
-from tokenbus.sse_edge.protocol.chat import UNSUPPORTED, ChatCompletionRequest
+from tokenbus.sse_edge.protocol.chat import UNSUPPORTED, ChatCompletionRequest, GenerationRequest
+from tokenbus.sse_edge.protocol.completions import TEXT_UNSUPPORTED, CompletionRequest
 from tokenbus.sse_edge.settings import EdgeSettings
 
 
@@ -77,17 +78,48 @@ def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequ
     return chat
 
 
-def reject_unsupported(body: dict[str, Any]) -> None:
-    for name, feature in UNSUPPORTED.items():
-        if body.get(name) not in (None, False, [], {}):
+def parse_completion_request(raw: bytes, settings: EdgeSettings) -> CompletionRequest:
+    """A text completion's body (``/v1/completions``): one prompt, as text."""
+    body = json_object(raw)
+    reject_unsupported(body, TEXT_UNSUPPORTED)
+    completion = parse_body(body, CompletionRequest)
+    prompt = completion.prompt
+    if isinstance(prompt, list) and prompt and not all(isinstance(p, str) for p in prompt):
+        raise InvalidRequest("Prompts of token ids are not supported: send the prompt as text.", param="prompt",
+                             code="unsupported_value")
+    if isinstance(prompt, list) and len(prompt) != 1:
+        raise InvalidRequest("Send one prompt a request: a batch of prompts is not supported.", param="prompt",
+                             code="unsupported_value")
+    if not completion.prompt_text:
+        raise InvalidRequest("The prompt is empty.", param="prompt", code="invalid_value")
+    check_generation_limits(completion, settings)
+    if len(completion.prompt_text) > settings.max_prompt_chars:
+        raise InvalidRequest(f"The prompt is longer than {settings.max_prompt_chars} characters.", param="prompt",
+                             code="context_length_exceeded")
+    return completion
+
+
+def reject_unsupported(body: dict[str, Any], unsupported: dict[str, str] = UNSUPPORTED) -> None:
+    for name, feature in unsupported.items():
+        value = body.get(name)  # (not ``in (None, False)``: a text completion's ``logprobs: 0`` asks for some)
+        if not (value is None or value is False or value == [] or value == {}):
             raise InvalidRequest(f"'{name}' is not supported: tokenbus does not serve {feature}.", param=name,
                                  code="unsupported_parameter")
 
 
-def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) -> None:
-    if chat.stream_options is not None and not chat.stream:
+def check_generation_limits(request: GenerationRequest, settings: EdgeSettings) -> None:
+    """What a chat and a text completion alike may not ask for."""
+    if request.stream_options is not None and not request.stream:
         raise InvalidRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                              param="stream_options", code="invalid_value")
+    if request.token_limit is not None and request.token_limit > settings.max_output_tokens:
+        param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
+        raise InvalidRequest(f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
+                             code="invalid_value")
+
+
+def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) -> None:
+    check_generation_limits(chat, settings)
     if chat.response_format and chat.response_format.get("type", "text") != "text":
         raise InvalidRequest("Only response_format type 'text' is supported.", param="response_format.type",
                              code="unsupported_value")
@@ -99,10 +131,6 @@ def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) ->
     if sum(len(m.text()) for m in chat.messages) > settings.max_prompt_chars:
         raise InvalidRequest(f"The messages are longer than {settings.max_prompt_chars} characters in total.",
                              param="messages", code="context_length_exceeded")
-    if chat.token_limit is not None and chat.token_limit > settings.max_output_tokens:
-        param = "max_completion_tokens" if chat.max_completion_tokens else "max_tokens"
-        raise InvalidRequest(f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
-                             code="invalid_value")
 
 
 

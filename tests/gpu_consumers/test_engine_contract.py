@@ -122,6 +122,23 @@ async def test_longer_prompts_count_more_prompt_tokens(engine):
     assert long[-1].prompt_tokens > short[-1].prompt_tokens
 
 
+async def test_a_text_prompt_is_continued_as_it_is_without_the_chat_template(engine):
+    """A text completion (``text_prompt``): the words alone, where a chat message adds its template's
+    markup; made ahead or not, the same prompt; tokenized with the tokenizer's own special tokens
+    where the engine has a tokenizer."""
+    words = "Once upon a time there was"
+    chat = await collect(engine, request(21, words, max_tokens=4))
+    text = await collect(engine, dataclasses.replace(request(21, words, max_tokens=4), text_prompt=True))
+    assert 0 < text[-1].prompt_tokens < chat[-1].prompt_tokens
+    assert text[-1].finished and text[-1].completion_tokens <= 4
+    inp = dataclasses.replace(request(22, words, max_tokens=4), text_prompt=True)
+    await engine.prepare(inp)
+    assert (await collect(engine, inp))[-1].prompt_tokens == text[-1].prompt_tokens
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is not None:
+        assert text[-1].prompt_tokens == len(tokenizer(words)["input_ids"])
+
+
 async def test_offered_tools_and_earlier_calls_reach_the_prompt(engine):
     """Every engine tells the model about the functions offered (engines/chat_template.py)."""
     history = (ChatMessage("user", "weather?"), ChatMessage("assistant", "", (ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),

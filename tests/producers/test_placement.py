@@ -176,3 +176,14 @@ def test_prefix_names_depend_on_every_segment_before_them():
     assert segment_hashes(a)[1] != segment_hashes(b)[1]
     assert segment_hashes(a) == segment_hashes(chat("same user words", "c3"))
     assert len(set(segment_hashes(a))) == 2
+
+
+def test_a_text_prompt_is_named_apart_from_a_message_saying_the_same():
+    """A text completion's prompt reaches the engine without a chat template: its tokens are not a
+    chat message's, so no prefix of one names the other."""
+    message = ChatRequest(request_id="r-m", model="m", tier="standard", messages=[ChatMessage("user", "Once upon")],
+                          reply_topic="t", reply_partition=0)
+    text = dataclasses.replace(message, request_id="r-t", text_prompt=True)
+    assert len(segment_hashes(text)) == 1
+    assert not set(segment_hashes(text)) & set(segment_hashes(message))
+    assert segment_hashes(text) == segment_hashes(dataclasses.replace(text, request_id="r-t2"))

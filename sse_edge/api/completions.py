@@ -1,0 +1,60 @@
+"""``POST /v1/completions``: a text completion (OpenAI's legacy API, which vLLM's ``bench serve``
+and evaluation harnesses call): one prompt, which the model continues as it is, with no chat
+template. It is a chat turn on the bus (a ``ChatRequest`` whose one user message is the prompt,
+marked ``text_prompt``), so keys, limits, idempotency, moderation, billing and transcripts treat
+it as one (chat.py serves it from ``answer`` on); what differs is the prompt the engine makes and
+the shapes the client gets (``text_completion``, with no role chunk). Its stream is resumed and
+its turn continued through the chat completion's routes, in the same shapes."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenbus.producers import new_request_id
+from tokenbus.schemas import TOOL_CHOICE_NONE, ChatMessage, ChatRequest
+from tokenbus.sse_edge.api.chat import answer, check_model
+from tokenbus.sse_edge.protocol.completions import CompletionRequest
+from tokenbus.sse_edge.protocol.validation import parse_completion_request, read_body
+from tokenbus.sse_edge.state import EdgeState
+from tokenbus.stores.keys import ApiKey
+
+
+async def completions(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    started = time.perf_counter()
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
+    completion = parse_completion_request(raw, edge.settings)
+    check_model(edge, key, completion.model)
+
+    async def bus_request(request_id: str) -> ChatRequest:
+        made = to_bus_request(completion, edge, key, request_id)
+        context = edge.context
+        if context.limits(completion.model):
+            context.check(completion.model, context.count(completion.model, made.messages), completion.token_limit)
+        return made
+
+    return await answer(request, edge, key, raw, completion, new_request_id("cmpl"), bus_request, started)
+
+
+def to_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
+    return ChatRequest(
+        request_id=request_id,
+        model=completion.model,
+        tier=key.tier,
+        tenant=key.tenant,
+        key_id=key.key_id,
+        messages=[ChatMessage("user", completion.prompt_text)],
+        text_prompt=True,
+        max_tokens=completion.token_limit,
+        temperature=completion.temperature,
+        top_p=completion.top_p,
+        seed=completion.seed,
+        stop=completion.stop_sequences,
+        reply_topic=edge.bus.router.reply_topic,
+        reply_partition=edge.bus.router.reply_partition,
+        tool_choice=TOOL_CHOICE_NONE,
+    )

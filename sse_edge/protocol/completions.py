@@ -1,0 +1,36 @@
+"""OpenAI's text completions protocol (the legacy ``/v1/completions``): the request model. Its
+response bodies are the chat protocol's in their text form (``ChunkWriter(text=True)``,
+``completion_body(text_completion=True)``, protocol/chat.py).
+
+What vLLM's, TGI's and TensorRT-LLM's servers take from benchmark and evaluation clients (vLLM's
+``bench serve`` defaults to it): one prompt, continued as it is, with no chat template."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tokenbus.sse_edge.protocol.chat import GenerationRequest
+
+# What the legacy API offers that tokenbus does not serve, with what a request may send for it.
+TEXT_UNSUPPORTED = {
+    "logprobs": "log probabilities", "logit_bias": "logit bias", "echo": "echoing the prompt",
+    "suffix": "a suffix (insertion)",
+}
+DEFAULT_MAX_TOKENS = 16  # OpenAI's for text completions (and vLLM's)
+
+
+class CompletionRequest(GenerationRequest):
+    """The part of OpenAI's text completion request that tokenbus serves: one prompt as text
+    (a list of one is taken too; token ids and batches of prompts are refused in validation.py)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1)
+    best_of: int | None = Field(default=None, ge=1, le=1)
+
+    @property
+    def prompt_text(self) -> str:
+        """The prompt, once validation has made sure it is one string."""
+        prompt = self.prompt
+        text = prompt if isinstance(prompt, str) else prompt[0]
+        assert isinstance(text, str)
+        return text

@@ -1,0 +1,150 @@
+"""Text completions (OpenAI's legacy ``/v1/completions``) through the real embedded stack, with the
+official openai package and vLLM's benchmark command line: the prompt is continued as it is (the
+stack's simulated engine counts its words alone, no chat template), in ``text_completion`` shapes."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import MODEL
+from tests.expected import expected_output
+
+PROMPT = "Once upon a time the bus carried"
+
+
+@pytest.fixture
+def client(edge_url, api_key):
+    return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+async def expected(prompt: str, seed: int, max_tokens: int | None = None):
+    return await expected_output([{"role": "user", "content": prompt}], seed=seed, max_tokens=max_tokens,
+                                 text_prompt=True)
+
+
+async def stream_one(client, i: int) -> list:
+    stream = await client.completions.create(model=MODEL, prompt=f"{PROMPT} {i}", seed=i, max_tokens=40, stream=True,
+                                             stream_options={"include_usage": True})
+    return [chunk async for chunk in stream]
+
+
+async def test_streamed_and_plain_text_completions_are_exact(client):
+    streamed = await asyncio.gather(*(stream_one(client, i) for i in range(4)))
+    plain = await asyncio.gather(*(client.completions.create(model=MODEL, prompt=[f"{PROMPT} {i}"], seed=i,
+                                                             max_tokens=40) for i in range(4)))
+    chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"{PROMPT} 0"}],
+                                                seed=0, max_tokens=40)
+    for i, (chunks, completion) in enumerate(zip(streamed, plain)):
+        want = await expected(f"{PROMPT} {i}", seed=i, max_tokens=40)
+        assert {c.object for c in chunks} == {"text_completion"} and len({c.id for c in chunks}) == 1
+        assert chunks[0].id.startswith("cmpl-")
+        pieces = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+        assert pieces == want.pieces  # no role chunk before them, nothing lost or repeated
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+            [want.finish_reason]
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.completion_tokens
+        assert chunks[-1].usage.prompt_tokens == want.prompt_tokens == len(f"{PROMPT} {i}".split())
+        assert completion.object == "text_completion" and completion.id.startswith("cmpl-")
+        assert completion.choices[0].text == want.text and completion.choices[0].finish_reason == want.finish_reason
+        assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == \
+            (want.prompt_tokens, want.completion_tokens)
+    assert chat.usage.prompt_tokens > plain[0].usage.prompt_tokens  # the chat template's markup
+
+
+async def test_max_tokens_defaults_to_sixteen_as_openai_s(client):
+    completion = await client.completions.create(model=MODEL, prompt=PROMPT, seed=31)
+    want = await expected(PROMPT, seed=31, max_tokens=16)
+    assert completion.choices[0].text == want.text and completion.usage.completion_tokens == want.completion_tokens
+    assert want.completion_tokens == 16 and completion.choices[0].finish_reason == "length"
+
+
+async def test_stop_sequences_end_the_text_before_them(client):
+    full = await client.completions.create(model=MODEL, prompt=PROMPT, seed=32, max_tokens=60)
+    words = full.choices[0].text.split()
+    stop = words[len(words) // 2]
+    cut = await client.completions.create(model=MODEL, prompt=PROMPT, seed=32, max_tokens=60, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
+    assert full.choices[0].text.startswith(cut.choices[0].text)
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [
+    ({"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),
+    ({"prompt": [[1, 2], [3]]}, "prompt", "unsupported_value"),
+    ({"prompt": ["one", "two"]}, "prompt", "unsupported_value"),
+    ({"prompt": ""}, "prompt", "invalid_value"),
+    ({"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
+    ({"prompt": "x", "logprobs": 0}, "logprobs", "unsupported_parameter"),
+    ({"prompt": "x", "suffix": "y"}, "suffix", "unsupported_parameter"),
+    ({"prompt": "x", "best_of": 2}, "best_of", "invalid_value"),
+    ({"prompt": "x", "n": 2}, "n", "invalid_value"),
+    ({"prompt": "x", "max_tokens": 10**6}, "max_tokens", "invalid_value"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+    ({}, "prompt", "missing_required_parameter"),
+])
+async def test_what_is_not_served_is_a_bad_request_naming_the_param(edge_url, auth, body, param, code):
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+        response = await http.post("/v1/completions", json={"model": MODEL, **body}, headers=auth)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
+
+
+async def test_an_unknown_model_is_not_found(client):
+    with pytest.raises(openai.NotFoundError) as exc:
+        await client.completions.create(model="no-such-model", prompt=PROMPT)
+    assert exc.value.code == "model_not_found"
+
+
+async def test_a_text_stream_is_read_again_in_its_own_shapes_and_kept_in_the_transcript(edge_url, auth):
+    body = {"model": MODEL, "prompt": PROMPT, "seed": 33, "max_tokens": 12, "stream": True}
+
+    def data(text: str) -> list[str]:
+        return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+        first = await http.post("/v1/completions", json=body, headers=auth)
+        frames = data(first.text)
+        chunks = [json.loads(f) for f in frames[:-1]]
+        request_id = chunks[0]["id"]
+        again = await http.get(f"/v1/chat/completions/{request_id}/stream", headers=auth)
+        # A data-only client counts the chunks it has: with no role chunk, live and read again alike.
+        after_two = await http.get(f"/v1/chat/completions/{request_id}/stream?after_chunks=2", headers=auth)
+        for _ in range(100):
+            rows = (await http.get(f"/v1/conversations/{request_id}/messages", headers=auth)).json().get("data", [])
+            if any(r["role"] == "assistant" for r in rows):
+                break
+            await asyncio.sleep(0.1)
+    assert frames[-1] == "[DONE]" and all(c["object"] == "text_completion" for c in chunks)
+    assert all("delta" not in c["choices"][0] for c in chunks)  # no role chunk, no deltas: text only
+    assert data(again.text) == frames and data(after_two.text) == frames[2:]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert [(r["role"], r["content"]) for r in rows] == [("user", PROMPT), ("assistant", text)]
+
+
+async def test_a_retry_with_the_same_idempotency_key_gets_the_same_text_completion(edge_url, auth):
+    body = {"model": MODEL, "prompt": PROMPT, "seed": 34, "max_tokens": 8}
+    headers = {**auth, "Idempotency-Key": f"text-{id(body)}"}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+        first = (await http.post("/v1/completions", json=body, headers=headers)).json()
+        retried = (await http.post("/v1/completions", json=body, headers=headers)).json()
+    assert retried["id"] == first["id"] and retried["object"] == "text_completion"
+    assert retried["choices"][0]["text"] == first["choices"][0]["text"] == (await expected(PROMPT, 34, 8)).text
+
+
+def test_vllm_s_benchmark_command_line_runs_against_the_edge(stack, edge_url, api_key, tmp_path):
+    """``--backend vllm`` (vLLM's default) posts to ``/v1/completions``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenbus.infra", "bench", "serve", "--backend", "vllm", "--base-url", edge_url,
+         "--model", MODEL, "--api-key", api_key, "--dataset-name", "random", "--num-prompts", "8",
+         "--random-input-len", "16", "--random-output-len", "6", "--ignore-eos", "--save-result",
+         "--result-dir", str(tmp_path), "--result-filename", "r.json", "--disable-tqdm"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["completed"] == 8 and document["failed"] == 0
+    assert document["total_input_tokens"] > 0 and document["total_output_tokens"] > 0
