@@ -159,6 +159,9 @@ class ChatRequest:
     # model continues as it is, with no chat template. Moderation, transcripts and billing see it as
     # that message.
     text_prompt: bool = False
+    # Generate on past the end-of-sequence token, to ``max_tokens`` (vLLM's extension: a benchmark's
+    # output lengths stay what it asked for).
+    ignore_eos: bool = False
 
     @property
     def partition_key(self) -> str:

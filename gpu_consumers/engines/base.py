@@ -33,6 +33,7 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # on past the end-of-sequence token, to max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class GenerationInput:
                 top_p=request.top_p,
                 seed=request.seed,
                 stop=tuple(request.stop),
+                ignore_eos=request.ignore_eos,
             ),
         )
 

@@ -111,6 +111,7 @@ class _HfSequence:
         self._generation_done = False
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
         self._stops = StopFilter(inp.sampling.stop)
+        self._ends_at_eos = not inp.sampling.ignore_eos
         self._taken = 0  # tokens of the manager's cumulative output made into deltas so far
         self.prompt_tokens = len(prompt_ids)
         self.cached_tokens = cached_tokens  # the slots' first delta says what they took
@@ -139,7 +140,7 @@ class _HfSequence:
         finish = None
         if result.is_finished():
             eos = self._engine.eos_token_ids
-            finish = FINISH_STOP if new_ids and new_ids[-1] in eos else (
+            finish = FINISH_STOP if self._ends_at_eos and new_ids and new_ids[-1] in eos else (
                 FINISH_LENGTH if self._taken >= self.max_new_tokens else FINISH_STOP)
         self.on_delta(Delta(new_ids, finish))
 
@@ -331,9 +332,12 @@ class HfEngine:
         if self._slots is not None:
             self._slots.add(SlotRequest(internal_id, prompt + list(inp.prefix_token_ids), sequence.max_new_tokens,
                                         sequence.on_delta, sampling.get("temperature", 1.0), sampling.get("top_p", 1.0),
-                                        seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids), named=made.blocks))
+                                        seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids), named=made.blocks,
+                                        ignore_eos=inp.sampling.ignore_eos))
             return sequence
         self._manager.register_result_handler(internal_id, sequence.on_result)
+        # The manager's end tokens are the generation config's unless a request names its own (none: on past them).
+        ends: dict[str, Any] = {"eos_token_id": []} if inp.sampling.ignore_eos else {}
         self._manager.add_request(prompt + list(inp.prefix_token_ids), request_id=internal_id,
-                                  max_new_tokens=sequence.max_new_tokens, streaming=True, **sampling)
+                                  max_new_tokens=sequence.max_new_tokens, streaming=True, **ends, **sampling)
         return sequence

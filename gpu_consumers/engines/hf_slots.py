@@ -77,6 +77,7 @@ class SlotRequest:
     drawn: int = 0  # the output's tokens before the next one sampled: a taken-over sequence starts past its published ones
     slot: int = -1
     named: tuple[int, ...] = ()  # names of the prompt's first blocks, made where it was tokenized
+    ignore_eos: bool = False  # on past an end-of-sequence token, to max_new_tokens
     wanted: tuple[int, ...] = ()  # the names of the prompt's blocks before its last token (the prefix cache)
     start: int = 0  # the prompt's positions its slot held before the prefill
     output: list[int] = field(default_factory=list)  # tokens handed out
@@ -265,7 +266,7 @@ class SlotBatcher:
             request.output.append(token)
             generated = len(request.output)
             finish = None
-            if token in self._eos:
+            if token in self._eos and not request.ignore_eos:
                 finish = FINISH_STOP
             elif generated >= request.max_new_tokens or len(request.prompt) + generated > self.max_model_len:
                 finish = FINISH_LENGTH  # the next token would have no cache position left

@@ -274,6 +274,7 @@ class TrtLlmEngine:
             top_p=s.top_p,
             seed=s.seed,
             stop=list(s.stop) or None,
+            ignore_eos=s.ignore_eos,
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
         )
         # A taken-over sequence continues after the tokens already published.

@@ -40,7 +40,7 @@ class BenchPrompt:
         if stream:
             body["stream_options"] = {"include_usage": True}
         if ignore_eos:
-            body["ignore_eos"] = True  # vLLM's extension; servers without it ignore the field
+            body["ignore_eos"] = True  # vLLM's extension (tokenbus serves it); servers without it ignore the field
         return body
 
 

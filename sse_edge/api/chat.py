@@ -235,6 +235,7 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         tool_choice=tool_choice_of(chat),
         tool_choice_name=None if isinstance(chat.tool_choice, str | None) else chat.tool_choice.function.name,
         parallel_tool_calls=chat.parallel_tool_calls is not False,
+        ignore_eos=chat.ignore_eos,
     )
 
 

@@ -57,4 +57,5 @@ def to_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, 
         reply_topic=edge.bus.router.reply_topic,
         reply_partition=edge.bus.router.reply_partition,
         tool_choice=TOOL_CHOICE_NONE,
+        ignore_eos=completion.ignore_eos,
     )

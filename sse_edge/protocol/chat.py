@@ -106,6 +106,9 @@ class GenerationRequest(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     user: str | None = Field(default=None, max_length=256)
+    # vLLM's extension: generate on past the end-of-sequence token, to the token limit (benchmarks
+    # ask for it, ``--ignore-eos``, so that every output has the length they set).
+    ignore_eos: bool = False
 
     @field_validator("stop")
     @classmethod

@@ -139,6 +139,48 @@ async def test_a_text_prompt_is_continued_as_it_is_without_the_chat_template(eng
         assert text[-1].prompt_tokens == len(tokenizer(words)["input_ids"])
 
 
+@contextlib.asynccontextmanager
+async def ending_early(engine, inp: GenerationInput):
+    """Yields whether ``inp`` now ends before its ``max_tokens`` at an end-of-sequence token: the
+    simulated engine's natural length (40 here) is its end; an ``hf`` engine is told that the token
+    greedy decoding gives ``inp`` first is an end token, while this lasts (its generation config's
+    and the slots' ends); the TensorRT-LLM fake never samples one."""
+    if isinstance(engine, SimulatedEngine):
+        yield True
+        return
+    if not hasattr(engine, "eos_token_ids"):
+        yield False
+        return
+    (token,) = [t for o in await collect(engine, dataclasses.replace(inp, sampling=SamplingParams(max_tokens=1)))
+                for t in o.token_ids_diff]
+    kept = set(engine.eos_token_ids)
+    slots, manager = engine._slots, engine._manager
+    engine.eos_token_ids = kept | {token}
+    if slots is not None:
+        slots._eos = frozenset(engine.eos_token_ids)
+    if manager is not None:
+        manager.generation_config.eos_token_id = sorted(engine.eos_token_ids)
+    try:
+        yield True
+    finally:
+        engine.eos_token_ids = kept
+        if slots is not None:
+            slots._eos = frozenset(kept)
+        if manager is not None:
+            manager.generation_config.eos_token_id = sorted(kept)
+
+
+async def test_ignore_eos_generates_on_past_the_end_token_to_max_tokens(engine):
+    """vLLM's ``ignore_eos``: an end-of-sequence token does not end the output, ``max_tokens`` does."""
+    plain = request(23, "on and on", max_tokens=48)
+    async with ending_early(engine, plain) as ends:
+        stopped = await collect(engine, plain)
+        going = await collect(engine, dataclasses.replace(plain, sampling=SamplingParams(max_tokens=48, ignore_eos=True)))
+    if ends:
+        assert stopped[-1].finish_reason == FINISH_STOP and stopped[-1].completion_tokens < 48
+    assert going[-1].finish_reason == FINISH_LENGTH and going[-1].completion_tokens == 48
+
+
 async def test_offered_tools_and_earlier_calls_reach_the_prompt(engine):
     """Every engine tells the model about the functions offered (engines/chat_template.py)."""
     history = (ChatMessage("user", "weather?"), ChatMessage("assistant", "", (ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),

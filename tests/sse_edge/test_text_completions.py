@@ -148,3 +148,19 @@ def test_vllm_s_benchmark_command_line_runs_against_the_edge(stack, edge_url, ap
     document = json.loads((tmp_path / "r.json").read_text())
     assert document["completed"] == 8 and document["failed"] == 0
     assert document["total_input_tokens"] > 0 and document["total_output_tokens"] > 0
+
+
+async def test_ignore_eos_runs_chat_and_text_completions_to_max_tokens(client):
+    """vLLM's ``ignore_eos`` reaches the engine: an output ends at ``max_tokens``, not at its natural
+    end (the stack's simulated engine ends each output after 4 to 40 tokens, its end token)."""
+    natural = await expected(PROMPT, seed=36, max_tokens=60)
+    assert natural.finish_reason == "stop" and natural.completion_tokens < 60
+    text = await client.completions.create(model=MODEL, prompt=PROMPT, seed=36, max_tokens=60,
+                                           extra_body={"ignore_eos": True})
+    plain = await client.completions.create(model=MODEL, prompt=PROMPT, seed=36, max_tokens=60)
+    chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}], seed=36,
+                                                max_tokens=60, extra_body={"ignore_eos": True})
+    assert (text.usage.completion_tokens, text.choices[0].finish_reason) == (60, "length")
+    assert text.choices[0].text.startswith(natural.text)  # the same draws, on past where it would have ended
+    assert plain.usage.completion_tokens == natural.completion_tokens
+    assert (chat.usage.completion_tokens, chat.choices[0].finish_reason) == (60, "length")

@@ -43,6 +43,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] | None = None
     end_id: int | None = None
+    ignore_eos: bool = False  # the fake never samples the end token (see _next_token)
     detokenize: bool = True  # False: outputs carry token ids only, no text
 
 
