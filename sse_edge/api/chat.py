@@ -48,6 +48,7 @@ from tokenbus.stores.keys import ApiKey
 from tokenbus.topics import ReplyEvent, ReplyStream, tracing
 
 IDEMPOTENT_WAIT_S = 3.0
+REQUEST_ID_HEADER = "x-request-id"
 
 
 async def chat_completions(request: Request) -> Response:
@@ -111,6 +112,8 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
     hooks = TurnHooks(edge, bus_request.request_id, admitted.token_buckets)
     events = live_events(edge, reply_stream, span, registering)
     text = bus_request.text_prompt  # answered in a text completion's shapes
+    # As OpenAI's responses say it (the openai client's ``_request_id``): here, the completion's id.
+    headers = {**admitted.headers, REQUEST_ID_HEADER: bus_request.request_id}
     if stream:
         writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000,
                              text=text)
@@ -118,8 +121,8 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
         direct = DirectWrites(reply_stream)
         frames = sse_frames(events, writer, hooks, edge.metrics, started, stream_format, send_role=not text,
                             direct=direct)
-        return sse_response(frames, edge.settings.heartbeat_s, stream_format, admitted.headers, direct)
-    return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, admitted.headers,
+        return sse_response(frames, edge.settings.heartbeat_s, stream_format, headers, direct)
+    return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, headers,
                                     text_completion=text)
 
 

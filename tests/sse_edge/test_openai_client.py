@@ -72,6 +72,16 @@ async def test_models_lists_the_served_model(client):
     assert [m.id for m in models.data] == [MODEL, SLOW_MODEL, UNSERVED_MODEL]
 
 
+async def test_responses_name_their_completion_as_openai_s_request_id(client):
+    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages_for(0), max_tokens=2)
+    completion = raw.parse()
+    assert raw.headers["x-request-id"] == completion.id == completion._request_id
+    async with client.chat.completions.with_streaming_response.create(
+            model=MODEL, messages=messages_for(1), max_tokens=2, stream=True) as streamed:
+        chunks = [chunk async for chunk in await streamed.parse()]
+    assert streamed.headers["x-request-id"] == chunks[0].id
+
+
 async def test_a_served_model_is_retrieved_and_an_unknown_one_is_not_found(client):
     model = await client.models.retrieve(MODEL)
     assert (model.id, model.object, model.owned_by) == (MODEL, "model", "tokenbus")
