@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
 
 import redis.asyncio as redis
 from aiokafka.errors import KafkaError
@@ -216,29 +217,25 @@ async def claim_idempotency_key(edge: EdgeState, key: ApiKey, idempotency_key: s
                           "idempotency_unavailable") from None
 
 
+def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, request_id: str) -> dict[str, Any]:
+    """The bus request's fields every request has: who asks, for what, sampled how, answered where."""
+    return dict(request_id=request_id, model=asked.model, tier=key.tier, tenant=key.tenant, key_id=key.key_id,
+                max_tokens=asked.token_limit, temperature=asked.temperature, top_p=asked.top_p, seed=asked.seed,
+                stop=asked.stop_sequences, ignore_eos=asked.ignore_eos, reply_topic=edge.bus.router.reply_topic,
+                reply_partition=edge.bus.router.reply_partition)
+
+
 def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
     return ChatRequest(
-        request_id=request_id,
-        model=chat.model,
-        tier=key.tier,
-        tenant=key.tenant,
-        key_id=key.key_id,
+        **generation_fields(chat, edge, key, request_id),
         conversation_id=chat.conversation_id,
         messages=[bus_message(m) for m in chat.messages],
-        max_tokens=chat.token_limit,
-        temperature=chat.temperature,
-        top_p=chat.top_p,
-        seed=chat.seed,
-        stop=chat.stop_sequences,
-        reply_topic=edge.bus.router.reply_topic,
-        reply_partition=edge.bus.router.reply_partition,
         tools=[ToolSpec(t.function.name, t.function.description or "",
                         json.dumps(t.function.parameters or EMPTY_PARAMETERS, separators=(",", ":")))
                for t in chat.tools or []],
         tool_choice=tool_choice_of(chat),
         tool_choice_name=None if isinstance(chat.tool_choice, str | None) else chat.tool_choice.function.name,
         parallel_tool_calls=chat.parallel_tool_calls is not False,
-        ignore_eos=chat.ignore_eos,
     )
 
 

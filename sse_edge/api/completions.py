@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from tokenbus.producers import new_request_id
 from tokenbus.schemas import TOOL_CHOICE_NONE, ChatMessage, ChatRequest
-from tokenbus.sse_edge.api.chat import answer, check_model
+from tokenbus.sse_edge.api.chat import answer, check_model, generation_fields
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
 from tokenbus.sse_edge.protocol.validation import parse_completion_request, read_body
 from tokenbus.sse_edge.state import EdgeState
@@ -41,21 +41,6 @@ async def completions(request: Request) -> Response:
 
 
 def to_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
-    return ChatRequest(
-        request_id=request_id,
-        model=completion.model,
-        tier=key.tier,
-        tenant=key.tenant,
-        key_id=key.key_id,
-        messages=[ChatMessage("user", completion.prompt_text)],
-        text_prompt=True,
-        max_tokens=completion.token_limit,
-        temperature=completion.temperature,
-        top_p=completion.top_p,
-        seed=completion.seed,
-        stop=completion.stop_sequences,
-        reply_topic=edge.bus.router.reply_topic,
-        reply_partition=edge.bus.router.reply_partition,
-        tool_choice=TOOL_CHOICE_NONE,
-        ignore_eos=completion.ignore_eos,
-    )
+    return ChatRequest(**generation_fields(completion, edge, key, request_id),
+                       messages=[ChatMessage("user", completion.prompt_text)], text_prompt=True,
+                       tool_choice=TOOL_CHOICE_NONE)

@@ -19,24 +19,24 @@ USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "t
     "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
     "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {
         "type": "integer", "description": "Prompt tokens served from the engine's prefix cache (billed at the cached rate)."}}}}}
-CHAT_COMPLETION = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": USAGE,
-        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"]}},
-    },
-}
-TEXT_COMPLETION = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": USAGE,
-        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text", "finish_reason"]}},
-    },
-}
+
+
+def completion_schema(kind: str, answer: str) -> dict[str, Any]:
+    """A whole (not streamed) response: ``chat.completion`` choices hold a ``message``,
+    ``text_completion`` choices a ``text``."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"}, "object": {"const": kind}, "created": {"type": "integer"},
+            "model": {"type": "string"}, "usage": USAGE,
+            "choices": {"type": "array", "items": {"type": "object", "required": ["index", answer, "finish_reason"]}},
+        },
+    }
+
+
+CHAT_COMPLETION = completion_schema("chat.completion", "message")
+TEXT_COMPLETION = completion_schema("text_completion", "text")
 API_KEY = {"type": "object", "required": ["id", "object", "tenant", "tier", "models", "admin", "revoked"], "properties": {
     "id": {"type": "string"}, "object": {"const": "api_key"}, "tenant": {"type": "string"}, "tier": {"type": "string"},
     "models": {"type": "array", "items": {"type": "string"}}, "rpm": {"type": "integer"}, "tpm": {"type": "integer"},
