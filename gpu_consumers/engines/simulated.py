@@ -355,9 +355,9 @@ class SimulatedEngine:
         seed_material = f"{s.seed}:{inp.sampling.seed if inp.sampling.seed is not None else inp.request_id}"
         rng = random.Random(zlib.crc32(seed_material.encode()))
         natural_length = rng.randint(s.min_tokens, max(s.min_tokens, s.max_tokens))
-        if inp.sampling.ignore_eos:  # the natural end is its end-of-sequence token: on to the limit, or the longest
-            natural_length = inp.sampling.max_tokens or s.max_tokens
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
+        if inp.sampling.ignore_eos:  # its natural end is its end-of-sequence token: on to the limit, or the longest
+            natural_length = inp.sampling.max_tokens or s.max_tokens  # (after the draws: the same tokens)
         for _ in inp.prefix_token_ids:  # replay the draws that produced the prefix
             rng.randrange(len(VOCABULARY))
         prompt_ids, _ = self._prompt(inp)

@@ -1,7 +1,7 @@
 """Relay a request's token events to its client: as SSE frames (in the format the client reads,
-stream_response.py), or collected into one ``chat.completion`` (or ``text_completion``). The events come from this edge's
-reply router (a new request) or from the log (a resumed or re-attached stream); the frames go out
-through the streaming response (stream_response.py)."""
+stream_response.py), or collected into one ``chat.completion`` (or ``text_completion``). The
+events come from this edge's reply router (a new request) or from the log (a resumed or
+re-attached stream); the frames go out through the streaming response (stream_response.py)."""
 
 from __future__ import annotations
 
