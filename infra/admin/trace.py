@@ -1,6 +1,6 @@
 """``tokenbus trace ID``: one chat turn's timeline, from the bus and the stores.
 
-``ID`` is the completion id a client sees (``chatcmpl-...``, the request id). The records of
+``ID`` is the completion id a client sees (``chatcmpl-...``, ``cmpl-...``: the request id). The records of
 the request are found on the bus and dated by their own fields or by the broker's timestamps
 (CreateTime: set by the process that wrote them), then the transcript store's row and the
 billing row, each with its write time:
@@ -163,7 +163,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def add_trace_command(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("trace", help="one chat turn's timeline, from the bus and the stores")
-    parser.add_argument("request_id", help="the completion id a client sees (chatcmpl-...)")
+    parser.add_argument("request_id", help="the completion id a client sees (chatcmpl-... or cmpl-...; x-request-id)")
     parser.add_argument("--processors-url", default=DEFAULT_PROCESSORS_URL,
                         help="the processors' web address (billing rows, while they hold the embedded chDB)")
     parser.set_defaults(run=cmd_trace)
