@@ -163,16 +163,12 @@ class RequestIntake:
             # Decoded before it is started: one whose schema registry does not answer is fetched again.
             request = self._codec.decode(record.value, ChatRequest)
         except DecodeError as exc:
-            self._offsets.started(tp, record.offset)
-            await self._dead_letters.send(record, exc.reason, exc.detail)
-            self._offsets.finished(tp, record.offset)
+            await self._dead_letter(tp, record, exc.reason, exc.detail)
             return
         if request.model != self._settings.model or request.tier != self._tiers_by_topic.get(record.topic):
             # Served here it would jump (or lose) its place among the tiers: the topic says where it
             # was queued, the record how it is scheduled. The express lane refuses it the same way.
-            self._offsets.started(tp, record.offset)
-            await self._dead_letters.send(record, "wrong_route", f"model={request.model} tier={request.tier}")
-            self._offsets.finished(tp, record.offset)
+            await self._dead_letter(tp, record, "wrong_route", f"model={request.model} tier={request.tier}")
             return
         self._offsets.started(tp, record.offset)
         fresh_from = self._fresh_from.get(tp)
@@ -184,6 +180,13 @@ class RequestIntake:
         self._scheduler.add(Pending(request, tp, record.offset, published, tracing.from_record(record.headers)))
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
                   record.offset, maybe_seen)
+
+    async def _dead_letter(self, tp: TopicPartition, record: ConsumerRecord, reason: str, detail: str) -> None:
+        """Started and finished around its send, so that no commit passes it before it is out."""
+        assert self._dead_letters is not None
+        self._offsets.started(tp, record.offset)
+        await self._dead_letters.send(record, reason, detail)
+        self._offsets.finished(tp, record.offset)
 
     # -- the express lane ----------------------------------------------------------
 

@@ -140,23 +140,27 @@ class ProcessorContext:
         skipped nor dead-lettered. A record that does not decode raises ``DecodeError``."""
         try:
             return self.decode(message, record_type)
-        except SchemaRegistryError:  # rare: a schema id met for the first time, and no answer
+        except SchemaRegistryError as exc:  # rare: a schema id met for the first time, and no answer
             async def decode() -> RecordT:
                 return self.decode(message, record_type)
 
-            return await self.retrying(processor, decode)
+            return await self.retrying(processor, decode, failed=exc)
 
-    async def retrying(self, processor: str, action: Callable[[], Awaitable[R]]) -> R:
-        """Run ``action`` until it succeeds, backing off on transient failures."""
+    async def retrying(self, processor: str, action: Callable[[], Awaitable[R]],
+                       failed: BaseException | None = None) -> R:
+        """Run ``action`` until it succeeds, backing off on transient failures; ``failed``: how a
+        first try, made already, failed (it is tried again after the first back-off, not at once)."""
         delay = 0.05
         while True:
+            if failed is not None:
+                self.metrics.retries.labels(processor).inc()
+                log.warning("%s: %s (%s); retrying in %.2fs", processor, type(failed).__name__, failed, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_max_delay_s)
             try:
                 return await action()
             except self.transient as exc:
-                self.metrics.retries.labels(processor).inc()
-                log.warning("%s: %s (%s); retrying in %.2fs", processor, type(exc).__name__, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.retry_max_delay_s)
+                failed = exc
 
     async def process(self, processor: str, message: Any, record_type: type[RecordT],
                       handle: Callable[[RecordT, Any], Awaitable[None]]) -> None:

@@ -120,8 +120,7 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: Cha
                              text=text)
         stream_format = StreamFormat.for_request(request)
         direct = DirectWrites(reply_stream)
-        frames = sse_frames(events, writer, hooks, edge.metrics, started, stream_format, send_role=not text,
-                            direct=direct)
+        frames = sse_frames(events, writer, hooks, edge.metrics, started, stream_format, direct=direct)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format, headers, direct)
     return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, headers,
                                     text_completion=text)
@@ -164,8 +163,7 @@ async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequ
                                       edge.settings.history_summary_max_tokens)
             edge.in_background(ask_for_summary(edge.bus, edge.history, summary))
         return prompt
-    if context.limits(chat.model):
-        context.check(chat.model, context.count(chat.model, messages), chat.token_limit)
+    context.check_messages(chat.model, messages, chat.token_limit)
     return messages
 
 

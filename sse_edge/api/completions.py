@@ -32,9 +32,7 @@ async def completions(request: Request) -> Response:
 
     async def bus_request(request_id: str) -> ChatRequest:
         made = to_bus_request(completion, edge, key, request_id)
-        context = edge.context
-        if context.limits(completion.model):
-            context.check(completion.model, context.count(completion.model, made.messages), completion.token_limit)
+        edge.context.check_messages(completion.model, made.messages, completion.token_limit, param="prompt")
         return made
 
     return await answer(request, edge, key, raw, completion, new_request_id("cmpl"), bus_request, started)

@@ -113,7 +113,7 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
         stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None,
                                                  skip_in_event=last_event.chunks_to_skip if last_event else 0)
         frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), stream_format,
-                            send_role=last_event is None and not record.text_prompt)
+                            send_role=last_event is None)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format)
     return await collect_completion(request, events, record.request_id, record.model, hooks, {},
                                     text_completion=record.text_prompt)

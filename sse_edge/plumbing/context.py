@@ -45,16 +45,22 @@ class ContextWindows:
             return estimate_prompt_tokens(message_text(m) for m in messages)
         return sum(len(tokenizer.encode(message_text(m)).ids) + MESSAGE_OVERHEAD for m in messages)
 
-    def check(self, model: str, prompt_tokens: int, max_tokens: int | None) -> None:
+    def check(self, model: str, prompt_tokens: int, max_tokens: int | None, param: str = "messages") -> None:
         """A prompt that cannot fit, with the completion it asks for, is refused as OpenAI refuses it."""
         window = self.window(model)
         completion = max_tokens or 0
         if prompt_tokens + completion > window:
             raise InvalidRequest(
                 f"This model's maximum context length is {window} tokens. However, you requested "
-                f"{prompt_tokens + completion} tokens ({prompt_tokens} in the messages, {completion} in the "
-                "completion). Please reduce the length of the messages or completion.",
-                param="messages", code="context_length_exceeded")
+                f"{prompt_tokens + completion} tokens ({prompt_tokens} in the {param}, {completion} in the "
+                f"completion). Please reduce the length of the {param} or completion.",
+                param=param, code="context_length_exceeded")
+
+    def check_messages(self, model: str, messages: Sequence[ChatMessage], max_tokens: int | None,
+                       param: str = "messages") -> None:
+        """Where ``model`` has a window, ``check`` ``messages`` (counted only then)."""
+        if self.limits(model):
+            self.check(model, self.count(model, messages), max_tokens, param)
 
     def reserve(self, model: str, max_tokens: int | None) -> int:
         """Tokens kept free for the answer: ``max_tokens``, or a quarter of the window when unset."""

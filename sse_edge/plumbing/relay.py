@@ -137,7 +137,7 @@ async def sse_frames(
     pending: list[bytes] = []  # frames not yet written: they go with the next ones
     metrics.open_streams.inc()
     try:
-        if send_role:
+        if send_role and not writer.text:  # a text completion's choices have no role
             pending.append(frames.role())
         async for reply in events:
             event = reply.event

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import MODEL, SLOW_MODEL
 from tests.expected import expected_output
 
 PROMPT = "Once upon a time the bus carried"
@@ -92,6 +92,14 @@ async def test_what_is_not_served_is_a_bad_request_naming_the_param(edge_url, au
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
+
+
+async def test_a_prompt_longer_than_the_model_s_context_window_is_refused(client):
+    """The stack gives SLOW_MODEL a window of 300 tokens."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client.completions.create(model=SLOW_MODEL, prompt="word " * 400, max_tokens=8)
+    assert (exc.value.code, exc.value.param) == ("context_length_exceeded", "prompt")
+    assert "in the prompt" in exc.value.message
 
 
 async def test_an_unknown_model_is_not_found(client):
