@@ -162,6 +162,10 @@ class ChatRequest:
     # Generate on past the end-of-sequence token, to ``max_tokens`` (vLLM's extension: a benchmark's
     # output lengths stay what it asked for).
     ignore_eos: bool = False
+    # OpenAI's penalties on tokens the output already holds: ``presence_penalty`` off each one's
+    # logit once, ``frequency_penalty`` once for every time it occurs (0: none).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def partition_key(self) -> str:

@@ -24,13 +24,15 @@ class Expected:
 
 
 async def expected_output(messages: list[dict[str, str]], seed: int, max_tokens: int | None = None,
-                          settings: SimulatedEngineSettings = SIM_SETTINGS, text_prompt: bool = False) -> Expected:
-    """What the stack's engine answers; with ``text_prompt``, to the one message as a text completion's prompt."""
+                          settings: SimulatedEngineSettings = SIM_SETTINGS, text_prompt: bool = False,
+                          **sampling: float) -> Expected:
+    """What the stack's engine answers; with ``text_prompt``, to the one message as a text
+    completion's prompt; ``sampling``: more of its SamplingParams (the penalties)."""
     engine = SimulatedEngine(settings.model_copy(update={"ttft_ms": 0, "tokens_per_s": 100_000}))
     inp = GenerationInput(
         "expected",
         tuple(ChatMessage(m["role"], m["content"]) for m in messages),
-        SamplingParams(seed=seed, max_tokens=max_tokens),
+        SamplingParams(seed=seed, max_tokens=max_tokens, **sampling),
         text_prompt=text_prompt,
     )
     await engine.start()

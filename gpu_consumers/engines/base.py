@@ -34,6 +34,14 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # on past the end-of-sequence token, to max_tokens
+    # Off a token's logit: ``presence_penalty`` if the output holds it, ``frequency_penalty`` for
+    # each time it does (OpenAI's; vLLM's and TensorRT-LLM's count the output's tokens alone too).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +89,8 @@ class GenerationInput:
                 seed=request.seed,
                 stop=tuple(request.stop),
                 ignore_eos=request.ignore_eos,
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
             ),
         )
 

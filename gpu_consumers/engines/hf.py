@@ -9,6 +9,9 @@ tokens back to the event loop as deltas. Decoding is greedy, so a taken-over seq
 exactly as the uninterrupted one would, unless ``TOKENBUS_HF_DO_SAMPLE`` is set. Sampling then
 honours each request's temperature and top-p; the slots also its ``seed`` (the same tokens in any
 batch, and across a takeover), while the manager samples every request from one generator.
+OpenAI's presence and frequency penalties are the slots' alone (engines/hf_slot_penalties.py,
+greedy or sampled): the manager's logits processors take no per-request penalty, so it generates
+a penalized request as an unpenalized one and says so in the log, once.
 
 Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
 ``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
@@ -216,6 +219,7 @@ class HfEngine:
         self._slots: SlotBatcher | None = None
         self._ids = itertools.count()
         self._prompt_tokens: chat_template.PromptTokens | None = None
+        self._warned_penalties = False
         self.prefix_cache: HfPrefixCache | None = None
 
     async def start(self) -> None:
@@ -333,8 +337,14 @@ class HfEngine:
             self._slots.add(SlotRequest(internal_id, prompt + list(inp.prefix_token_ids), sequence.max_new_tokens,
                                         sequence.on_delta, sampling.get("temperature", 1.0), sampling.get("top_p", 1.0),
                                         seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids), named=made.blocks,
-                                        ignore_eos=inp.sampling.ignore_eos))
+                                        ignore_eos=inp.sampling.ignore_eos,
+                                        presence_penalty=inp.sampling.presence_penalty,
+                                        frequency_penalty=inp.sampling.frequency_penalty))
             return sequence
+        if inp.sampling.penalized and not self._warned_penalties:
+            self._warned_penalties = True
+            log.warning("the hf engine's manager batching does not apply presence or frequency penalties; "
+                        "the slot batching does (TOKENBUS_HF_BATCHING=slots)")
         self._manager.register_result_handler(internal_id, sequence.on_result)
         # The manager's end tokens are the generation config's unless a request names its own (none: on past them).
         ends: dict[str, Any] = {"eos_token_id": []} if inp.sampling.ignore_eos else {}

@@ -43,6 +43,7 @@ from typing import Any
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
+from tokenbus.gpu_consumers.engines.hf_slot_penalties import SlotPenalties
 from tokenbus.gpu_consumers.engines.hf_slot_prefixes import SlotPrefixes
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ class SlotRequest:
     slot: int = -1
     named: tuple[int, ...] = ()  # names of the prompt's first blocks, made where it was tokenized
     ignore_eos: bool = False  # on past an end-of-sequence token, to max_new_tokens
+    presence_penalty: float = 0.0  # OpenAI's penalties (hf_slot_penalties.py)
+    frequency_penalty: float = 0.0
     wanted: tuple[int, ...] = ()  # the names of the prompt's blocks before its last token (the prefix cache)
     start: int = 0  # the prompt's positions its slot held before the prefill
     output: list[int] = field(default_factory=list)  # tokens handed out
@@ -104,6 +107,7 @@ class SlotBatcher:
         if seed is not None:
             self._generator.manual_seed(seed)
         self._eos = frozenset(eos_token_ids)
+        self._penalties = SlotPenalties(slots, self.device)
         self._max_prefill_tokens = max_prefill_tokens
         # Shared with the event loop, under the lock.
         self._lock = threading.Lock()
@@ -223,6 +227,7 @@ class SlotBatcher:
         if request.slot < 0:
             return
         self._running.pop(request.slot, None)
+        self._penalties.released(request.slot)
         self.positions_held -= request.length
         if self.prefixes is not None:
             self.prefixes.released(request.slot, (request.prompt + request.output)[: request.length] if keep else None)
@@ -284,8 +289,11 @@ class SlotBatcher:
                 request.start = self.prefixes.reuse(request.slot, request.wanted, self._free)
         slots = [r.slot for r in requests]
         logits = self._model.prefill([r.prompt for r in requests], slots, [r.start for r in requests])
-        first = self._pick(logits, list(requests))
-        self._model.feed(first, self._torch.tensor(slots, device=self.device))
+        for request in requests:
+            self._penalties.admitted(request, logits.shape[-1])
+        rows = self._torch.tensor(slots, device=self.device)
+        first = self._pick(logits, list(requests), rows)
+        self._model.feed(first, rows)
         for request in requests:
             request.length, request.launched = len(request.prompt), 1
             self.positions_held += request.length
@@ -317,7 +325,7 @@ class SlotBatcher:
             by_row = [None] * rows
             for r in requests:
                 by_row[r.slot] = r
-        next_ids = self._pick(logits, by_row)
+        next_ids = self._pick(logits, by_row, self._penalties.rows(rows))
         self._model.feed(next_ids)
         return _Launched(requests, self._to_host(next_ids))
 
@@ -340,12 +348,17 @@ class SlotBatcher:
         done.record()
         return _HostCopy(buffer, done)
 
-    def _pick(self, logits: Any, by_row: list[SlotRequest | None]) -> Any:
-        """The next token of each row, on the device: greedy, or with ``do_sample`` the temperature,
-        top-p and seed of each row's request (``by_row``, read only then; None: a row no request holds)."""
+    def _pick(self, logits: Any, by_row: list[SlotRequest | None], slots: Any) -> Any:
+        """The next token of each row (of slot ``slots``), on the device, past its request's
+        penalties: greedy, or with ``do_sample`` the temperature, top-p and seed of each row's
+        request (``by_row``, read only then; None: a row no request holds)."""
+        logits = self._penalties.apply(logits, slots)
+        picked = self._sample(logits, by_row) if self._do_sample else logits.argmax(-1)
+        self._penalties.count(slots, picked)
+        return picked
+
+    def _sample(self, logits: Any, by_row: list[SlotRequest | None]) -> Any:
         torch = self._torch
-        if not self._do_sample:
-            return logits.argmax(-1)
         temperature = [max(r.temperature, 1e-5) if r else 1.0 for r in by_row]
         top_p = [r.top_p if r else 1.0 for r in by_row]
         probs = torch.softmax(logits.float() / torch.tensor(temperature, device=self.device)[:, None], dim=-1)

@@ -5,7 +5,9 @@ by one token per step; a step takes ``1 / tokens_per_s`` seconds, longer as the 
 grows (``batch_slowdown``), and a sequence's first token comes ``ttft_ms`` after it is
 admitted. Text is drawn from a small vocabulary by a generator seeded from the engine
 seed and the request (its ``seed`` or its id), so a request's output is reproducible,
-and a sequence resumed after a prefix continues exactly as the uninterrupted one would.
+and a sequence resumed after a prefix continues exactly as the uninterrupted one would. A
+presence or frequency penalty makes the words the output holds already less likely, as off their
+logits (``draw_word``).
 
 Offered tools, it calls them as a function-calling model would, in the ``hermes`` markup the
 worker parses (engines/tool_calls.py), a few characters a token: the named function when
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import zlib
 from collections import OrderedDict
@@ -42,6 +45,7 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_STOP,
     GenerationInput,
     PromptLayout,
+    SamplingParams,
     StepOutput,
     StepSink,
 )
@@ -98,6 +102,17 @@ MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in
 
 
 TEMPLATE_TOKENS = 4  # a message's or a function's markup in the prompt
+
+
+def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, int]) -> int:
+    """The next word's place in VOCABULARY: uniform, as from equal logits, one draw of ``rng``. The
+    penalties come off the logits of words the output holds (``counts``), so such a word's weight is
+    ``exp(-(presence + frequency * count))`` of the others'."""
+    if not sampling.penalized:
+        return rng.randrange(len(VOCABULARY))
+    presence, frequency = sampling.presence_penalty, sampling.frequency_penalty
+    weights = [math.exp(-(presence + frequency * counts[i])) if i in counts else 1.0 for i in range(len(VOCABULARY))]
+    return rng.choices(range(len(VOCABULARY)), weights)[0]
 
 
 def _token_id(piece: str) -> int:
@@ -241,6 +256,7 @@ class _Sequence:
     prefilled: bool = False  # its first token is out: it advances with the decode steps from now on
     stops: StopFilter = field(init=False)
     unsent: str = ""  # text of prefix tokens a previous worker held back and never published
+    counts: dict[int, int] | None = None  # of each word generated, where penalties apply
 
     def __post_init__(self) -> None:
         self.stops = StopFilter(self.inp.sampling.stop)
@@ -290,7 +306,12 @@ class _Sequence:
             return self._emit(text, (), FINISH_LENGTH)
         if self.markup:
             return self._step_markup()
-        token_id = self.rng.randrange(len(VOCABULARY))
+        counts = self.counts
+        if counts is None:
+            token_id = self.rng.randrange(len(VOCABULARY))
+        else:
+            token_id = draw_word(self.rng, self.inp.sampling, counts)
+            counts[token_id] = counts.get(token_id, 0) + 1
         piece = VOCABULARY[token_id] if self.generated == 0 else " " + VOCABULARY[token_id]
         self.generated += 1
         text, stopped = self.stops.feed(self.unsent + piece)
@@ -358,8 +379,11 @@ class SimulatedEngine:
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
         if inp.sampling.ignore_eos:  # its natural end is its end-of-sequence token: on to the limit, or the longest
             natural_length = inp.sampling.max_tokens or s.max_tokens  # (after the draws: the same tokens)
-        for _ in inp.prefix_token_ids:  # replay the draws that produced the prefix
-            rng.randrange(len(VOCABULARY))
+        counts: dict[int, int] | None = {} if inp.sampling.penalized else None
+        for token_id in inp.prefix_token_ids:  # replay the draws that produced the prefix
+            draw_word(rng, inp.sampling, counts or {})
+            if counts is not None:
+                counts[token_id] = counts.get(token_id, 0) + 1
         prompt_ids, _ = self._prompt(inp)
         cached = 0
         if self.prefix_cache is not None:
@@ -375,6 +399,7 @@ class SimulatedEngine:
             cached_tokens=cached,
             markup=tool_markup(inp, seed_material),
             pushes=s.push_steps,
+            counts=counts,
         )
         self._running.append(sequence)
         self._wakeup.set()

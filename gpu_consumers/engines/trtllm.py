@@ -7,7 +7,9 @@ in-flight batching and paged KV cache; the worker's ``max_num_seqs`` should not 
 the engine's ``max_batch_size``. Its KV-cache block reuse gives prefix caching; the KV-cache
 events it publishes (``KvCacheConfig(event_buffer_max_size=...)``, read with
 ``LLM.get_kv_cache_events``) tell ``TrtPrefixCache`` which blocks it holds, for KV-cache-aware
-routing and the ``cached_tokens`` of each request.
+routing and the ``cached_tokens`` of each request. A request's presence and frequency penalties
+count its output alone (``prompt_ignore_length``: TensorRT-LLM counts the prompt's tokens too
+unless told; its SamplingParams has taken it since 1.1).
 """
 
 from __future__ import annotations
@@ -268,6 +270,10 @@ class TrtLlmEngine:
         cached = self.prefix_cache.cached_tokens(made) if self.prefix_cache is not None else 0
         if remaining <= 0:
             return _TrtStream(None, inp, self._llm.tokenizer, len(prompt), cached)
+        penalties = {}
+        if s.penalized:  # on the output alone, as OpenAI's: a takeover's prefix is output, the prompt is not
+            penalties = dict(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                             prompt_ignore_length=len(prompt))
         params = self._sampling_params(
             max_tokens=remaining,
             temperature=s.temperature,
@@ -276,6 +282,7 @@ class TrtLlmEngine:
             stop=list(s.stop) or None,
             ignore_eos=s.ignore_eos,
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
+            **penalties,
         )
         # A taken-over sequence continues after the tokens already published.
         output = self._llm.generate_async(prompt + list(inp.prefix_token_ids), params, streaming=True)

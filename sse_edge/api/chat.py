@@ -219,7 +219,9 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
     """The bus request's fields every request has: who asks, for what, sampled how, answered where."""
     return dict(request_id=request_id, model=asked.model, tier=key.tier, tenant=key.tenant, key_id=key.key_id,
                 max_tokens=asked.token_limit, temperature=asked.temperature, top_p=asked.top_p, seed=asked.seed,
-                stop=asked.stop_sequences, ignore_eos=asked.ignore_eos, reply_topic=edge.bus.router.reply_topic,
+                stop=asked.stop_sequences, ignore_eos=asked.ignore_eos,
+                presence_penalty=asked.presence_penalty or 0.0, frequency_penalty=asked.frequency_penalty or 0.0,
+                reply_topic=edge.bus.router.reply_topic,
                 reply_partition=edge.bus.router.reply_partition)
 
 

@@ -82,6 +82,15 @@ UNSUPPORTED = {
     "logprobs": "log probabilities", "top_logprobs": "log probabilities", "logit_bias": "logit bias",
     "web_search_options": "web search",
 }
+# vLLM's sampling extensions (clients send them in ``extra_body``), with the values that change
+# nothing (and None): no engine tokenbus runs takes them, so a request that sets one to anything
+# else gets a 400 naming it, not an answer sampled as if it had not.
+VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "length_penalty": (1,),
+    "use_beam_search": (False,), "stop_token_ids": ([],), "bad_words": ([],), "allowed_token_ids": (),
+    "include_stop_str_in_output": (False,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
+}
 INT64 = 2**63 - 1
 HISTORY_CLIENT, HISTORY_SERVER = "client", "server"
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

@@ -14,7 +14,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from tokenbus.sse_edge.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, from_validation_error
-from tokenbus.sse_edge.protocol.chat import UNSUPPORTED, ChatCompletionRequest, GenerationRequest
+from tokenbus.sse_edge.protocol.chat import (
+    UNSUPPORTED,
+    VLLM_SAMPLING_NEUTRAL,
+    ChatCompletionRequest,
+    GenerationRequest,
+)
 from tokenbus.sse_edge.protocol.completions import TEXT_UNSUPPORTED, CompletionRequest
 from tokenbus.sse_edge.settings import EdgeSettings
 
@@ -71,6 +76,7 @@ def parse_body(body: dict[str, Any], model: type[Body]) -> Body:
 def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequest:
     body = json_object(raw)
     reject_unsupported(body)
+    reject_vllm_sampling(body)
     chat = parse_body(body, ChatCompletionRequest)
     check_serving_limits(chat, settings)
     check_tools(chat)
@@ -82,6 +88,7 @@ def parse_completion_request(raw: bytes, settings: EdgeSettings) -> CompletionRe
     """A text completion's body (``/v1/completions``): one prompt, as text."""
     body = json_object(raw)
     reject_unsupported(body, TEXT_UNSUPPORTED)
+    reject_vllm_sampling(body)
     completion = parse_body(body, CompletionRequest)
     prompt = completion.prompt
     if isinstance(prompt, list) and prompt and not all(isinstance(p, str) for p in prompt):
@@ -105,6 +112,20 @@ def reject_unsupported(body: dict[str, Any], unsupported: dict[str, str] = UNSUP
         if not (value is None or value is False or value == [] or value == {}):
             raise InvalidRequest(f"'{name}' is not supported: tokenbus does not serve {feature}.", param=name,
                                  code="unsupported_parameter")
+
+
+def reject_vllm_sampling(body: dict[str, Any]) -> None:
+    for name, neutral in VLLM_SAMPLING_NEUTRAL.items():
+        value = body.get(name)
+        if value is not None and not _neutral(value, neutral):
+            raise InvalidRequest(f"'{name}' is not supported: tokenbus's engines do not take vLLM's '{name}'.",
+                                 param=name, code="unsupported_parameter")
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    if isinstance(value, bool):  # True == 1: a boolean is neutral only where that boolean is listed
+        return any(value is n for n in neutral)
+    return value in neutral
 
 
 def check_generation_limits(request: GenerationRequest, settings: EdgeSettings) -> None:

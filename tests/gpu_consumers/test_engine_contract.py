@@ -181,6 +181,33 @@ async def test_ignore_eos_generates_on_past_the_end_token_to_max_tokens(engine):
     assert going[-1].finish_reason == FINISH_LENGTH and going[-1].completion_tokens == 48
 
 
+def repeats(outs) -> int:
+    """How many of the output's tokens it held already."""
+    ids = [t for o in outs for t in o.token_ids_diff]
+    return len(ids) - len(set(ids))
+
+
+async def test_penalties_make_the_output_repeat_itself_less_and_survive_a_takeover(engine):
+    """OpenAI's presence and frequency penalties come off the logits of tokens the output holds, so
+    a penalized output repeats itself less (the tiny random model and the simulated engine repeat
+    themselves plenty; TensorRT-LLM's fake, a hash of the last tokens, seldom does, and passes over
+    every token a penalty counts). A taken-over penalized sequence counts what was published as
+    output and continues as the uninterrupted one would have."""
+    if getattr(engine, "batching", None) == "manager":
+        pytest.skip("transformers' continuous-batching manager takes no per-request penalty (engines/hf.py)")
+    messages = (ChatMessage("user", "say it again and again"),)
+    plain = await collect(engine, GenerationInput("contract-31", messages, SamplingParams(max_tokens=32)))
+    inp = GenerationInput("contract-31", messages, SamplingParams(max_tokens=32, presence_penalty=2, frequency_penalty=2))
+    penalized = await collect(engine, inp)
+    if engine.name != "trtllm":
+        assert repeats(plain) > 0
+    assert repeats(penalized) < max(repeats(plain), 1)
+    prefix_ids, prefix_text = published(penalized, 10)
+    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
+    assert prefix_text + text_of(rest) == text_of(penalized)
+    assert [t for o in rest for t in o.token_ids_diff] == [t for o in penalized for t in o.token_ids_diff][len(prefix_ids):]
+
+
 async def test_offered_tools_and_earlier_calls_reach_the_prompt(engine):
     """Every engine tells the model about the functions offered (engines/chat_template.py)."""
     history = (ChatMessage("user", "weather?"), ChatMessage("assistant", "", (ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),

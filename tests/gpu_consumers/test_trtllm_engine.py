@@ -63,3 +63,25 @@ async def test_a_stream_interval_gives_fewer_steps_with_the_same_tokens_and_text
     assert [t for o in fourth_outs for t in o.token_ids_diff] == [t for o in every_outs for t in o.token_ids_diff]
     assert "".join(o.text_diff for o in fourth_outs) == "".join(o.text_diff for o in every_outs)
     assert (fourth_outs[-1].completion_tokens, fourth_outs[-1].finish_reason) == (24, every_outs[-1].finish_reason)
+
+
+async def test_penalties_are_asked_for_on_the_output_alone(tiny_model):
+    """TensorRT-LLM counts the prompt's tokens too unless ``prompt_ignore_length`` says how many to
+    pass over; a taken-over sequence's published output, sent after its prompt, is counted."""
+    asked = []
+    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=8))
+    await engine.start()
+    generate_async = engine._llm.generate_async
+    engine._llm.generate_async = lambda ids, params, **kw: asked.append((ids, params)) or generate_async(ids, params, **kw)
+    messages = (ChatMessage("user", "tell me a story"),)
+    try:
+        for sampling, prefix in ((SamplingParams(max_tokens=8), ()),
+                                 (SamplingParams(max_tokens=8, presence_penalty=0.5, frequency_penalty=-0.25), (11, 12))):
+            inp = GenerationInput("trt-2", messages, sampling, prefix_token_ids=prefix)
+            [out async for out in engine.generate(inp)]
+    finally:
+        await engine.close()
+    (plain_ids, plain), (continued_ids, penalized) = asked
+    assert (plain.presence_penalty, plain.frequency_penalty, plain.prompt_ignore_length) == (0, 0, 0)
+    assert (penalized.presence_penalty, penalized.frequency_penalty) == (0.5, -0.25)
+    assert penalized.prompt_ignore_length == len(plain_ids) == len(continued_ids) - 2

@@ -102,6 +102,24 @@ async def test_wrong_type_is_a_bad_request_naming_the_param(client):
     assert exc.value.param == "temperature"
 
 
+async def test_presence_and_frequency_penalties_reach_the_engine(client):
+    """OpenAI's penalties travel on the bus to the engine, for chat and text completions: each
+    answer is what the stack's engine gives the penalized request, not the plain one; out of
+    OpenAI's range (-2 to 2) they are refused naming the param."""
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.5}
+    messages = [{"role": "user", "content": "Say it again."}]
+    penalized = await expected_output(messages, seed=41, max_tokens=30, **penalties)
+    assert penalized.text != (await expected_output(messages, seed=41, max_tokens=30)).text
+    chat = await client.chat.completions.create(model=MODEL, messages=messages, seed=41, max_tokens=30, **penalties)
+    assert chat.choices[0].message.content == penalized.text
+    prompted = await expected_output(messages, seed=41, max_tokens=30, text_prompt=True, **penalties)
+    text = await client.completions.create(model=MODEL, prompt="Say it again.", seed=41, max_tokens=30, **penalties)
+    assert text.choices[0].text == prompted.text
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client.chat.completions.create(model=MODEL, messages=messages, frequency_penalty=2.5)
+    assert exc.value.param == "frequency_penalty"
+
+
 async def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client, stack):
     """A second prompt sharing a long system message is partly served from the engine's prefix
     cache: the client sees it as OpenAI shows it, in ``usage.prompt_tokens_details.cached_tokens``,

@@ -57,6 +57,9 @@ async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
         ({"max_tokens": 100_000}, "max_tokens", "invalid_value"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
         ({"temperature": 2.5}, "temperature", "invalid_value"),
+        ({"top_k": 40}, "top_k", "unsupported_parameter"),
+        ({"repetition_penalty": True}, "repetition_penalty", "unsupported_parameter"),
+        ({"guided_json": {"type": "object"}}, "guided_json", "unsupported_parameter"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages[0].content[0].type", "invalid_value"),
         ({"messages": [{"role": "user", "content": "x"}] * 300}, "messages", "too_many_messages"),
@@ -68,6 +71,18 @@ async def test_what_tokenbus_does_not_serve_is_refused_naming_the_param(edge_url
         response = await http.post(CHAT, json=body)
     assert response.status_code == 400
     assert (response.json()["error"]["param"], response.json()["error"]["code"]) == (param, code)
+
+
+async def test_vllm_s_sampling_extensions_at_their_neutral_values_are_served(edge_url, auth):
+    """What vLLM's clients send when they set nothing (``top_k: -1``, ``repetition_penalty: 1``, ...)
+    asks for nothing tokenbus's engines lack."""
+    neutral = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0, "use_beam_search": False,
+               "stop_token_ids": [], "include_stop_str_in_output": False, "guided_json": None}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **neutral}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers=auth) as http:
+        response = await http.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"]
 
 
 async def fill_until(http: httpx.AsyncClient, body: dict, done) -> httpx.Response:

@@ -80,6 +80,7 @@ async def test_stop_sequences_end_the_text_before_them(client):
     ({"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
     ({"prompt": "x", "logprobs": 0}, "logprobs", "unsupported_parameter"),
     ({"prompt": "x", "suffix": "y"}, "suffix", "unsupported_parameter"),
+    ({"prompt": "x", "min_tokens": 5}, "min_tokens", "unsupported_parameter"),
     ({"prompt": "x", "best_of": 2}, "best_of", "invalid_value"),
     ({"prompt": "x", "n": 2}, "n", "invalid_value"),
     ({"prompt": "x", "max_tokens": 10**6}, "max_tokens", "invalid_value"),

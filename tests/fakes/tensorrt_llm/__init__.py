@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections import OrderedDict, deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class SamplingParams:
     end_id: int | None = None
     ignore_eos: bool = False  # the fake never samples the end token (see _next_token)
     detokenize: bool = True  # False: outputs carry token ids only, no text
+    presence_penalty: float = 0.0  # the fake: any penalty moves on past tokens the output holds
+    frequency_penalty: float = 0.0
+    prompt_ignore_length: int = 0  # tokens at the input's start the penalties do not count
 
 
 @dataclass
@@ -108,7 +112,7 @@ class RequestOutput:
             if self._abort_requested:
                 self.aqueue.put(("cancelled", []))
                 return
-            token = self._llm.token_for(self.prompt_token_ids + self.generated)
+            token = self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized())
             self.generated.append(token)
             pending.append(token)
             # Stop strings end generation whether or not outputs carry text (the real engine
@@ -124,6 +128,13 @@ class RequestOutput:
                 pending = []
             if reason is not None:
                 return
+
+    def _penalized(self) -> set[int]:
+        """The tokens the penalties count: the input's after ``prompt_ignore_length`` and the output's."""
+        params = self._params
+        if not (params.presence_penalty or params.frequency_penalty):
+            return set()
+        return set(self.prompt_token_ids[params.prompt_ignore_length:] + self.generated)
 
     def __aiter__(self) -> RequestOutput:
         return self
@@ -200,10 +211,13 @@ class LLM:
         return [{"iter": 0, "kvCacheStats": {"maxNumBlocks": MAX_BLOCKS, "usedNumBlocks": used,
                                              "freeNumBlocks": MAX_BLOCKS - used, "tokensPerBlock": TOKENS_PER_BLOCK}}]
 
-    def token_for(self, context: list[int]) -> int:
-        # Never the EOS token, so outputs run to max_tokens or a stop string, like ignore_eos.
+    def token_for(self, context: list[int], penalized: Collection[int] = ()) -> int:
+        # Never the EOS token, so outputs run to max_tokens or a stop string, like ignore_eos; a
+        # penalty passes over the tokens it counts (as a large one does), while others are left.
         token = zlib.crc32(bytes(str(context[-8:]), "ascii")) % self._vocab
-        return token if token != self.tokenizer.eos_token_id else (token + 1) % self._vocab
+        while token == self.tokenizer.eos_token_id or (token in penalized and len(penalized) < self._vocab - 1):
+            token = (token + 1) % self._vocab
+        return token
 
     def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None,
                        streaming: bool = False) -> RequestOutput:
