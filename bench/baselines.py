@@ -14,11 +14,12 @@ from tokenbus.schemas import ChatMessage
 _ids = itertools.count()
 
 
-def engine_sender(engine: Engine):
+def engine_sender(engine: Engine, **sampling: float):
+    """``sampling``: more of each request's SamplingParams (penalties)."""
     async def send(prompt: BenchPrompt) -> RequestResult:
         result = RequestResult()
         inp = GenerationInput(f"direct-{next(_ids)}", (ChatMessage("user", prompt.text),),
-                              SamplingParams(max_tokens=prompt.output_len))
+                              SamplingParams(max_tokens=prompt.output_len, **sampling))
         start = time.perf_counter()
         async for out in engine.generate(inp):
             if out.text_diff:

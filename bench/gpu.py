@@ -6,7 +6,8 @@ Builds a random-weight Llama shaped like Llama-3.2-1B from its config on the GPU
 decoding never stops early: every request runs to its ``max_tokens``. Then, in one run:
 
 - the ``hf`` engine alone at 1, 16, 64 and 256 concurrent requests: tokens/s, TTFT, ITL, with its
-  default batching on CUDA (slots: decode steps replayed as CUDA graphs), and at 64 with
+  default batching on CUDA (slots: decode steps replayed as CUDA graphs), and at 64 with OpenAI's
+  presence and frequency penalties on every request (what the slots' counts cost) and with
   transformers' continuous-batching manager for comparison;
 - greedy agreement: the engine's first tokens for a few prompts against plain ``generate`` run on
   each prompt alone, both in float32 (in bf16, kernels for different batch shapes round
@@ -182,7 +183,13 @@ def hf_engine(model_dir: Path, max_num_seqs: int, **overrides: Any) -> Any:
                                      **overrides), max_num_seqs=max_num_seqs)
 
 
-async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "") -> list[dict[str, Any]]:
+# OpenAI's penalties as a request sets them, for the row that measures what they cost the engine.
+PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.5}
+
+
+async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "",
+                       penalized: bool = False) -> list[dict[str, Any]]:
+    """The engine's tokens/s at each concurrency; ``penalized``: every request with PENALTIES."""
     import torch
 
     engine = hf_engine(model_dir, max(concurrencies), **({"batching": batching} if batching else {}))
@@ -194,10 +201,11 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
         for concurrency in concurrencies:
             torch.cuda.reset_peak_memory_stats()
             with GpuSampler() as gpu:
-                results, duration = await run_load(engine_sender(engine), prompts(requests_for(concurrency)),
-                                                   max_concurrency=concurrency)
+                results, duration = await run_load(engine_sender(engine, **(PENALTIES if penalized else {})),
+                                                   prompts(requests_for(concurrency)), max_concurrency=concurrency)
             s = summarize(results, duration, (50.0, 99.0))
-            rows.append({"batching": engine.batching, "concurrency": concurrency, "requests": s.completed, "failed": s.failed,
+            batched = f"{engine.batching}, penalties" if penalized else engine.batching
+            rows.append({"batching": batched, "concurrency": concurrency, "requests": s.completed, "failed": s.failed,
                          "prompt_tokens_mean": round(s.total_input_tokens / max(s.completed, 1), 1),
                          "tokens_per_s": round(s.output_throughput, 1), "ttft_ms": s.ttft_ms, "itl_ms": s.itl_ms,
                          "torch_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
@@ -316,6 +324,7 @@ def run() -> dict[str, Any]:
         model = build_model(model_dir)
         alone = asyncio.run(engine_alone(model_dir, CONCURRENCIES))
         agreement = asyncio.run(greedy_agreement(model_dir))
+        alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), penalized=True))
         if alone[0]["batching"] != "manager":
             alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), "manager"))
         cached = asyncio.run(slots_prefix_cache(model_dir))
