@@ -379,11 +379,10 @@ class SimulatedEngine:
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
         if inp.sampling.ignore_eos:  # its natural end is its end-of-sequence token: on to the limit, or the longest
             natural_length = inp.sampling.max_tokens or s.max_tokens  # (after the draws: the same tokens)
-        counts: dict[int, int] | None = {} if inp.sampling.penalized else None
+        counts: dict[int, int] = {}
         for token_id in inp.prefix_token_ids:  # replay the draws that produced the prefix
-            draw_word(rng, inp.sampling, counts or {})
-            if counts is not None:
-                counts[token_id] = counts.get(token_id, 0) + 1
+            draw_word(rng, inp.sampling, counts)
+            counts[token_id] = counts.get(token_id, 0) + 1
         prompt_ids, _ = self._prompt(inp)
         cached = 0
         if self.prefix_cache is not None:
@@ -399,7 +398,7 @@ class SimulatedEngine:
             cached_tokens=cached,
             markup=tool_markup(inp, seed_material),
             pushes=s.push_steps,
-            counts=counts,
+            counts=counts if inp.sampling.penalized else None,
         )
         self._running.append(sequence)
         self._wakeup.set()
