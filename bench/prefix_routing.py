@@ -30,7 +30,7 @@ import httpx
 
 from bench.stack import MODEL, raise_open_file_limit, sim_env
 from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngineSettings
-from tokenbus.gpu_consumers.engines.simulated import PrefixCacheModel
+from tokenbus.gpu_consumers.engines.simulated_prompts import PrefixCacheModel
 from tokenbus.gpu_consumers.prefix_reports import TRACKED_PREFIXES, PrefixReports
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings

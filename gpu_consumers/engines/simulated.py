@@ -16,8 +16,8 @@ answers in words) or ``tool_choice`` is ``none``, every offered function (at mos
 ``MAX_CALLS``), or only the first without ``parallel_tool_calls``. Arguments are drawn from each
 function's JSON Schema by a generator seeded like the text.
 
-Its prefix cache is modelled like a paged engine's: a prompt is tokenized (a token per word, a
-few per message and function), cut into blocks of ``kv_block_tokens`` named by chain hashes, and
+Its prefix cache is modelled like a paged engine's (engines/simulated_prompts.py): a prompt is
+tokenized (a token per word, a few per message and function), cut into blocks of ``kv_block_tokens`` named by chain hashes, and
 the leading blocks already held are not prefilled again. Time to first token is ``ttft_ms`` plus
 the uncached prompt tokens at ``prefill_tokens_per_s`` (0: prefill costs nothing, as before), so
 routing by cache contents shows in the timings without a GPU. The cache keeps the most recently
@@ -31,8 +31,7 @@ import json
 import math
 import random
 import zlib
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,16 +43,15 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
-    PromptLayout,
     SamplingParams,
     StepOutput,
     StepSink,
 )
-from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
+from tokenbus.gpu_consumers.engines.simulated_prompts import LastPrompt, PrefixCacheModel
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
-from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ToolSpec, message_text
+from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ToolSpec
 from tokenbus.topics import cancel_task
 
 VOCABULARY = """
@@ -101,9 +99,6 @@ MARKUP_TOKEN_CHARS = 4  # a tool call's markup is generated this many characters
 MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in the call text
 
 
-TEMPLATE_TOKENS = 4  # a message's or a function's markup in the prompt
-
-
 def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, int]) -> int:
     """The next word's place in VOCABULARY: uniform, as from equal logits, one draw of ``rng``. The
     penalties come off the logits of words the output holds (``counts``), so such a word's weight is
@@ -113,91 +108,6 @@ def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, in
     presence, frequency = sampling.presence_penalty, sampling.frequency_penalty
     weights = [math.exp(-(presence + frequency * counts[i])) if i in counts else 1.0 for i in range(len(VOCABULARY))]
     return rng.choices(range(len(VOCABULARY)), weights)[0]
-
-
-def _token_id(piece: str) -> int:
-    return zlib.crc32(piece.encode())
-
-
-def tokenize_prompt(inp: GenerationInput) -> tuple[list[int], list[int]]:
-    """The simulated tokenizer: a token per word plus a few for each function's and message's
-    template, functions first (a text prompt's words alone); returns the ids and where each segment
-    (schemas/prefixes.py) ends."""
-    ids: list[int] = []
-    ends: list[int] = []
-
-    def add(kind: str, text: str) -> None:
-        ids.extend(_token_id(f"<{kind}:{i}>") for i in range(TEMPLATE_TOKENS))
-        ids.extend(_token_id(word) for word in text.split())
-
-    if inp.text_prompt:  # no template: the words alone
-        ids.extend(_token_id(word) for word in inp.messages[0].content.split())
-        return ids, [len(ids)]
-    if inp.offers_tools:
-        for t in inp.tools:
-            add("function", f"{t.name} {t.description} {t.parameters}")
-        ends.append(len(ids))
-    for m in inp.messages:
-        add(m.role, message_text(m))
-        ends.append(len(ids))
-    return ids, ends
-
-
-def count_prompt_tokens(inp: GenerationInput) -> int:
-    return len(tokenize_prompt(inp)[0])
-
-
-class LastPrompt:
-    """``tokenize_prompt``, remembering the last prompt: the worker asks the engine for a request's
-    generation and its prefix cache for the request's layout back to back, and a real engine
-    tokenizes the prompt once for both (engines/chat_template.py's ``PromptTokens``)."""
-
-    def __init__(self) -> None:
-        self._last: tuple[tuple[Any, ...], tuple[list[int], list[int]]] | None = None
-
-    def __call__(self, inp: GenerationInput) -> tuple[list[int], list[int]]:
-        key = inp.prompt_key
-        if self._last is None or self._last[0] != key:
-            self._last = (key, tokenize_prompt(inp))
-        return self._last[1]
-
-
-class PrefixCacheModel:
-    """The most recently used prompt blocks, up to a capacity; a prompt reuses its leading held blocks.
-
-    The last layout is remembered: the engine names a prompt's blocks when it admits the prompt,
-    and the worker asks for the same input's layout right after (gpu_consumers/prefix_reports.py),
-    so the blocks are hashed once a request."""
-
-    def __init__(self, capacity_tokens: int, block_tokens: int,
-                 tokenize: Callable[[GenerationInput], tuple[list[int], list[int]]] = tokenize_prompt) -> None:
-        self.block_tokens = block_tokens
-        self._tokenize = tokenize
-        self.capacity_blocks = capacity_tokens // block_tokens
-        self._blocks: OrderedDict[int, None] = OrderedDict()
-        self._last: tuple[GenerationInput, PromptLayout] | None = None
-
-    def layout(self, inp: GenerationInput) -> PromptLayout:
-        if self._last is not None and self._last[0] is inp:
-            return self._last[1]
-        ids, ends = self._tokenize(inp)
-        layout = PromptLayout(self.block_tokens, block_hashes(ids, self.block_tokens), tuple(ends))
-        self._last = (inp, layout)
-        return layout
-
-    def resident(self, hashes: Iterable[int]) -> set[int]:
-        return {h for h in hashes if h in self._blocks}
-
-    def admit(self, hashes: tuple[int, ...], prompt_tokens: int) -> int:
-        """Prefill a prompt of these blocks: returns its tokens served from the cache (never the whole
-        prompt: its last token is always computed) and keeps its blocks, evicting the least used."""
-        hit = leading_held(hashes, self._blocks)
-        for h in hashes:
-            self._blocks[h] = None
-            self._blocks.move_to_end(h)
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
-        return min(hit * self.block_tokens, max(0, prompt_tokens - 1))
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:

@@ -9,7 +9,7 @@ from aiokafka import TopicPartition
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all
 from tokenbus.gpu_consumers.engines import GenerationInput, PromptLayout
-from tokenbus.gpu_consumers.engines.simulated import PrefixCacheModel
+from tokenbus.gpu_consumers.engines.simulated_prompts import PrefixCacheModel
 from tokenbus.gpu_consumers.prefix_reports import CHECKS_PER_REPORT, EVICTION_CHECK_S, PrefixReports
 from tokenbus.schemas import AvroCodec, CacheReport, ChatMessage, ChatRequest
 from tokenbus.schemas.prefixes import segment_hashes

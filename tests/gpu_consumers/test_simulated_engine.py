@@ -13,7 +13,7 @@ from tokenbus.gpu_consumers.engines import (
     SimulatedEngine,
     SimulatedEngineSettings,
     StepOutput,
-    simulated,
+    simulated_prompts,
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes
 from tokenbus.gpu_consumers.settings import WorkerSettings
@@ -99,8 +99,8 @@ async def test_an_engine_apart_from_the_loop_makes_up_every_step_and_the_reader_
 async def test_a_prompt_is_tokenized_once_for_its_generation_and_its_layout(monkeypatch):
     """As a real engine's ``PromptTokens``: the worker asks for both back to back."""
     made = []
-    tokenize = simulated.tokenize_prompt
-    monkeypatch.setattr(simulated, "tokenize_prompt", lambda i: made.append(i.request_id) or tokenize(i))
+    tokenize = simulated_prompts.tokenize_prompt
+    monkeypatch.setattr(simulated_prompts, "tokenize_prompt", lambda i: made.append(i.request_id) or tokenize(i))
     engine = SimulatedEngine(SimulatedEngineSettings(**FAST, min_tokens=2, max_tokens=2))
     await engine.start()
     try:
@@ -119,8 +119,8 @@ async def test_a_prompt_is_tokenized_once_for_its_generation_and_its_layout(monk
 async def test_the_blocks_it_admits_a_prompt_with_are_its_layout(monkeypatch):
     """Named once a request: the worker asks for the layout of the very input the engine admitted."""
     named = []
-    hashes = simulated.block_hashes
-    monkeypatch.setattr(simulated, "block_hashes", lambda ids, size: named.append(size) or hashes(ids, size))
+    hashes = simulated_prompts.block_hashes
+    monkeypatch.setattr(simulated_prompts, "block_hashes", lambda ids, size: named.append(size) or hashes(ids, size))
     engine = SimulatedEngine(SimulatedEngineSettings(**FAST, min_tokens=2, max_tokens=2))
     await engine.start()
     try:
@@ -131,7 +131,7 @@ async def test_the_blocks_it_admits_a_prompt_with_are_its_layout(monkeypatch):
     finally:
         await engine.close()
     assert len(named) == 1
-    assert layout.block_hashes == hashes(simulated.tokenize_prompt(given)[0], engine.settings.kv_block_tokens)
+    assert layout.block_hashes == hashes(simulated_prompts.tokenize_prompt(given)[0], engine.settings.kv_block_tokens)
 
 
 async def test_max_tokens_finishes_with_length():

@@ -12,7 +12,7 @@ from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, read_written, reading_from_the_beginning, running_worker
 from tests.waiting import wait_for
 from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngine, SimulatedEngineSettings
-from tokenbus.gpu_consumers.engines.simulated import count_prompt_tokens
+from tokenbus.gpu_consumers.engines.simulated_prompts import count_prompt_tokens
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.worker import GpuWorker
 from tokenbus.producers import TokenbusClient
