@@ -7,6 +7,7 @@ installed here; with TOKENBUS_TRTLLM_MODEL set on a GPU host with tensorrt_llm i
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -187,18 +188,22 @@ def repeats(outs) -> int:
     return len(ids) - len(set(ids))
 
 
-async def test_penalties_make_the_output_repeat_itself_less_and_survive_a_takeover(engine):
+async def test_penalties_make_the_output_repeat_itself_less_and_survive_a_takeover(engine, caplog):
     """OpenAI's presence and frequency penalties come off the logits of tokens the output holds, so
     a penalized output repeats itself less (the tiny random model and the simulated engine repeat
     themselves plenty; TensorRT-LLM's fake, a hash of the last tokens, seldom does, and passes over
     every token a penalty counts). A taken-over penalized sequence counts what was published as
-    output and continues as the uninterrupted one would have."""
-    if getattr(engine, "batching", None) == "manager":
-        pytest.skip("transformers' continuous-batching manager takes no per-request penalty (engines/hf.py)")
+    output and continues as the uninterrupted one would have. Transformers' continuous-batching
+    manager takes no per-request penalty (engines/hf.py): it generates the plain output, and says so."""
     messages = (ChatMessage("user", "say it again and again"),)
     plain = await collect(engine, GenerationInput("contract-31", messages, SamplingParams(max_tokens=32)))
     inp = GenerationInput("contract-31", messages, SamplingParams(max_tokens=32, presence_penalty=2, frequency_penalty=2))
-    penalized = await collect(engine, inp)
+    with caplog.at_level(logging.WARNING, logger="tokenbus.gpu_consumers.engines.hf"):
+        penalized = await collect(engine, inp)
+    if getattr(engine, "batching", None) == "manager":
+        assert [t for o in penalized for t in o.token_ids_diff] == [t for o in plain for t in o.token_ids_diff]
+        assert "does not apply presence or frequency penalties" in caplog.text
+        return
     if engine.name != "trtllm":
         assert repeats(plain) > 0
     assert repeats(penalized) < max(repeats(plain), 1)
