@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as redis
 from aiokafka.errors import KafkaError
@@ -44,28 +44,24 @@ from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter, GenerationRequest
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
+from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.topics import ReplyEvent, ReplyStream, tracing
 
 IDEMPOTENT_WAIT_S = 3.0
 REQUEST_ID_HEADER = "x-request-id"
+Asked = TypeVar("Asked", bound=GenerationRequest)  # a chat's or a text completion's request
 
 
 async def chat_completions(request: Request) -> Response:
-    edge: EdgeState = request.app.state.edge
-    started = time.perf_counter()
-    key = await edge.auth.authenticate(request.headers.get("authorization"))
-    raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
-    chat = parse_chat_request(raw, edge.settings)
-    check_model(edge, key, chat.model)
+    return await answer(request, parse_chat_request, "chatcmpl", chat_bus_request)
 
-    async def bus_request(request_id: str) -> ChatRequest:
-        made = to_bus_request(chat, edge, key, request_id)
-        made.messages = await prompt_messages(edge, key, chat, made.messages)
-        return made
 
-    return await answer(request, edge, key, raw, chat, new_request_id(), bus_request, started)
+async def chat_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
+    made = to_bus_request(chat, edge, key, request_id)
+    made.messages = await prompt_messages(edge, key, chat, made.messages)
+    return made
 
 
 def check_model(edge: EdgeState, key: ApiKey, model: str) -> None:
@@ -76,10 +72,18 @@ def check_model(edge: EdgeState, key: ApiKey, model: str) -> None:
                                code="model_not_allowed")
 
 
-async def answer(request: Request, edge: EdgeState, key: ApiKey, raw: bytes, asked: GenerationRequest,
-                 request_id: str, bus_request: Callable[[str], Awaitable[ChatRequest]], started: float) -> Response:
-    """Serve a validated request (``asked``, its body ``raw``) as the bus request ``bus_request``
-    makes for ``request_id``; or, with an ``Idempotency-Key`` seen before, the earlier one's stream."""
+async def answer(request: Request, parse: Callable[[bytes, EdgeSettings], Asked], kind: str,
+                 bus_request: Callable[[Asked, EdgeState, ApiKey, str], Awaitable[ChatRequest]]) -> Response:
+    """Serve a chat or text completion request: its key, its body as ``parse`` validates it, its
+    model, then the bus request ``bus_request`` makes under a new ``kind-...`` id; or, with an
+    ``Idempotency-Key`` seen before, the earlier one's stream."""
+    edge: EdgeState = request.app.state.edge
+    started = time.perf_counter()
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
+    asked = parse(raw, edge.settings)
+    check_model(edge, key, asked.model)
+    request_id = new_request_id(kind)
     digest = body_hash(raw)
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key:
@@ -87,8 +91,8 @@ async def answer(request: Request, edge: EdgeState, key: ApiKey, raw: bytes, ask
         if earlier is not None:
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), asked.stream)
     try:
-        return await serve(request, edge, key, await bus_request(request_id), asked.stream, asked.include_usage,
-                           digest, started)
+        return await serve(request, edge, key, await bus_request(asked, edge, key, request_id), asked.stream,
+                           asked.include_usage, digest, started)
     except ApiError:
         if idempotency_key:  # never published: a retry with this key must be able to try again
             await edge.streams.release(key.tenant, idempotency_key, request_id)

@@ -8,34 +8,25 @@ its turn continued through the chat completion's routes, in the same shapes."""
 
 from __future__ import annotations
 
-import time
-
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tokenbus.producers import new_request_id
 from tokenbus.schemas import TOOL_CHOICE_NONE, ChatMessage, ChatRequest
-from tokenbus.sse_edge.api.chat import answer, check_model, generation_fields
+from tokenbus.sse_edge.api.chat import answer, generation_fields
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
-from tokenbus.sse_edge.protocol.validation import parse_completion_request, read_body
+from tokenbus.sse_edge.protocol.validation import parse_completion_request
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.keys import ApiKey
 
 
 async def completions(request: Request) -> Response:
-    edge: EdgeState = request.app.state.edge
-    started = time.perf_counter()
-    key = await edge.auth.authenticate(request.headers.get("authorization"))
-    raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
-    completion = parse_completion_request(raw, edge.settings)
-    check_model(edge, key, completion.model)
+    return await answer(request, parse_completion_request, "cmpl", text_bus_request)
 
-    async def bus_request(request_id: str) -> ChatRequest:
-        made = to_bus_request(completion, edge, key, request_id)
-        edge.context.check_messages(completion.model, made.messages, completion.token_limit, param="prompt")
-        return made
 
-    return await answer(request, edge, key, raw, completion, new_request_id("cmpl"), bus_request, started)
+async def text_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
+    made = to_bus_request(completion, edge, key, request_id)
+    edge.context.check_messages(completion.model, made.messages, completion.token_limit, param="prompt")
+    return made
 
 
 def to_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
