@@ -55,6 +55,21 @@ def _errors(*codes: int) -> dict[str, Any]:
             for code in codes}
 
 
+def _generation(operation: str, request_schema: str, response: dict[str, Any], secured: list[dict[str, list[str]]],
+                answered: str) -> dict[str, Any]:
+    """A chat or text completion's POST: its body, an Idempotency-Key, a body or an SSE stream back."""
+    return {
+        "operationId": operation, "security": secured,
+        "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                        "schema": {"type": "string", "maxLength": 255}}],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{request_schema}"}}}},
+        "responses": {"200": {"description": answered, "content": {"application/json": {"schema": response},
+                                                                   "text/event-stream": {"schema": {"type": "string"}}}},
+                      **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
+    }
+
+
 def openapi_spec() -> dict[str, Any]:
     request_schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     text_schema = CompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -72,30 +87,15 @@ def openapi_spec() -> dict[str, Any]:
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": {
-            "/v1/chat/completions": {"post": {
-                "operationId": "createChatCompletion", "security": secured,
-                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                                "schema": {"type": "string", "maxLength": 255}}],
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}},
-                "responses": {"200": {"description": "A completion, or an SSE stream of chunks when stream is true",
-                                      "content": {"application/json": {"schema": CHAT_COMPLETION},
-                                                  "text/event-stream": {"schema": {"type": "string"}}}},
-                              **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
-            }},
+            "/v1/chat/completions": {"post": _generation(
+                "createChatCompletion", "ChatCompletionRequest", CHAT_COMPLETION, secured,
+                "A completion, or an SSE stream of chunks when stream is true")},
             "/v1/completions": {"post": {
-                "operationId": "createCompletion", "security": secured,
+                **_generation("createCompletion", "CompletionRequest", TEXT_COMPLETION, secured,
+                              "A text_completion, or an SSE stream of them when stream is true"),
                 "description": "A text completion (OpenAI's legacy API): one prompt, continued as it is, with no "
                                "chat template. Its stream is read again, and its turn continued, through the chat "
                                "completion's routes, in these shapes.",
-                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                                "schema": {"type": "string", "maxLength": 255}}],
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/CompletionRequest"}}}},
-                "responses": {"200": {"description": "A text_completion, or an SSE stream of them when stream is true",
-                                      "content": {"application/json": {"schema": TEXT_COMPLETION},
-                                                  "text/event-stream": {"schema": {"type": "string"}}}},
-                              **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
             }},
             "/v1/chat/completions/{completion_id}/stream": {"get": {
                 "operationId": "resumeChatCompletionStream", "security": secured,
