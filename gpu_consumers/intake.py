@@ -22,17 +22,18 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from tokenbus.gpu_consumers.offsets import OffsetTracker
+from tokenbus.gpu_consumers.refusals import Refusals
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.token_log import TokenLog
 from tokenbus.schemas import AvroCodec, ChatRequest, DecodeError, SchemaRegistryError
 from tokenbus.schemas.registry import READ_AGAIN_AFTER_S
-from tokenbus.topics import DeadLetterPublisher, FetchPacer, TopicCatalog, cancel_task, doorbell, known_position, tracing
+from tokenbus.topics import FetchPacer, TopicCatalog, cancel_task, doorbell, known_position, tracing
 from tokenbus.topics.clients import express_lane_on
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class RequestIntake:
         self._taken = taken
         self._stopping = stopping
         self._consumer: AIOKafkaConsumer | None = None
-        self._dead_letters: DeadLetterPublisher | None = None
+        self._refusals: Refusals | None = None
         self._express: asyncio.Task[None] | None = None
         # The first offset of each partition fetched after it became this worker's, learnt from
         # the first fetch's high-water mark: a request before it may have been started elsewhere.
@@ -79,11 +80,11 @@ class RequestIntake:
     def topics(self) -> list[str]:
         return list(self._topics_by_tier.values())
 
-    def start(self, consumer: AIOKafkaConsumer, dead_letters: DeadLetterPublisher) -> None:
+    def start(self, consumer: AIOKafkaConsumer, refusals: Refusals) -> None:
         """Fetch with ``consumer`` (started, not subscribed yet), and listen on the express lane
         where the stack has one."""
         self._consumer = consumer
-        self._dead_letters = dead_letters
+        self._refusals = refusals
         self._pacer.attach(consumer)
         bus = self._settings.bus
         if self._express_lane:
@@ -158,17 +159,16 @@ class RequestIntake:
         return bool(batches)
 
     async def _enqueue(self, tp: TopicPartition, record: ConsumerRecord) -> None:
-        assert self._consumer is not None and self._dead_letters is not None
+        assert self._consumer is not None and self._refusals is not None
         try:
             # Decoded before it is started: one whose schema registry does not answer is fetched again.
             request = self._codec.decode(record.value, ChatRequest)
         except DecodeError as exc:
-            await self._dead_letter(tp, record, exc.reason, exc.detail)
+            await self._refused(tp, record.offset, self._refusals.dead_letter(record, exc.reason, exc.detail))
             return
-        if request.model != self._settings.model or request.tier != self._tiers_by_topic.get(record.topic):
-            # Served here it would jump (or lose) its place among the tiers: the topic says where it
-            # was queued, the record how it is scheduled. The express lane refuses it the same way.
-            await self._dead_letter(tp, record, "wrong_route", f"model={request.model} tier={request.tier}")
+        refused = self._refusals.route_problem(request, self._settings.model, self._tiers_by_topic.get(record.topic))
+        if refused is not None:  # the express lane passes it over the same way
+            await self._refused(tp, record.offset, self._refusals.refuse(record, request, *refused))
             return
         self._offsets.started(tp, record.offset)
         fresh_from = self._fresh_from.get(tp)
@@ -181,12 +181,11 @@ class RequestIntake:
         log.debug("fetched %s from %s-%s@%s (maybe seen: %s)", request.request_id, tp.topic, tp.partition,
                   record.offset, maybe_seen)
 
-    async def _dead_letter(self, tp: TopicPartition, record: ConsumerRecord, reason: str, detail: str) -> None:
-        """Started and finished around its send, so that no commit passes it before it is out."""
-        assert self._dead_letters is not None
-        self._offsets.started(tp, record.offset)
-        await self._dead_letters.send(record, reason, detail)
-        self._offsets.finished(tp, record.offset)
+    async def _refused(self, tp: TopicPartition, offset: int, refusal: Awaitable[None]) -> None:
+        """Started and finished around its refusal, so that no commit passes it before it is out."""
+        self._offsets.started(tp, offset)
+        await refusal
+        self._offsets.finished(tp, offset)
 
     # -- the express lane ----------------------------------------------------------
 
@@ -209,7 +208,7 @@ class RequestIntake:
             request = self._codec.decode(value, ChatRequest)
         except (DecodeError, SchemaRegistryError):
             return  # the fetch dead-letters it, or waits for the registry
-        if request.tier != tier or request.model != self._settings.model:
+        if self._refusals is None or self._refusals.route_problem(request, self._settings.model, tier) is not None:
             return
         self._handed_until[tp] = offset + 1
         self._offsets.started(tp, offset)

@@ -14,6 +14,7 @@ from tokenbus.gpu_consumers.engines import (
     Engine,
     GenerationInput,
     GenerationStream,
+    InvalidInput,
     StepOutput,
 )
 from tokenbus.gpu_consumers.scheduler import Pending
@@ -35,6 +36,7 @@ class RunningSequence:
     cancelled: bool = False
     stop_reason: str = FINISH_CANCELLED
     admitted_at_ms: int = field(default_factory=now_ms)
+    refused: str | None = None  # why the engine would not run it (InvalidInput): answered with that
     _generation_input: GenerationInput | None = field(default=None, init=False, repr=False)
 
     def cancel(self, reason: str = "") -> None:
@@ -59,7 +61,10 @@ class RunningSequence:
     async def prepare(self, engine: Engine, published: Published) -> None:
         """Let the engine work out what it can before generating, off the event loop."""
         if not self.cancelled and not self._expired(published):
-            await engine.prepare(self._input(published))
+            try:
+                await engine.prepare(self._input(published))
+            except InvalidInput as exc:
+                self.refused = str(exc)
 
     def outputs(self, engine: Engine, published: Published) -> AsyncIterable[StepOutput]:
         """The steps to publish after ``published`` (what another worker published already). The
@@ -69,8 +74,13 @@ class RunningSequence:
             return _one(StepOutput("", (), 0, len(request.prefix_token_ids) + len(published.token_ids), FINISH_CANCELLED))
         if self._expired(published):
             return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
-        self.stream = engine.generate(self._input(published))
-        return self.stream
+        if self.refused is None:
+            try:
+                self.stream = engine.generate(self._input(published))
+                return self.stream
+            except InvalidInput as exc:
+                self.refused = str(exc)
+        return _one(StepOutput("", (), 0, len(published.token_ids), FINISH_ERROR, f"invalid_request: {self.refused}"))
 
     @property
     def engine_input(self) -> GenerationInput | None:

@@ -30,6 +30,7 @@ from tokenbus.gpu_consumers.intake import RequestIntake
 from tokenbus.gpu_consumers.metrics import WorkerMetrics
 from tokenbus.gpu_consumers.offsets import OffsetTracker
 from tokenbus.gpu_consumers.prefix_reports import PrefixReports
+from tokenbus.gpu_consumers.refusals import Refusals
 from tokenbus.gpu_consumers.scheduler import Pending, TierScheduler
 from tokenbus.gpu_consumers.sequence import RunningSequence
 from tokenbus.gpu_consumers.settings import WorkerSettings
@@ -142,7 +143,11 @@ class GpuWorker:
         await self.control.start()
         self._consumer = make_consumer(self.settings.bus, group_id=self.group_id)
         await self._consumer.start()
-        self.intake.start(self._consumer, DeadLetterPublisher(self._producer, self.catalog))
+        # What the producer knows of the reply logs' partitions: ``tokens``' from the start.
+        await self._producer.partitions_for(self.catalog.tokens)
+        refusals = Refusals(self.catalog, DeadLetterPublisher(self._producer, self.catalog), self._sender,
+                            self.settings.worker_id, self._producer.client.cluster.partitions_for_topic)
+        self.intake.start(self._consumer, refusals)
         self._consumer.subscribe(self.intake.topics, listener=_Rebalance(self))
         log.info("worker %s serving %s in group %s", self.settings.worker_id, self.settings.model, self.group_id)
 

@@ -33,6 +33,7 @@ from tokenbus.schemas import (
     Completion,
     CompletionBuilder,
     TokenEvent,
+    check_request,
 )
 from tokenbus.topics import (
     BusSettings,
@@ -124,7 +125,10 @@ class TokenbusClient:
 
     async def publish(self, request: ChatRequest, topic: str | None = None) -> RecordMetadata | None:
         """Publish to the request's model and tier topic (or ``topic``, e.g. ``requests.ingress``);
-        None when this client's policy refused it (the refusal is on the request's reply stream)."""
+        None when this client's policy refused it (the refusal is on the request's reply stream).
+        A request out of range (schemas/request_checks.py) raises ``RequestOutOfRange`` here: a GPU
+        consumer would only dead-letter it."""
+        check_request(request)
         return await self.publisher.publish(request, topic)
 
     async def cancel(self, request_id: str, reason: str = "") -> None:
@@ -157,6 +161,7 @@ class TokenbusClient:
 
     async def submission(self, request: ChatRequest, topic: str | None = None) -> Submission:
         """``submit``, telling also where the request landed."""
+        check_request(request)
         stream = self.router.open(request.request_id, request.reply_partition, request.reply_topic)
         try:
             landed = await self.publisher.publish(request, topic)

@@ -28,6 +28,7 @@ from tokenbus.schemas.records import (
     shallow_fields,
 )
 from tokenbus.schemas.registry import SchemaRegistry, SchemaRegistryError
+from tokenbus.schemas.request_checks import RequestOutOfRange, check_request, request_problem
 
 __all__ = [
     "FINISH_INCOMPLETE",
@@ -48,15 +49,18 @@ __all__ = [
     "DecodeError",
     "ModerationDecision",
     "Record",
+    "RequestOutOfRange",
     "SchemaRegistry",
     "SchemaRegistryError",
     "TokenEvent",
     "ToolCall",
     "ToolCallDelta",
     "ToolSpec",
+    "check_request",
     "estimate_prompt_tokens",
     "message_text",
     "now_ms",
+    "request_problem",
     "shallow_fields",
     "whole_tool_calls",
 ]

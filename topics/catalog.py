@@ -17,6 +17,8 @@ def topic_safe(name: str) -> str:
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
+# A rolled reply log is read by the one edge that made it: one partition is all it needs.
+ROLLED_REPLY_LOG_PARTITIONS = 1
 
 
 @dataclass(frozen=True, slots=True)

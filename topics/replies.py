@@ -48,7 +48,7 @@ from aiokafka.errors import KafkaError
 from tokenbus.schemas import AvroCodec, DecodeError, SchemaRegistryError, TokenEvent
 from tokenbus.schemas.registry import READ_AGAIN_AFTER_S
 from tokenbus.topics import doorbell
-from tokenbus.topics.catalog import TopicCatalog
+from tokenbus.topics.catalog import ROLLED_REPLY_LOG_PARTITIONS, TopicCatalog
 from tokenbus.topics.clients import cancel_task, express_lane_on, make_consumer, rewind_recreated, stop_reader
 from tokenbus.topics.framing import make_codec
 from tokenbus.topics.pacing import FetchPacer
@@ -324,7 +324,7 @@ class ReplyRouter:
         # Names must differ even for logs made within one millisecond (at start, after the broker returned).
         self._created_ms = max(int(time.time() * 1000), self._created_ms + 1)
         name = self.catalog.rolled_reply_log(self._owner, self._created_ms)
-        await self._admin.create(name, partitions=1)
+        await self._admin.create(name, partitions=ROLLED_REPLY_LOG_PARTITIONS)
         tp = TopicPartition(name, 0)
         self._positions[tp] = 0  # a new log: every event of it is new
         self._last_event[name] = time.monotonic()

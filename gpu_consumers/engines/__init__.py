@@ -12,11 +12,13 @@ from tokenbus.gpu_consumers.engines.base import (
     Engine,
     GenerationInput,
     GenerationStream,
+    InvalidInput,
     PrefixCache,
     PromptLayout,
     SamplingParams,
     StepOutput,
     StepSink,
+    check_token_ids,
     each_step,
 )
 from tokenbus.gpu_consumers.engines.simulated import SimulatedEngine, SimulatedEngineSettings
@@ -52,6 +54,7 @@ __all__ = [
     "Engine",
     "GenerationInput",
     "GenerationStream",
+    "InvalidInput",
     "PrefixCache",
     "PromptLayout",
     "SamplingParams",
@@ -59,6 +62,7 @@ __all__ = [
     "SimulatedEngineSettings",
     "StepOutput",
     "StepSink",
+    "check_token_ids",
     "each_step",
     "load_engine",
 ]

@@ -26,6 +26,19 @@ FINISH_ERROR = "error"
 FINISH_TOOL_CALLS = "tool_calls"  # set by the worker when the reply's text held function calls
 
 
+class InvalidInput(ValueError):
+    """What an engine cannot run as asked (a token id outside its vocabulary, say), raised by its
+    ``prepare`` or ``generate``: the request is answered with an error and not served again, and no
+    other sequence in the batch is touched (on CUDA such an id would stop the whole process)."""
+
+
+def check_token_ids(token_ids: Iterable[int], vocabulary_size: int) -> None:
+    """``InvalidInput`` unless every id is one the model has."""
+    for token_id in token_ids:
+        if not 0 <= token_id < vocabulary_size:
+            raise InvalidInput(f"token id {token_id} is not in the model's vocabulary (0 to {vocabulary_size - 1})")
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int | None = None

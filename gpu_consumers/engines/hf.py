@@ -41,6 +41,7 @@ from tokenbus.gpu_consumers.engines.base import (
     PromptLayout,
     StepOutput,
     StepSink,
+    check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
@@ -220,11 +221,13 @@ class HfEngine:
         self._ids = itertools.count()
         self._prompt_tokens: chat_template.PromptTokens | None = None
         self._warned_penalties = False
+        self._vocabulary_size = 0  # the ids the model takes (its embedding's rows)
         self.prefix_cache: HfPrefixCache | None = None
 
     async def start(self) -> None:
         self.tokenizer, self._model, self.device = await asyncio.to_thread(load_model, self.settings)
         self._prompt_tokens = chat_template.PromptTokens(self.tokenizer)
+        self._vocabulary_size = getattr(self._model.config, "vocab_size", None) or len(self.tokenizer)
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())
         if uses_slots(self.settings, self.device, self._model):
@@ -318,6 +321,7 @@ class HfEngine:
             await asyncio.to_thread(self._prompt_tokens.prepare, inp)
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
+        check_token_ids(inp.prefix_token_ids, self._vocabulary_size)
         made = self.prompt(inp)
         prompt = made.ids
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)

@@ -46,6 +46,7 @@ from tokenbus.gpu_consumers.engines.base import (
     SamplingParams,
     StepOutput,
     StepSink,
+    check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
@@ -289,6 +290,9 @@ class SimulatedEngine:
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
         if inp.sampling.ignore_eos:  # its natural end is its end-of-sequence token: on to the limit, or the longest
             natural_length = inp.sampling.max_tokens or s.max_tokens  # (after the draws: the same tokens)
+        markup = tool_markup(inp, seed_material)
+        if not markup:  # a tool-calling turn's ids are its markup's pieces
+            check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
         counts: dict[int, int] = {}
         for token_id in inp.prefix_token_ids:  # replay the draws that produced the prefix
             draw_word(rng, inp.sampling, counts)
@@ -306,7 +310,7 @@ class SimulatedEngine:
             fails_at=fails_at,
             prompt_tokens=len(prompt_ids),
             cached_tokens=cached,
-            markup=tool_markup(inp, seed_material),
+            markup=markup,
             pushes=s.push_steps,
             counts=counts if inp.sampling.penalized else None,
         )

@@ -32,6 +32,7 @@ from tokenbus.gpu_consumers.engines.base import (
     GenerationInput,
     PromptLayout,
     StepOutput,
+    check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
@@ -263,6 +264,8 @@ class TrtLlmEngine:
 
     def generate(self, inp: GenerationInput) -> _TrtStream:
         assert self._prompt_tokens is not None, "the engine is not started"
+        tokenizer = self._llm.tokenizer  # the LLM API's wraps a Hugging Face one as .tokenizer
+        check_token_ids(inp.prefix_token_ids, len(getattr(tokenizer, "tokenizer", tokenizer)))
         made = self._prompt_tokens.prompt(inp)
         prompt = made.ids
         s = inp.sampling

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX
+
 
 class TextContentPart(BaseModel):
     type: Literal["text"]  # images, audio and files are not served
@@ -107,13 +109,13 @@ class GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
+    temperature: float | None = Field(default=None, ge=0, le=TEMPERATURE_MAX)
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-INT64 - 1, le=INT64)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-PENALTY_MAX, le=PENALTY_MAX)
+    frequency_penalty: float | None = Field(default=None, ge=-PENALTY_MAX, le=PENALTY_MAX)
     user: str | None = Field(default=None, max_length=256)
     # vLLM's extension: generate on past the end-of-sequence token, to the token limit (benchmarks
     # ask for it, ``--ignore-eos``, so that every output has the length they set).

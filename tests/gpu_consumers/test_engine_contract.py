@@ -20,6 +20,7 @@ from tokenbus.gpu_consumers.engines import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
+    InvalidInput,
     SamplingParams,
     SimulatedEngine,
     SimulatedEngineSettings,
@@ -383,6 +384,21 @@ async def test_a_continuation_at_its_token_limit_only_ends(engine):
                                                  SamplingParams(max_tokens=12), ids, sent))
     assert [(o.token_ids_diff, o.finish_reason, o.completion_tokens) for o in rest] == [((), FINISH_LENGTH, 12)]
     assert sent + text_of(rest) == text_of(full)
+
+
+async def test_a_prefix_outside_the_vocabulary_is_refused_and_the_engine_serves_on(engine):
+    """A takeover's prefix comes off the bus: an id the model does not have is refused before it
+    reaches the model (on CUDA it would stop the process), and the engine serves the next request."""
+    full = await collect(engine, request(16, "tell me a story", max_tokens=6))
+    ids = [t for o in full for t in o.token_ids_diff]
+    for bad in (10**9, -1):
+        inp = GenerationInput("contract-16", (ChatMessage("user", "tell me a story"),), SamplingParams(max_tokens=6),
+                              (ids[0], bad), "")
+        with pytest.raises(InvalidInput, match=f"token id {bad} is not in the model's vocabulary"):
+            await engine.prepare(inp)
+            engine.generate(inp)
+    again = await collect(engine, request(16, "tell me a story", max_tokens=6))
+    assert (text_of(again), again[-1].finish_reason) == (text_of(full), full[-1].finish_reason)
 
 
 async def test_stop_sequences_never_leak_into_the_text(engine):

@@ -6,12 +6,15 @@ leaves its requests in Kafka, unfetched, until it has room (consumer lag is the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 from collections.abc import AsyncIterator
 
 from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, read_written, running_worker
 from tests.waiting import wait_for
 from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngine, SimulatedEngineSettings, StepOutput
+from tokenbus.gpu_consumers.engines.simulated import VOCABULARY
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion
 from tokenbus.topics import ReplyEvent, TopicCatalog, make_producer
@@ -51,6 +54,58 @@ async def test_a_request_for_another_model_or_tier_is_dead_lettered_and_the_rest
     assert {r.value for r in dead} == {codec.encode(s) for s in strays}  # unchanged, for whoever looks into it
     completions = [codec.decode(r.value, Completion).request_id for r in await read_written(bus, catalog.completions)]
     assert sorted(completions) == sorted(r.request_id for r in requests)  # the strays were never served
+
+
+async def test_a_request_out_of_range_is_dead_lettered_answered_with_why_and_the_rest_are_served(bus):
+    """Internal services publish requests directly: one no engine can serve as asked is refused
+    with its reason (and answered on its reply partition, so that its stream ends at once), one
+    whose reply log is not one is only dead-lettered (before it, a reply partition that did not
+    exist held up every other request's token-log lookup), and a takeover prefix outside the
+    model's vocabulary is answered with an error rather than served again and again."""
+    catalog = TopicCatalog(bus)
+    topic = catalog.requests(MODEL, "standard")
+    async with running_worker(bus, min_tokens=2, max_tokens=2) as worker, TokenbusClient(bus, idle_timeout=20) as client:
+        def stray(name: str, **fields) -> ChatRequest:
+            return dataclasses.replace(client.new_request(MODEL, [ChatMessage("user", "hi")], tier="standard",
+                                                          request_id=name), **fields)
+
+        answered = [stray("hot", temperature=-1.0), stray("nan", frequency_penalty=math.nan),
+                    stray("silent", messages=[]), stray("wizard", messages=[ChatMessage("wizard", "hi")]),
+                    stray("unnamed", tool_choice="function")]
+        unanswerable = [stray("no-partition", reply_partition=bus.token_partitions + 5),
+                        stray("negative-partition", reply_partition=-1), stray("to-control", reply_topic=catalog.control)]
+        beyond = stray("beyond", prefix_token_ids=[10**9], prefix_text="x")
+        streams = {r.request_id: client.router.open(r.request_id, r.reply_partition, r.reply_topic)
+                   for r in [*answered, beyond]}
+        producer = make_producer(bus)
+        await producer.start()
+        try:
+            for request in [*answered, *unanswerable, beyond]:  # one partition: each ahead of the good ones
+                await producer.send_and_wait(topic, codec.encode(request), key=request.request_id.encode(), partition=0)
+        finally:
+            await producer.stop()
+        good = [client.new_request(MODEL, [ChatMessage("user", f"after the strays {i}")], tier="standard")
+                for i in range(4)]
+        served = await asyncio.gather(*(tokens(client.stream(request)) for request in good))
+        assert served == [(2, "stop")] * 4
+        ends = {name: [reply.event async for reply in stream.events(idle_timeout=20)] for name, stream in streams.items()}
+        await wait_for(lambda: worker.completed == 5, 10, "the good requests and the refused prefix acknowledged")
+    assert {name: [(e.finish_reason, e.error) for e in events] for name, events in ends.items()} == {
+        "hot": [("error", "invalid_request: temperature -1.0 is not in [0, 2]")],
+        "nan": [("error", "invalid_request: frequency_penalty nan is not in [-2, 2]")],
+        "silent": [("error", "invalid_request: messages must not be empty")],
+        "wizard": [("error", "invalid_request: messages[0].role 'wizard' is not one of system, developer, user, "
+                             "assistant, tool")],
+        "unnamed": [("error", "invalid_request: tool_choice_name None names none of the request's tools")],
+        "beyond": [("error", f"invalid_request: token id 1000000000 is not in the model's vocabulary "
+                             f"(0 to {len(VOCABULARY) - 1})")],
+    }
+    dead = await read_all(bus, catalog.dlq, expected=8)
+    assert sorted((r.key.decode(), dict(r.headers)[HEADER_REASON].decode()) for r in dead) == sorted(
+        [(r.request_id, "invalid_request") for r in answered] + [(r.request_id, "no_reply_log") for r in unanswerable])
+    completions = [codec.decode(r.value, Completion) for r in await read_written(bus, catalog.completions)]
+    assert sorted(c.request_id for c in completions) == sorted([r.request_id for r in good] + ["beyond"])
+    assert [(c.finish_reason, c.completion_tokens) for c in completions if c.request_id == "beyond"] == [("error", 0)]
 
 
 class GatedEngine(SimulatedEngine):

@@ -1,0 +1,82 @@
+"""Requests a GPU consumer fetches and does not serve, and what becomes of them.
+
+A record that does not decode, a request on another model's or tier's topic (served here it would
+jump, or lose, its place among the tiers), one that asks for what no engine can do as asked
+(schemas/request_checks.py) and one whose reply log is not a reply log of this bus (its events
+would land in another topic, or in a partition nobody reads, and the token log's scan of a
+partition that does not exist would hold up every other lookup) go to ``dlq`` unchanged, with why
+in its headers. Where the request names a reply partition a reader may wait on, it is also
+answered there with a final event that says why, so that its stream ends at once rather than at
+its reader's idle timeout; nothing is billed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from aiokafka import ConsumerRecord
+
+from tokenbus.gpu_consumers.engines import FINISH_ERROR
+from tokenbus.schemas import ChatRequest, TokenEvent, request_problem
+from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog
+from tokenbus.topics.catalog import ROLLED_REPLY_LOG_PARTITIONS
+
+log = logging.getLogger(__name__)
+
+WRONG_ROUTE = "wrong_route"
+INVALID_REQUEST = "invalid_request"
+NO_REPLY_LOG = "no_reply_log"
+
+
+class Refusals:
+    """``known_partitions(topic)`` is what the worker's producer knows of a topic's partitions
+    (its cluster metadata; None where it knows nothing of the topic)."""
+
+    def __init__(self, catalog: TopicCatalog, dead_letters: DeadLetterPublisher, sender: RecordSender,
+                 worker_id: str, known_partitions: Callable[[str], set[int] | None]) -> None:
+        self._catalog = catalog
+        self._dead_letters = dead_letters
+        self._sender = sender
+        self._worker_id = worker_id
+        self._known_partitions = known_partitions
+
+    def reply_problem(self, request: ChatRequest) -> str | None:
+        """Why the request's events could not go where it says, or None."""
+        topic, partition = request.reply_topic, request.reply_partition
+        if not self._catalog.is_reply_log(topic):
+            return f"reply_topic {topic!r} is not a reply log of this bus"
+        if self._catalog.parse_rolled_reply_log(topic) is not None:
+            partitions: set[int] | None = set(range(ROLLED_REPLY_LOG_PARTITIONS))
+        else:
+            partitions = self._known_partitions(topic)
+        if partition < 0 or (partitions is not None and partition not in partitions):
+            return f"reply_partition {partition} is not a partition of {topic}"
+        return None
+
+    def route_problem(self, request: ChatRequest, model: str, tier: str | None) -> tuple[str, str] | None:
+        """``(reason, detail)`` where a worker of ``model`` fetching the request from ``tier``'s
+        topic does not serve it; None where it does."""
+        if request.model != model or request.tier != tier:
+            return WRONG_ROUTE, f"model={request.model} tier={request.tier}"
+        problem = self.reply_problem(request)
+        if problem is not None:
+            return NO_REPLY_LOG, problem
+        problem = request_problem(request)
+        if problem is not None:
+            return INVALID_REQUEST, problem
+        return None
+
+    async def dead_letter(self, record: ConsumerRecord, reason: str, detail: str) -> None:
+        await self._dead_letters.send(record, reason, detail)
+
+    async def refuse(self, record: ConsumerRecord, request: ChatRequest, reason: str, detail: str) -> None:
+        """Dead-letter the request and, where its reply partition is one, answer it there."""
+        await self._dead_letters.send(record, reason, detail)
+        if reason == NO_REPLY_LOG:
+            return
+        answer = TokenEvent(request.request_id, 0, finish_reason=FINISH_ERROR, error=f"{reason}: {detail}",
+                            prompt_tokens=0, completion_tokens=0, worker_id=self._worker_id,
+                            tenant=request.tenant or None, tier=request.tier)
+        await self._sender.send_and_wait(request.reply_topic, answer, request.request_id,
+                                         partition=request.reply_partition)

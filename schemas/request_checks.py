@@ -1,0 +1,66 @@
+"""What a ``ChatRequest`` may ask for: the ranges of OpenAI's API, in one place.
+
+The edge refuses a client's request outside them with a 400 (its protocol models take these
+bounds); internal services publish to the request topics directly, so a GPU consumer checks every
+request it fetches too and dead-letters one that asks for what no engine can do as asked (a
+negative temperature, a NaN penalty, no messages): served, it would come back as a wrong answer
+or stop the engine for every other request in its batch. ``TokenbusClient.publish`` checks before
+it sends, so a caller of the SDK learns at once.
+"""
+
+from __future__ import annotations
+
+from tokenbus.schemas.records import (
+    TOOL_CHOICE_AUTO,
+    TOOL_CHOICE_FUNCTION,
+    TOOL_CHOICE_NONE,
+    TOOL_CHOICE_REQUIRED,
+    ChatRequest,
+)
+
+TEMPERATURE_MAX = 2.0  # temperature in [0, TEMPERATURE_MAX]
+PENALTY_MAX = 2.0  # presence_penalty and frequency_penalty in [-PENALTY_MAX, PENALTY_MAX]
+# top_p in (0, 1]; max_tokens at least 1.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_CHOICES = (TOOL_CHOICE_NONE, TOOL_CHOICE_AUTO, TOOL_CHOICE_REQUIRED, TOOL_CHOICE_FUNCTION)
+REQUEST_ID_MAX_CHARS = 256
+
+
+class RequestOutOfRange(ValueError):
+    """A request no engine can serve as asked; the message says which field and why."""
+
+
+def check_request(request: ChatRequest) -> None:
+    """Raise ``RequestOutOfRange`` naming the first field out of range (nothing about where it is
+    served: its model, tier and reply partition are the consumer's to check)."""
+    problem = request_problem(request)
+    if problem is not None:
+        raise RequestOutOfRange(problem)
+
+
+def request_problem(request: ChatRequest) -> str | None:
+    """The first field of ``request`` out of range, said in a sentence; None when there is none."""
+    if not request.request_id or len(request.request_id) > REQUEST_ID_MAX_CHARS:
+        return f"request_id must be 1 to {REQUEST_ID_MAX_CHARS} characters"
+    if not request.messages:
+        return "messages must not be empty"
+    for index, message in enumerate(request.messages):
+        if message.role not in ROLES:
+            return f"messages[{index}].role {message.role!r} is not one of {', '.join(ROLES)}"
+    if request.max_tokens is not None and request.max_tokens < 1:
+        return f"max_tokens {request.max_tokens} is below 1"
+    if request.temperature is not None and not 0 <= request.temperature <= TEMPERATURE_MAX:  # NaN is in no range
+        return f"temperature {request.temperature} is not in [0, {TEMPERATURE_MAX:g}]"
+    if request.top_p is not None and not 0 < request.top_p <= 1:
+        return f"top_p {request.top_p} is not in (0, 1]"
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(request, name)
+        if not -PENALTY_MAX <= value <= PENALTY_MAX:
+            return f"{name} {value} is not in [-{PENALTY_MAX:g}, {PENALTY_MAX:g}]"
+    if request.tool_choice not in TOOL_CHOICES:
+        return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
+    if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:
+        return f"tool_choice_name {request.tool_choice_name!r} names none of the request's tools"
+    if any(token_id < 0 for token_id in request.prefix_token_ids):
+        return "prefix_token_ids must not be negative"
+    return None

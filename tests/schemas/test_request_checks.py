@@ -1,0 +1,55 @@
+"""What a ChatRequest may ask for (schemas/request_checks.py): each field out of range is named,
+the ends of each range are served, and NaN is in no range."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from tokenbus.schemas import ChatMessage, ChatRequest, RequestOutOfRange, ToolSpec, check_request, request_problem
+
+REQUEST = ChatRequest("r-1", "m", "standard", [ChatMessage("user", "hi")], "tokens", 0)
+
+
+def asking(**fields) -> ChatRequest:
+    return dataclasses.replace(REQUEST, **fields)
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"temperature": 0.0}, {"temperature": 2.0}, {"top_p": 1.0}, {"top_p": 1e-9}, {"max_tokens": 1},
+    {"presence_penalty": -2.0, "frequency_penalty": 2.0}, {"request_id": "r" * 256},
+    {"messages": [ChatMessage(role, "x") for role in ("system", "developer", "user", "assistant", "tool")]},
+    {"tools": [ToolSpec("get_weather")], "tool_choice": "function", "tool_choice_name": "get_weather"},
+    {"tool_choice": "required"}, {"prefix_token_ids": [0, 5]},
+], ids=str)
+def test_a_request_within_range_has_no_problem(fields):
+    assert request_problem(asking(**fields)) is None
+    check_request(asking(**fields))
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"request_id": ""}, "request_id must be 1 to 256 characters"),
+    ({"request_id": "r" * 257}, "request_id must be 1 to 256 characters"),
+    ({"messages": []}, "messages must not be empty"),
+    ({"messages": [ChatMessage("user", "a"), ChatMessage("robot", "b")]},
+     "messages[1].role 'robot' is not one of system, developer, user, assistant, tool"),
+    ({"max_tokens": 0}, "max_tokens 0 is below 1"),
+    ({"temperature": -0.5}, "temperature -0.5 is not in [0, 2]"),
+    ({"temperature": 2.5}, "temperature 2.5 is not in [0, 2]"),
+    ({"temperature": math.nan}, "temperature nan is not in [0, 2]"),
+    ({"top_p": 0.0}, "top_p 0.0 is not in (0, 1]"),
+    ({"top_p": math.inf}, "top_p inf is not in (0, 1]"),
+    ({"presence_penalty": -2.5}, "presence_penalty -2.5 is not in [-2, 2]"),
+    ({"frequency_penalty": math.nan}, "frequency_penalty nan is not in [-2, 2]"),
+    ({"tool_choice": "sometimes"}, "tool_choice 'sometimes' is not one of none, auto, required, function"),
+    ({"tools": [ToolSpec("a")], "tool_choice": "function", "tool_choice_name": "b"},
+     "tool_choice_name 'b' names none of the request's tools"),
+    ({"prefix_token_ids": [3, -1]}, "prefix_token_ids must not be negative"),
+], ids=str)
+def test_a_field_out_of_range_is_named(fields, problem):
+    assert request_problem(asking(**fields)) == problem
+    with pytest.raises(RequestOutOfRange) as raised:
+        check_request(asking(**fields))
+    assert str(raised.value) == problem
