@@ -31,15 +31,20 @@ NO_REPLY_LOG = "no_reply_log"
 
 class Refusals:
     """``known_partitions(topic)`` is what the worker's producer knows of a topic's partitions
-    (its cluster metadata; None where it knows nothing of the topic)."""
+    (its cluster metadata; None where it knows nothing of the topic). ``cost(request)`` is the
+    tokens a request holds in flight, ``budget`` the most the worker runs at once: a request that
+    costs more would be admitted alone and hold the worker until it finished."""
 
     def __init__(self, catalog: TopicCatalog, dead_letters: DeadLetterPublisher, sender: RecordSender,
-                 worker_id: str, known_partitions: Callable[[str], set[int] | None]) -> None:
+                 worker_id: str, known_partitions: Callable[[str], set[int] | None],
+                 cost: Callable[[ChatRequest], int], budget: int) -> None:
         self._catalog = catalog
         self._dead_letters = dead_letters
         self._sender = sender
         self._worker_id = worker_id
         self._known_partitions = known_partitions
+        self._cost = cost
+        self._budget = budget
 
     def reply_problem(self, request: ChatRequest) -> str | None:
         """Why the request's events could not go where it says, or None."""
@@ -65,6 +70,9 @@ class Refusals:
         problem = request_problem(request)
         if problem is not None:
             return INVALID_REQUEST, problem
+        if self._cost(request) > self._budget:
+            return INVALID_REQUEST, (f"max_tokens {request.max_tokens} with the prompt's ~{request.estimated_prompt_tokens} "
+                                     f"tokens exceeds the {self._budget} tokens a worker of this model holds in flight")
         return None
 
     async def dead_letter(self, record: ConsumerRecord, reason: str, detail: str) -> None:

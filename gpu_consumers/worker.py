@@ -146,7 +146,8 @@ class GpuWorker:
         # What the producer knows of the reply logs' partitions: ``tokens``' from the start.
         await self._producer.partitions_for(self.catalog.tokens)
         refusals = Refusals(self.catalog, DeadLetterPublisher(self._producer, self.catalog), self._sender,
-                            self.settings.worker_id, self._producer.client.cluster.partitions_for_topic)
+                            self.settings.worker_id, self._producer.client.cluster.partitions_for_topic,
+                            self._cost, self.settings.max_tokens_in_flight)
         self.intake.start(self._consumer, refusals)
         self._consumer.subscribe(self.intake.topics, listener=_Rebalance(self))
         log.info("worker %s serving %s in group %s", self.settings.worker_id, self.settings.model, self.group_id)
