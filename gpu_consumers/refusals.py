@@ -2,17 +2,16 @@
 
 A record that does not decode, a request on another model's or tier's topic (served here it would
 jump, or lose, its place among the tiers), one that asks for what no engine can do as asked
-(schemas/request_checks.py) and one whose reply log is not a reply log of this bus (its events
-would land in another topic, or in a partition nobody reads, and the token log's scan of a
-partition that does not exist would hold up every other lookup) go to ``dlq`` unchanged, with why
-in its headers. Where the request names a reply partition a reader may wait on, it is also
-answered there with a final event that says why, so that its stream ends at once rather than at
-its reader's idle timeout; nothing is billed.
+(schemas/request_checks.py, or more tokens than the worker holds in flight in all) and one whose
+reply log is not a reply log of this bus (its events would land in another topic, or in a
+partition nobody reads, and the token log's scan of a partition that does not exist would hold up
+every other lookup) go to ``dlq`` unchanged, with why in its headers. Where the request names a
+reply partition a reader may wait on, it is also answered there with a final event that says why,
+so that its stream ends at once rather than at its reader's idle timeout; nothing is billed.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from aiokafka import ConsumerRecord
@@ -21,8 +20,6 @@ from tokenbus.gpu_consumers.engines import FINISH_ERROR
 from tokenbus.schemas import ChatRequest, TokenEvent, request_problem
 from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog
 from tokenbus.topics.catalog import ROLLED_REPLY_LOG_PARTITIONS
-
-log = logging.getLogger(__name__)
 
 WRONG_ROUTE = "wrong_route"
 INVALID_REQUEST = "invalid_request"
