@@ -48,11 +48,12 @@ class Refusals:
         topic, partition = request.reply_topic, request.reply_partition
         if not self._catalog.is_reply_log(topic):
             return f"reply_topic {topic!r} is not a reply log of this bus"
-        if self._catalog.parse_rolled_reply_log(topic) is not None:
-            partitions: set[int] | None = set(range(ROLLED_REPLY_LOG_PARTITIONS))
-        else:
+        if topic == self._catalog.tokens:
             partitions = self._known_partitions(topic)
-        if partition < 0 or (partitions is not None and partition not in partitions):
+            present = partitions is None or partition in partitions
+        else:  # a rolled reply log
+            present = partition < ROLLED_REPLY_LOG_PARTITIONS
+        if partition < 0 or not present:
             return f"reply_partition {partition} is not a partition of {topic}"
         return None
 
