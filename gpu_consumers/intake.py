@@ -166,7 +166,7 @@ class RequestIntake:
         except DecodeError as exc:
             await self._refused(tp, record.offset, self._refusals.dead_letter(record, exc.reason, exc.detail))
             return
-        refused = self._refusals.route_problem(request, self._settings.model, self._tiers_by_topic.get(record.topic))
+        refused = await self._refusals.problem(request, self._settings.model, self._tiers_by_topic.get(record.topic))
         if refused is not None:  # the express lane passes it over the same way
             await self._refused(tp, record.offset, self._refusals.refuse(record, request, *refused))
             return

@@ -8,11 +8,17 @@ partition nobody reads, and the token log's scan of a partition that does not ex
 every other lookup) go to ``dlq`` unchanged, with why in its headers. Where the request names a
 reply partition a reader may wait on, it is also answered there with a final event that says why,
 so that its stream ends at once rather than at its reader's idle timeout; nothing is billed.
+
+A reply partition of ``tokens`` is checked against the worker's cluster metadata, which its
+client refreshes every ``metadata_max_age_ms`` (five minutes by default): on a miss it is
+refreshed at once (at most once a second), so that a partition added to ``tokens`` on a live
+cluster is served from its first request rather than refused until the next refresh.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 from aiokafka import ConsumerRecord
 
@@ -24,22 +30,27 @@ from tokenbus.topics.catalog import ROLLED_REPLY_LOG_PARTITIONS
 WRONG_ROUTE = "wrong_route"
 INVALID_REQUEST = "invalid_request"
 NO_REPLY_LOG = "no_reply_log"
+METADATA_REFRESH_MIN_INTERVAL_S = 1.0  # a stream of requests to a partition that is not there refreshes once a second
 
 
 class Refusals:
     """``known_partitions(topic)`` is what the worker's producer knows of a topic's partitions
-    (its cluster metadata; None where it knows nothing of the topic). ``cost(request)`` is the
+    (its cluster metadata; None where it knows nothing of the topic), ``refresh_metadata()`` fetches
+    that metadata again. ``cost(request)`` is the
     tokens a request holds in flight, ``budget`` the most the worker runs at once: a request that
     costs more would be admitted alone and hold the worker until it finished."""
 
     def __init__(self, catalog: TopicCatalog, dead_letters: DeadLetterPublisher, sender: RecordSender,
                  worker_id: str, known_partitions: Callable[[str], set[int] | None],
+                 refresh_metadata: Callable[[], Awaitable[object]],
                  cost: Callable[[ChatRequest], int], budget: int) -> None:
         self._catalog = catalog
         self._dead_letters = dead_letters
         self._sender = sender
         self._worker_id = worker_id
         self._known_partitions = known_partitions
+        self._refresh_metadata = refresh_metadata
+        self._refreshed_at = -METADATA_REFRESH_MIN_INTERVAL_S
         self._cost = cost
         self._budget = budget
 
@@ -72,6 +83,18 @@ class Refusals:
             return INVALID_REQUEST, (f"max_tokens {request.max_tokens} with the prompt's ~{request.estimated_prompt_tokens} "
                                      f"tokens exceeds the {self._budget} tokens a worker of this model holds in flight")
         return None
+
+    async def problem(self, request: ChatRequest, model: str, tier: str | None) -> tuple[str, str] | None:
+        """``route_problem``, asked again after a metadata refresh where the reply partition is one
+        ``tokens`` may have gained since the worker's metadata was fetched."""
+        refused = self.route_problem(request, model, tier)
+        if (refused is None or refused[0] != NO_REPLY_LOG or request.reply_topic != self._catalog.tokens
+                or request.reply_partition < 0
+                or time.monotonic() - self._refreshed_at < METADATA_REFRESH_MIN_INTERVAL_S):
+            return refused
+        self._refreshed_at = time.monotonic()
+        await self._refresh_metadata()
+        return self.route_problem(request, model, tier)
 
     async def dead_letter(self, record: ConsumerRecord, reason: str, detail: str) -> None:
         await self._dead_letters.send(record, reason, detail)

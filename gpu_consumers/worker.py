@@ -147,6 +147,7 @@ class GpuWorker:
         await self._producer.partitions_for(self.catalog.tokens)
         refusals = Refusals(self.catalog, DeadLetterPublisher(self._producer, self.catalog), self._sender,
                             self.settings.worker_id, self._producer.client.cluster.partitions_for_topic,
+                            self._producer.client.force_metadata_update,
                             self._cost, self.settings.max_tokens_in_flight)
         self.intake.start(self._consumer, refusals)
         self._consumer.subscribe(self.intake.topics, listener=_Rebalance(self))

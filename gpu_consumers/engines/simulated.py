@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import random
 import zlib
@@ -54,6 +55,8 @@ from tokenbus.gpu_consumers.engines.simulated_prompts import LastPrompt, PrefixC
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ToolSpec
 from tokenbus.topics import cancel_task
+
+log = logging.getLogger(__name__)
 
 VOCABULARY = """
 the bus carries every token from the engine to the edge and each event can be replayed so a
@@ -205,6 +208,15 @@ class _Sequence:
         self.finished = reason is not None
         self.outputs.put(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error, self.cached_tokens))
 
+    def advance(self) -> None:
+        """One step; a step that raises ends this sequence with an error, not the step loop (which
+        serves every other sequence on the worker)."""
+        try:
+            self.step()
+        except Exception as exc:  # noqa: BLE001 - one request's failure is reported on its stream
+            log.exception("simulated sequence %s failed", self.inp.request_id)
+            self._emit("", (), FINISH_ERROR, f"engine step failed: {exc}")
+
     def step(self) -> None:
         """Advance by one token, or finish."""
         if self.aborted:
@@ -347,7 +359,7 @@ class SimulatedEngine:
                     continue
                 if seq.ready_at <= now or seq.aborted:
                     seq.prefilled = True
-                    seq.step()
+                    seq.advance()
                 else:
                     waiting.append(seq.ready_at)
             self._running = [seq for seq in self._running if not seq.finished]
@@ -362,7 +374,7 @@ class SimulatedEngine:
             missed = int((loop.time() - next_step_at) / step_s) if self.settings.catch_up_all else 0
             for _ in range(1 + missed):  # back to back: their readers find them waiting
                 for seq in decoding:
-                    seq.step()
+                    seq.advance()
                 self.steps += 1
                 decoding = [seq for seq in decoding if not seq.finished]
                 if not decoding:

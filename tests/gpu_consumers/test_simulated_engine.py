@@ -179,6 +179,18 @@ async def test_injected_failures_end_with_error():
     assert outs[-1].finish_reason == FINISH_ERROR and outs[-1].error
 
 
+async def test_a_sequence_whose_step_raises_ends_alone_and_the_others_are_served():
+    """A NaN penalty (the bus refuses it; the engine must survive it anyway) makes the second
+    draw raise: that sequence ends with an error, and the step loop serves the rest to the end."""
+    settings = SimulatedEngineSettings(**FAST, min_tokens=6, max_tokens=6)
+    bad, good, later = await run(SimulatedEngine(settings), inp("bad", frequency_penalty=float("nan")),
+                                 inp("good"), inp("later", presence_penalty=0.5))
+    assert bad[-1].finish_reason == FINISH_ERROR and "weights" in bad[-1].error
+    assert bad[-1].completion_tokens == 1
+    assert good[-1].finish_reason == later[-1].finish_reason == FINISH_STOP
+    assert good[-1].completion_tokens == later[-1].completion_tokens == 6
+
+
 # -- function calls ------------------------------------------------------------------------
 
 def tool_request(request_id: str = "tools-1", **overrides) -> ChatRequest:
