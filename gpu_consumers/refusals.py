@@ -24,11 +24,11 @@ from aiokafka import ConsumerRecord
 
 from tokenbus.gpu_consumers.engines import FINISH_ERROR
 from tokenbus.schemas import ChatRequest, TokenEvent, request_problem
+from tokenbus.schemas.request_checks import INVALID_REQUEST
 from tokenbus.topics import DeadLetterPublisher, RecordSender, TopicCatalog
 from tokenbus.topics.catalog import ROLLED_REPLY_LOG_PARTITIONS
 
 WRONG_ROUTE = "wrong_route"
-INVALID_REQUEST = "invalid_request"
 NO_REPLY_LOG = "no_reply_log"
 METADATA_REFRESH_MIN_INTERVAL_S = 1.0  # a stream of requests to a partition that is not there refreshes once a second
 

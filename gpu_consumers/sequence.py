@@ -20,6 +20,7 @@ from tokenbus.gpu_consumers.engines import (
 from tokenbus.gpu_consumers.scheduler import Pending
 from tokenbus.gpu_consumers.token_log import Published
 from tokenbus.schemas import now_ms
+from tokenbus.schemas.request_checks import INVALID_REQUEST
 
 
 def stop_reason(cancel_reason: str) -> str:
@@ -80,7 +81,7 @@ class RunningSequence:
                 return self.stream
             except InvalidInput as exc:
                 self.refused = str(exc)
-        return _one(StepOutput("", (), 0, len(published.token_ids), FINISH_ERROR, f"invalid_request: {self.refused}"))
+        return _one(StepOutput("", (), 0, len(published.token_ids), FINISH_ERROR, f"{INVALID_REQUEST}: {self.refused}"))
 
     @property
     def engine_input(self) -> GenerationInput | None:

@@ -32,7 +32,8 @@ class StepEvents:
         request = self.request
         if self._calls is None and seq and out.finish_reason is None:  # most events: the fields left out are None
             return TokenEvent(request_id=request.request_id, seq=seq, text=out.text_diff,
-                              token_ids=list(out.token_ids_diff), error=out.error, worker_id=self._worker_id)
+                              token_ids=list(out.token_ids_diff), error=out.error, worker_id=self._worker_id,
+                              logprobs=list(out.logprobs))
         text, calls, raw_text, finish_reason = out.text_diff, [], None, out.finish_reason
         if self._calls is not None:
             parsed = self._calls.feed(out.text_diff)
@@ -59,4 +60,5 @@ class StepEvents:
             tenant=request.tenant if seq == 0 else None,
             tier=request.tier if seq == 0 else None,
             admitted_at_ms=self._admitted_at_ms if seq == 0 else None,
+            logprobs=list(out.logprobs),
         )

@@ -72,6 +72,28 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the likeliest tokens at a place in the output, and its log probability."""
+
+    schema_name: ClassVar[str] = "tokenbus.TopLogprob"  # a record inside a token event
+
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's text and log probability (under the distribution it was sampled from),
+    and the ``top_logprobs`` likeliest tokens in its place, likeliest first (OpenAI's ``logprobs``)."""
+
+    schema_name: ClassVar[str] = "tokenbus.TokenLogprob"  # a record inside a token event
+
+    token: str
+    logprob: float
+    top: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     schema_name: ClassVar[str] = "tokenbus.ChatMessage"  # a record inside a request and a completion
 
@@ -166,6 +188,10 @@ class ChatRequest:
     # logit once, ``frequency_penalty`` once for every time it occurs (0: none).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # OpenAI's log probabilities: each generated token's, and with ``top_logprobs`` that many of the
+    # likeliest tokens at each place (TokenEvent.logprobs).
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     @property
     def partition_key(self) -> str:
@@ -201,7 +227,7 @@ class TokenEvent:
     # event, one per token of every sequence, straight from its attributes, and reads one straight
     # into this class and those of the records inside it (``from_avro`` is for older schemas).
     avro_from_attributes: ClassVar[bool] = True
-    avro_record_classes: ClassVar[tuple[type, ...]] = (ToolCallDelta,)
+    avro_record_classes: ClassVar[tuple[type, ...]] = (ToolCallDelta, TokenLogprob, TopLogprob)
 
     request_id: str
     seq: int
@@ -224,6 +250,7 @@ class TokenEvent:
     tier: str | None = None
     admitted_at_ms: int | None = None  # on the first event: when the GPU consumer admitted the request
     cached_tokens: int | None = None  # of prompt_tokens, served from the engine's prefix cache (set with them)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, where the request asked
 
     @property
     def is_final(self) -> bool:
@@ -233,12 +260,18 @@ class TokenEvent:
         fields = shallow_fields(self)
         if self.tool_calls:
             fields["tool_calls"] = [shallow_fields(d) for d in self.tool_calls]
+        if self.logprobs:
+            fields["logprobs"] = [{"token": t.token, "logprob": t.logprob, "top": [shallow_fields(a) for a in t.top]}
+                                  for t in self.logprobs]
         return fields
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> TokenEvent:
         if data["tool_calls"]:
             data = {**data, "tool_calls": [ToolCallDelta(**d) for d in data["tool_calls"]]}
+        if data.get("logprobs"):
+            data = {**data, "logprobs": [TokenLogprob(t["token"], t["logprob"], [TopLogprob(**a) for a in t["top"]])
+                                         for t in data["logprobs"]]}
         return cls(**data)
 
 

@@ -24,6 +24,10 @@ PENALTY_MAX = 2.0  # presence_penalty and frequency_penalty in [-PENALTY_MAX, PE
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_CHOICES = (TOOL_CHOICE_NONE, TOOL_CHOICE_AUTO, TOOL_CHOICE_REQUIRED, TOOL_CHOICE_FUNCTION)
 REQUEST_ID_MAX_CHARS = 256
+# The reason a request out of range is refused with on the bus (a dead letter's reason, and the
+# start of its answer's ``error``: "invalid_request: why"), which an edge turns into a 400.
+INVALID_REQUEST = "invalid_request"
+TOP_LOGPROBS_MAX = 20  # OpenAI's chat completions: top_logprobs in [0, 20], and only with logprobs
 
 
 class RequestOutOfRange(ValueError):
@@ -57,6 +61,10 @@ def request_problem(request: ChatRequest) -> str | None:
         value = getattr(request, name)
         if not -PENALTY_MAX <= value <= PENALTY_MAX:
             return f"{name} {value} is not in [-{PENALTY_MAX:g}, {PENALTY_MAX:g}]"
+    if not 0 <= request.top_logprobs <= TOP_LOGPROBS_MAX:
+        return f"top_logprobs {request.top_logprobs} is not in [0, {TOP_LOGPROBS_MAX}]"
+    if request.top_logprobs and not request.logprobs:
+        return "top_logprobs needs logprobs"
     if request.tool_choice not in TOOL_CHOICES:
         return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
     if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:

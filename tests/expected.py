@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tests.conftest import SIM_SETTINGS
 from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams, SimulatedEngine, SimulatedEngineSettings
 from tokenbus.gpu_consumers.engines.tool_calls import HermesToolParser
-from tokenbus.schemas import ChatMessage, ToolSpec, whole_tool_calls
+from tokenbus.schemas import ChatMessage, TokenLogprob, ToolSpec, whole_tool_calls
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class Expected:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # where SamplingParams.logprobs asked for them
 
     @property
     def text(self) -> str:
@@ -25,9 +26,9 @@ class Expected:
 
 async def expected_output(messages: list[dict[str, str]], seed: int, max_tokens: int | None = None,
                           settings: SimulatedEngineSettings = SIM_SETTINGS, text_prompt: bool = False,
-                          **sampling: float) -> Expected:
+                          **sampling: float | int) -> Expected:
     """What the stack's engine answers; with ``text_prompt``, to the one message as a text
-    completion's prompt; ``sampling``: more of its SamplingParams (the penalties)."""
+    completion's prompt; ``sampling``: more of its SamplingParams (the penalties, logprobs)."""
     engine = SimulatedEngine(settings.model_copy(update={"ttft_ms": 0, "tokens_per_s": 100_000}))
     inp = GenerationInput(
         "expected",
@@ -41,7 +42,7 @@ async def expected_output(messages: list[dict[str, str]], seed: int, max_tokens:
     finally:
         await engine.close()
     return Expected([o.text_diff for o in outs if o.text_diff], outs[-1].finish_reason or "", outs[-1].prompt_tokens,
-                    outs[-1].completion_tokens)
+                    outs[-1].completion_tokens, tuple(t for o in outs for t in o.logprobs))
 
 
 async def expected_calls(messages: list[dict[str, str]], tools: list[ToolSpec], seed: int, tool_choice: str = "auto",

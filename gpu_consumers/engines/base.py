@@ -16,7 +16,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tokenbus.schemas import TOOL_CHOICE_AUTO, TOOL_CHOICE_NONE, ChatMessage, ChatRequest, ToolSpec
+from tokenbus.schemas import TOOL_CHOICE_AUTO, TOOL_CHOICE_NONE, ChatMessage, ChatRequest, TokenLogprob, ToolSpec
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -51,6 +51,9 @@ class SamplingParams:
     # each time it does (OpenAI's; vLLM's and TensorRT-LLM's count the output's tokens alone too).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Each generated token's log probability (StepOutput.logprobs), and this many of the likeliest
+    # tokens at its place; None: none (vLLM's and TensorRT-LLM's ``logprobs``).
+    logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:
@@ -104,6 +107,7 @@ class GenerationInput:
                 ignore_eos=request.ignore_eos,
                 presence_penalty=request.presence_penalty,
                 frequency_penalty=request.frequency_penalty,
+                logprobs=request.top_logprobs if request.logprobs else None,
             ),
         )
 
@@ -119,6 +123,7 @@ class StepOutput:
     finish_reason: str | None = None
     error: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, served from the engine's prefix cache
+    logprobs: tuple[TokenLogprob, ...] = ()  # one for each of token_ids_diff, where the sampling asks
 
     @property
     def finished(self) -> bool:
@@ -130,7 +135,7 @@ class StepOutput:
         collector merges a slow reader's deltas the same way). Counts and the finish are the later's."""
         return StepOutput(self.text_diff + later.text_diff, self.token_ids_diff + later.token_ids_diff,
                           later.prompt_tokens, later.completion_tokens, later.finish_reason, later.error,
-                          later.cached_tokens)
+                          later.cached_tokens, self.logprobs + later.logprobs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,3 +174,9 @@ def held_back_text(detokenizer: IncrementalDetokenizer, stops: StopFilter) -> st
     back (the start of a possible stop sequence), which no later token can turn into one now."""
     text, _ = stops.feed(detokenizer.flush())
     return text + stops.flush()
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """One token's text on its own, as log probabilities name it (vLLM's too): a token that holds
+    part of a character decodes to U+FFFD, and the stream's text, decoded whole, stays the truth."""
+    return str(tokenizer.decode([token_id]))

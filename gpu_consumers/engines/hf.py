@@ -11,7 +11,9 @@ honours each request's temperature and top-p; the slots also its ``seed`` (the s
 batch, and across a takeover), while the manager samples every request from one generator.
 OpenAI's presence and frequency penalties are the slots' alone (engines/hf_slot_penalties.py,
 greedy or sampled): the manager's logits processors take no per-request penalty, so it generates
-a penalized request as an unpenalized one and says so in the log, once.
+a penalized request as an unpenalized one and says so in the log, once. Log probabilities are
+the slots' alone too (hf_slot_logprobs.py): the manager computes them for every request or none,
+so a request that asks for them there is answered with an error that says so.
 
 Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
 ``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
@@ -38,16 +40,18 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
+    InvalidInput,
     PromptLayout,
     StepOutput,
     StepSink,
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash
-from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text, token_text
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config, load_model, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
+from tokenbus.schemas import TokenLogprob, TopLogprob
 
 log = logging.getLogger(__name__)
 
@@ -163,22 +167,32 @@ class _HfSequence:
                 self._engine.cancel(self._internal_id)
             self.end(FINISH_CANCELLED)
 
-    def _final(self, reason: str, text: str = "", ids: tuple[int, ...] = (), error: str | None = None) -> StepOutput:
+    def _final(self, reason: str, text: str = "", ids: tuple[int, ...] = (), error: str | None = None,
+               logprobs: tuple[TokenLogprob, ...] = ()) -> StepOutput:
         self.finished = True
-        return StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error, self.cached_tokens)
+        return StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error, self.cached_tokens,
+                          logprobs)
 
     def _step(self, delta: Delta) -> StepOutput:
         if delta.finish == FINISH_ERROR:
             return self._final(FINISH_ERROR, error=delta.error)
         new_ids = tuple(delta.ids)
         text, stopped = self._stops.feed(self._detokenizer.push(delta.ids))
+        logprobs = self._logprobs(delta) if delta.logprobs else ()
         if stopped:
             if not self._generation_done:
                 self._engine.cancel(self._internal_id)
-            return self._final(FINISH_STOP, text, new_ids)
+            return self._final(FINISH_STOP, text, new_ids, logprobs=logprobs)
         if delta.finish is not None:
-            return self._final(delta.finish, text + self._stops.flush(), new_ids)
-        return StepOutput(text, new_ids, self.prompt_tokens, self.completion_tokens, cached_tokens=self.cached_tokens)
+            return self._final(delta.finish, text + self._stops.flush(), new_ids, logprobs=logprobs)
+        return StepOutput(text, new_ids, self.prompt_tokens, self.completion_tokens, cached_tokens=self.cached_tokens,
+                          logprobs=logprobs)
+
+    def _logprobs(self, delta: Delta) -> tuple[TokenLogprob, ...]:
+        tokenizer = self._engine.tokenizer
+        return tuple(TokenLogprob(token_text(tokenizer, token_id), logprob,
+                                  [TopLogprob(token_text(tokenizer, t), lp) for t, lp in top])
+                     for token_id, logprob, top in delta.logprobs)
 
     def push_to(self, sink: StepSink) -> asyncio.Future[None]:
         """Each delta to ``sink`` as a step where it reaches the event loop (``each_step``); an
@@ -322,6 +336,9 @@ class HfEngine:
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
         check_token_ids(inp.prefix_token_ids, self._vocabulary_size)
+        if inp.sampling.logprobs is not None and self._slots is None:
+            raise InvalidInput("log probabilities are not served by the hf engine's manager batching "
+                               "(its slot batching serves them: TOKENBUS_HF_BATCHING=slots)")
         made = self.prompt(inp)
         prompt = made.ids
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
@@ -343,7 +360,8 @@ class HfEngine:
                                         seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids), named=made.blocks,
                                         ignore_eos=inp.sampling.ignore_eos,
                                         presence_penalty=inp.sampling.presence_penalty,
-                                        frequency_penalty=inp.sampling.frequency_penalty))
+                                        frequency_penalty=inp.sampling.frequency_penalty,
+                                        logprobs=inp.sampling.logprobs))
             return sequence
         if inp.sampling.penalized and not self._warned_penalties:
             self._warned_penalties = True

@@ -42,6 +42,7 @@ from typing import Any
 
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
+from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken, StepScores, step_scores
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
 from tokenbus.gpu_consumers.engines.hf_slot_penalties import SlotPenalties
 from tokenbus.gpu_consumers.engines.hf_slot_prefixes import SlotPrefixes
@@ -57,10 +58,11 @@ class Delta:
     finish: str | None = None
     error: str | None = None
     cached_tokens: int | None = None  # the first delta's: the prompt's tokens taken from the prefix cache
+    logprobs: list[ScoredToken] = field(default_factory=list)  # each token's, where the request asks
 
     def followed_by(self, later: Delta) -> Delta:
         cached = self.cached_tokens if later.cached_tokens is None else later.cached_tokens
-        return Delta(self.ids + later.ids, later.finish, later.error, cached)
+        return Delta(self.ids + later.ids, later.finish, later.error, cached, self.logprobs + later.logprobs)
 
 
 Deliver = Callable[[Delta], None]
@@ -81,6 +83,7 @@ class SlotRequest:
     ignore_eos: bool = False  # on past an end-of-sequence token, to max_new_tokens
     presence_penalty: float = 0.0  # OpenAI's penalties (hf_slot_penalties.py)
     frequency_penalty: float = 0.0
+    logprobs: int | None = None  # each token's log probability and this many likeliest (hf_slot_logprobs.py)
     wanted: tuple[int, ...] = ()  # the names of the prompt's blocks before its last token (the prefix cache)
     start: int = 0  # the prompt's positions its slot held before the prefill
     output: list[int] = field(default_factory=list)  # tokens handed out
@@ -264,9 +267,12 @@ class SlotBatcher:
         if deltas and self._loop is not None:
             self._loop.call_soon_threadsafe(_deliver_all, deltas)
 
-    def _advance(self, requests: list[SlotRequest], next_ids: list[int]) -> list[tuple[Deliver, Delta]]:
-        """Each request's new token, its finish if it has one; finished ones give up their slots."""
+    def _advance(self, requests: list[SlotRequest], next_ids: list[int],
+                 scores: StepScores | None = None) -> list[tuple[Deliver, Delta]]:
+        """Each request's new token (scored, where it asks), its finish if it has one; finished ones
+        give up their slots."""
         deltas = []
+        scored = scores.on_host() if scores is not None else {}
         for request, token in zip(requests, next_ids, strict=True):
             request.output.append(token)
             generated = len(request.output)
@@ -275,7 +281,8 @@ class SlotBatcher:
                 finish = FINISH_STOP
             elif generated >= request.max_new_tokens or len(request.prompt) + generated > self.max_model_len:
                 finish = FINISH_LENGTH  # the next token would have no cache position left
-            deltas.append((request.deliver, Delta([token], finish)))
+            score = scored.get(request.request_id)
+            deltas.append((request.deliver, Delta([token], finish, logprobs=[score] if score is not None else [])))
             if finish is not None:
                 self._release(request)
         return deltas
@@ -292,7 +299,8 @@ class SlotBatcher:
         for request in requests:
             self._penalties.admitted(request, logits.shape[-1])
         rows = self._torch.tensor(slots, device=self.device)
-        first = self._pick(logits, list(requests), rows)
+        first, picked_from = self._pick(logits, list(requests), rows)
+        scores = step_scores(picked_from, first, [(r, i) for i, r in enumerate(requests)])
         self._model.feed(first, rows)
         for request in requests:
             request.length, request.launched = len(request.prompt), 1
@@ -300,7 +308,7 @@ class SlotBatcher:
             self._running[request.slot] = request
             if self.prefixes is not None:  # both begin the prompt's chain
                 self.prefixes.prefilled(request.slot, request.prompt, max(request.wanted, request.named, key=len))
-        deltas = self._advance(requests, first.cpu().tolist())
+        deltas = self._advance(requests, first.cpu().tolist(), scores)
         for request, (_, delta) in zip(requests, deltas, strict=True):
             delta.cached_tokens = request.start
         return deltas
@@ -325,15 +333,16 @@ class SlotBatcher:
             by_row = [None] * rows
             for r in requests:
                 by_row[r.slot] = r
-        next_ids = self._pick(logits, by_row, self._penalties.rows(rows))
+        next_ids, picked_from = self._pick(logits, by_row, self._penalties.rows(rows))
+        scores = step_scores(picked_from, next_ids, [(r, r.slot) for r in requests])
         self._model.feed(next_ids)
-        return _Launched(requests, self._to_host(next_ids))
+        return _Launched(requests, self._to_host(next_ids), scores)
 
     def _collect(self, launched: _Launched) -> list[tuple[Deliver, Delta]]:
         """A launched step's tokens, once the device has them, for the sequences still running."""
         every_row = launched.tokens.result()
         live = [r for r in launched.requests if r.slot >= 0]  # not finished or cancelled meanwhile
-        return self._advance(live, [every_row[r.slot] for r in live])
+        return self._advance(live, [every_row[r.slot] for r in live], launched.scores)
 
     def _to_host(self, ids: Any) -> _HostCopy:
         """A copy of ``ids`` on its way to the host: on CUDA into one of two pinned buffers (the
@@ -348,14 +357,15 @@ class SlotBatcher:
         done.record()
         return _HostCopy(buffer, done)
 
-    def _pick(self, logits: Any, by_row: list[SlotRequest | None], slots: Any) -> Any:
+    def _pick(self, logits: Any, by_row: list[SlotRequest | None], slots: Any) -> tuple[Any, Any]:
         """The next token of each row (of slot ``slots``), on the device, past its request's
         penalties: greedy, or with ``do_sample`` the temperature, top-p and seed of each row's
-        request (``by_row``, read only then; None: a row no request holds)."""
+        request (``by_row``, read only then; None: a row no request holds). With the logits it
+        was picked from (past the penalties), which log probabilities are of."""
         logits = self._penalties.apply(logits, slots)
         picked = self._sample(logits, by_row) if self._do_sample else logits.argmax(-1)
         self._penalties.count(slots, picked)
-        return picked
+        return picked, logits
 
     def _sample(self, logits: Any, by_row: list[SlotRequest | None]) -> Any:
         torch = self._torch
@@ -411,6 +421,7 @@ class _HostCopy:
 class _Launched:
     requests: list[SlotRequest]
     tokens: _HostCopy
+    scores: StepScores | None = None
 
 
 def _deliver_all(deltas: list[tuple[Deliver, Delta]]) -> None:

@@ -7,7 +7,8 @@ admitted. Text is drawn from a small vocabulary by a generator seeded from the e
 seed and the request (its ``seed`` or its id), so a request's output is reproducible,
 and a sequence resumed after a prefix continues exactly as the uninterrupted one would. A
 presence or frequency penalty makes the words the output holds already less likely, as off their
-logits (``draw_word``).
+logits (``draw_word``). Asked for log probabilities, it gives each word's under the weights it
+was drawn from, and the likeliest words in its place (``word_logprob``).
 
 Offered tools, it calls them as a function-calling model would, in the ``hermes`` markup the
 worker parses (engines/tool_calls.py), a few characters a token: the named function when
@@ -53,7 +54,7 @@ from tokenbus.gpu_consumers.engines.detokenize import StopFilter
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 from tokenbus.gpu_consumers.engines.simulated_prompts import LastPrompt, PrefixCacheModel
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
-from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, ToolSpec
+from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, TokenLogprob, ToolSpec, TopLogprob
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
@@ -103,15 +104,35 @@ MARKUP_TOKEN_CHARS = 4  # a tool call's markup is generated this many characters
 MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in the call text
 
 
+def word_weights(sampling: SamplingParams, counts: dict[int, int]) -> list[float]:
+    """Each word's weight against a word the output does not hold yet: the penalties come off the
+    logits of words the output holds (``counts``), so such a word's is ``exp(-(presence + frequency * count))``."""
+    presence, frequency = sampling.presence_penalty, sampling.frequency_penalty
+    return [math.exp(-(presence + frequency * counts[i])) if i in counts else 1.0 for i in range(len(VOCABULARY))]
+
+
 def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, int]) -> int:
-    """The next word's place in VOCABULARY: uniform, as from equal logits, one draw of ``rng``. The
-    penalties come off the logits of words the output holds (``counts``), so such a word's weight is
-    ``exp(-(presence + frequency * count))`` of the others'."""
+    """The next word's place in VOCABULARY: uniform, as from equal logits (penalized: by
+    ``word_weights``), one draw of ``rng``."""
     if not sampling.penalized:
         return rng.randrange(len(VOCABULARY))
-    presence, frequency = sampling.presence_penalty, sampling.frequency_penalty
-    weights = [math.exp(-(presence + frequency * counts[i])) if i in counts else 1.0 for i in range(len(VOCABULARY))]
-    return rng.choices(range(len(VOCABULARY)), weights)[0]
+    return rng.choices(range(len(VOCABULARY)), word_weights(sampling, counts))[0]
+
+
+def word_logprob(sampling: SamplingParams, counts: dict[int, int] | None, token_id: int, space: str) -> TokenLogprob:
+    """The drawn word's log probability under the weights it was drawn with (``counts`` as they were
+    then), and the ``sampling.logprobs`` likeliest words (the first in VOCABULARY among equals).
+    ``space``: what goes before each word where it is generated."""
+    top = sampling.logprobs or 0
+    if counts is None:  # uniform
+        logprob = -math.log(len(VOCABULARY))
+        return TokenLogprob(space + VOCABULARY[token_id], logprob,
+                            [TopLogprob(space + VOCABULARY[i], logprob) for i in range(top)])
+    weights = word_weights(sampling, counts)
+    log_total = math.log(math.fsum(weights))
+    likeliest = sorted(range(len(VOCABULARY)), key=lambda i: -weights[i])[:top]
+    return TokenLogprob(space + VOCABULARY[token_id], math.log(weights[token_id]) - log_total,
+                        [TopLogprob(space + VOCABULARY[i], math.log(weights[i]) - log_total) for i in likeliest])
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:
@@ -204,9 +225,11 @@ class _Sequence:
             return out.finished
         return self.outputs.forward(take)
 
-    def _emit(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> None:
+    def _emit(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None,
+              logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         self.finished = reason is not None
-        self.outputs.put(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error, self.cached_tokens))
+        self.outputs.put(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error, self.cached_tokens,
+                                    logprobs))
 
     def advance(self) -> None:
         """One step; a step that raises ends this sequence with an error, not the step loop (which
@@ -230,36 +253,43 @@ class _Sequence:
         if self.markup:
             return self._step_markup()
         counts = self.counts
+        space = "" if self.generated == 0 else " "
         if counts is None:
             token_id = self.rng.randrange(len(VOCABULARY))
         else:
             token_id = draw_word(self.rng, self.inp.sampling, counts)
+        logprobs = (() if self.inp.sampling.logprobs is None
+                    else (word_logprob(self.inp.sampling, counts, token_id, space),))
+        if counts is not None:
             counts[token_id] = counts.get(token_id, 0) + 1
-        piece = VOCABULARY[token_id] if self.generated == 0 else " " + VOCABULARY[token_id]
+        piece = space + VOCABULARY[token_id]
         self.generated += 1
         text, stopped = self.stops.feed(self.unsent + piece)
         self.unsent = ""
         if stopped:
-            return self._emit(text, (token_id,), FINISH_STOP)
+            return self._emit(text, (token_id,), FINISH_STOP, logprobs=logprobs)
         if limit is not None and self.generated >= limit:
-            return self._emit(text + self.stops.flush(), (token_id,), FINISH_LENGTH)
+            return self._emit(text + self.stops.flush(), (token_id,), FINISH_LENGTH, logprobs=logprobs)
         if self.generated >= self.natural_length:
-            return self._emit(text + self.stops.flush(), (token_id,), FINISH_STOP)
-        self._emit(text, (token_id,))
+            return self._emit(text + self.stops.flush(), (token_id,), FINISH_STOP, logprobs=logprobs)
+        self._emit(text, (token_id,), logprobs=logprobs)
 
     def _step_markup(self) -> None:
         """One token of a tool-calling turn; it ends with the markup (stop sequences do not apply)."""
         start = self.generated * MARKUP_TOKEN_CHARS
-        piece = self.unsent + self.markup[start:start + MARKUP_TOKEN_CHARS]
+        token = self.markup[start:start + MARKUP_TOKEN_CHARS]
+        piece = self.unsent + token
         self.unsent = ""
         ids = (MARKUP_TOKEN_BASE + self.generated,)
         self.generated += 1
         limit = self.inp.sampling.max_tokens
+        top = self.inp.sampling.logprobs
+        logprobs = () if top is None else (TokenLogprob(token, 0.0, [TopLogprob(token, 0.0)][:top]),)  # no other choice
         if start + MARKUP_TOKEN_CHARS >= len(self.markup):
-            return self._emit(piece, ids, FINISH_STOP)
+            return self._emit(piece, ids, FINISH_STOP, logprobs=logprobs)
         if limit is not None and self.generated >= limit:
-            return self._emit(piece, ids, FINISH_LENGTH)
-        self._emit(piece, ids)
+            return self._emit(piece, ids, FINISH_LENGTH, logprobs=logprobs)
+        self._emit(piece, ids, logprobs=logprobs)
 
 
 class SimulatedEngine:

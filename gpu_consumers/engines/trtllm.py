@@ -35,7 +35,8 @@ from tokenbus.gpu_consumers.engines.base import (
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import chain_hash
-from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text, token_text
+from tokenbus.schemas import TokenLogprob, TopLogprob
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
@@ -137,15 +138,37 @@ class _TrtStream:
         self._detokenizer = IncrementalDetokenizer(tokenizer, inp.prefix_token_ids, inp.prefix_text)
         self._stops = StopFilter(inp.sampling.stop)
         self._aborted = False
+        self._top_logprobs = inp.sampling.logprobs
+        self._tokenizer = tokenizer
 
     def abort(self) -> None:
         if not self._aborted and self._output is not None and not self._output.finished:
             self._aborted = True
             self._output.abort()
 
-    def _step(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None) -> StepOutput:
+    def _step(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None,
+              logprobs: tuple[TokenLogprob, ...] = ()) -> StepOutput:
         return StepOutput(text, ids, self._prompt_tokens, len(self._detokenizer.token_ids), reason, error,
-                          self._cached_tokens)
+                          self._cached_tokens, logprobs)
+
+    def _logprobs(self, completion: Any, start: int, ids: tuple[int, ...]) -> tuple[TokenLogprob, ...]:
+        """The LLM API's ``logprobs`` of the tokens from ``start``: a dict of ``Logprob`` a token,
+        the sampled one's and the likeliest ones' (vLLM's form). A build that leaves the sampled
+        token out where it is not among the likeliest gives it the least shown, an upper bound."""
+        if self._top_logprobs is None:
+            return ()
+        entries = (getattr(completion, "logprobs", None) or [])[start:start + len(ids)]
+        if len(entries) != len(ids):
+            raise RuntimeError("TensorRT-LLM returned no log probabilities (a TensorRT engine needs "
+                               "gather_generation_logits; the PyTorch backend computes them)")
+        out = []
+        for token_id, entry in zip(ids, entries, strict=True):
+            ranked = sorted(entry.items(), key=lambda item: -item[1].logprob)
+            sampled = entry.get(token_id)
+            logprob = sampled.logprob if sampled is not None else ranked[-1][1].logprob
+            top = [TopLogprob(token_text(self._tokenizer, t), lp.logprob) for t, lp in ranked[:self._top_logprobs]]
+            out.append(TokenLogprob(token_text(self._tokenizer, token_id), logprob, top))
+        return tuple(out)
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
         if self._output is None:  # taken over at its limit: nothing to generate
@@ -165,17 +188,19 @@ class _TrtStream:
                 while waiting is not None and not out.finished and not waiting.empty():
                     await output.__anext__()  # returns at once: a response is waiting
                 completion = out.outputs[0]
+                start = read
                 ids, read = tuple(completion.token_ids[read:]), len(completion.token_ids)
+                logprobs = self._logprobs(completion, start, ids)
                 text, stopped = self._stops.feed(self._detokenizer.push(ids))
                 if stopped:
                     self.abort()
-                    yield self._step(text, ids, FINISH_STOP)
+                    yield self._step(text, ids, FINISH_STOP, logprobs=logprobs)
                     return
                 if out.finished:
                     reason = KNOWN_FINISH_REASONS.get(completion.finish_reason or "stop", FINISH_STOP)
-                    yield self._step(text + self._stops.flush(), ids, reason)
+                    yield self._step(text + self._stops.flush(), ids, reason, logprobs=logprobs)
                     return
-                yield self._step(text, ids)
+                yield self._step(text, ids, logprobs=logprobs)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the engine failed this request
@@ -285,6 +310,7 @@ class TrtLlmEngine:
             stop=list(s.stop) or None,
             ignore_eos=s.ignore_eos,
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
+            logprobs=s.logprobs,
             **penalties,
         )
         # A taken-over sequence continues after the tokens already published.

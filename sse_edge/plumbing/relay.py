@@ -14,15 +14,18 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from tokenbus.schemas import TokenEvent, ToolCall, whole_tool_calls
-from tokenbus.sse_edge.errors import ApiError, ClientClosed, ServerError, Unavailable
+from tokenbus.schemas import TokenEvent, TokenLogprob, ToolCall, whole_tool_calls
+from tokenbus.schemas.request_checks import INVALID_REQUEST
+from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd, StreamFormat
 from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
+from tokenbus.sse_edge.protocol.logprobs import content_logprobs
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
+REFUSED_AS_ASKED = f"{INVALID_REQUEST}: "
 
 
 def frame(body: dict[str, Any] | str, event_id: str | None = None) -> bytes:
@@ -47,6 +50,9 @@ def generation_error(event: TokenEvent) -> ApiError | None:
         # that says so, not with a server error (the client, or its disconnect, asked for it).
         return ApiError(409, "The generation was cancelled before it finished.", "invalid_request_error",
                         code="generation_cancelled")
+    if event.error and event.error.startswith(REFUSED_AS_ASKED):  # the engine cannot do what it asks
+        return InvalidRequest(f"The model cannot serve the request as asked: {event.error[len(REFUSED_AS_ASKED):]}",
+                              code=INVALID_REQUEST)
     message = event.error or f"generation ended: {event.finish_reason}"
     return ServerError(f"The model could not complete the request: {message}", code="generation_failed")
 
@@ -177,10 +183,12 @@ async def sse_frames(
 
 
 def event_chunks(event: TokenEvent, writer: ChunkWriter) -> list[str]:
-    """The chunks one token event becomes: its text with the finish reason, as one chunk; where
-    the event holds function calls, its text, a chunk per piece of a call, and the finish."""
+    """The chunks one token event becomes: its text with the finish reason (and its tokens' log
+    probabilities, where asked: a chunk for them even where a stop sequence holds the text back),
+    as one chunk; where the event holds function calls, its text, a chunk per piece of a call, and the finish."""
     if not event.tool_calls:
-        return [writer.delta(event.text, event.finish_reason)] if event.text or event.is_final else []
+        scored = content_logprobs(event)
+        return [writer.delta(event.text, event.finish_reason, scored)] if event.text or event.is_final or scored else []
     chunks = [writer.delta(event.text, None)] if event.text else []
     chunks += [writer.tool_call(d.index, d.id, d.name, d.arguments) for d in event.tool_calls]
     if event.is_final:
@@ -203,7 +211,7 @@ async def collect_completion(
         hooks.on_abandoned()
         raise ClientClosed()
     try:
-        text, calls, final = collecting.result()
+        text, calls, final, scored = collecting.result()
     except ReplyStreamError as exc:
         if exc.code == STREAM_IDLE:
             hooks.on_stalled()
@@ -214,11 +222,11 @@ async def collect_completion(
         raise error
     body = completion_body(request_id, model, text, final.finish_reason or "stop", final.prompt_tokens or 0,
                            final.completion_tokens or 0, [(c.id, c.name, c.arguments) for c in calls],
-                           final.cached_tokens or 0, text_completion)
+                           final.cached_tokens or 0, text_completion, scored)
     return JSONResponse(body, headers=headers)
 
 
-async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[ToolCall], TokenEvent]:
+async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[ToolCall], TokenEvent, list[TokenLogprob]]:
     delivered: list[TokenEvent] = []
     try:
         async for reply in events:
@@ -226,7 +234,8 @@ async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[
     finally:
         await events.aclose()
     text = "".join(e.text for e in delivered)
-    return text, whole_tool_calls(d for e in delivered for d in e.tool_calls), delivered[-1]
+    scored = [t for e in delivered for t in content_logprobs(e)]
+    return text, whole_tool_calls(d for e in delivered for d in e.tool_calls), delivered[-1], scored
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX
+from tokenbus.schemas import TokenLogprob
+from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX, TOP_LOGPROBS_MAX
+from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs
 
 
 class TextContentPart(BaseModel):
@@ -81,7 +84,7 @@ UNSUPPORTED = {
     "functions": "the deprecated `functions` (use `tools`)",
     "function_call": "the deprecated `function_call` (use `tool_choice`)", "audio": "audio output",
     "prediction": "predicted outputs",
-    "logprobs": "log probabilities", "top_logprobs": "log probabilities", "logit_bias": "logit bias",
+    "logit_bias": "logit bias",
     "web_search_options": "web search",
 }
 # vLLM's sampling extensions (clients send them in ``extra_body``), with the values that change
@@ -145,6 +148,11 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def logprobs_asked(self) -> tuple[bool, int]:
+        """Whether each token's log probability is asked for, and how many likeliest tokens' with it."""
+        return False, 0
+
 
 class ChatCompletionRequest(GenerationRequest):
     """The part of OpenAI's chat completion request that tokenbus serves."""
@@ -158,6 +166,19 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[ToolParam] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):  # OpenAI's rule (and vLLM's)
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return value
+
+    @property
+    def logprobs_asked(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
 
     @field_validator("metadata")
     @classmethod
@@ -223,7 +244,8 @@ class ChunkWriter:
     ``text_completion`` chunks of a text completion (OpenAI's legacy ``/v1/completions``), whose
     choices carry ``text`` where a chat's carry a ``delta`` (and no role chunk, nor calls)."""
 
-    __slots__ = ("request_id", "model", "created", "include_usage", "text", "_content_head", "_content_tail")
+    __slots__ = ("request_id", "model", "created", "include_usage", "text", "_content_head", "_content_tail",
+                 "_text_logprobs")
 
     def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None,
                  text: bool = False) -> None:
@@ -239,6 +261,7 @@ class ChunkWriter:
         choice = '"choices":[{"index":0,"text":' if text else '"choices":[{"index":0,"delta":'
         self._content_head = head[: head.index('"choices":[')] + choice
         self._content_tail = "]" + (',"usage":null}' if include_usage else "}")
+        self._text_logprobs = TextLogprobs() if text else None
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -256,14 +279,19 @@ class ChunkWriter:
     def role(self) -> dict[str, Any]:
         return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
 
-    def delta(self, text: str, finish_reason: str | None) -> str:
-        """A content chunk as JSON text, rendered from the fixed parts."""
+    def delta(self, text: str, finish_reason: str | None, logprobs: Sequence[TokenLogprob] = ()) -> str:
+        """A content chunk as JSON text, rendered from the fixed parts; ``logprobs``, its tokens'
+        (protocol/logprobs.py), where the request asked for them."""
         if self.text:
             delta = _json_string(text)
         else:
             delta = '{"content":' + _json_string(text) + "}" if text else "{}"
         finish = "null" if finish_reason is None else _json_string(finish_reason)
-        return f'{self._content_head}{delta},"logprobs":null,"finish_reason":{finish}}}{self._content_tail}'
+        scored = "null"
+        if logprobs:
+            body = self._text_logprobs.of(logprobs) if self._text_logprobs is not None else chat_logprobs(logprobs)
+            scored = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+        return f'{self._content_head}{delta},"logprobs":{scored},"finish_reason":{finish}}}{self._content_tail}'
 
     def tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> str:
         """A chunk of a function call: the first one of a call has its id and name, later ones
@@ -288,13 +316,16 @@ def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
 def completion_body(
     request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
     tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0, text_completion: bool = False,
+    logprobs: Sequence[TokenLogprob] = (),
 ) -> dict[str, Any]:
     """A ``chat.completion``; with ``text_completion``, the ``text_completion`` of OpenAI's legacy
-    ``/v1/completions`` (a choice's ``text`` in place of its message)."""
+    ``/v1/completions`` (a choice's ``text`` in place of its message). ``logprobs``: its content
+    tokens', where the request asked for them (protocol/logprobs.py)."""
     if text_completion:
         return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
                 "system_fingerprint": None,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+                "choices": [{"index": 0, "text": text, "logprobs": TextLogprobs().of(logprobs) if logprobs else None,
+                             "finish_reason": finish_reason}],
                 "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens)}
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if tool_calls:
@@ -309,7 +340,7 @@ def completion_body(
             {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": chat_logprobs(logprobs) if logprobs else None,
                 "finish_reason": finish_reason,
             }
         ],

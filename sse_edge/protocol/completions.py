@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from tokenbus.schemas.request_checks import TOP_LOGPROBS_MAX
 from tokenbus.sse_edge.protocol.chat import GenerationRequest
 
 # What the legacy API offers that tokenbus does not serve, with what a request may send for it.
 TEXT_UNSUPPORTED = {
-    "logprobs": "log probabilities", "logit_bias": "logit bias", "echo": "echoing the prompt",
+    "logit_bias": "logit bias", "echo": "echoing the prompt",
     "suffix": "a suffix (insertion)",
 }
 DEFAULT_MAX_TOKENS = 16  # OpenAI's for text completions (and vLLM's)
@@ -26,6 +27,13 @@ class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     best_of: int | None = Field(default=None, ge=1, le=1)
+    # The legacy API's one field: each token's log probability and this many likeliest tokens'
+    # (OpenAI takes up to 5; vLLM, as here, up to 20).
+    logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
+
+    @property
+    def logprobs_asked(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
 
     @property
     def prompt_text(self) -> str:

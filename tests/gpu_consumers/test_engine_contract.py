@@ -386,6 +386,30 @@ async def test_a_continuation_at_its_token_limit_only_ends(engine):
     assert sent + text_of(rest) == text_of(full)
 
 
+async def test_asked_for_logprobs_each_token_is_scored_with_the_likeliest_first(engine):
+    """Each generated token's log probability and the likeliest tokens' in its place, likeliest
+    first, one entry a token; asking changes no token. Greedy decoding (hf, TensorRT-LLM's fake)
+    picks the likeliest: its log probability is the first alternative's. Transformers' manager
+    batching computes log probabilities for every request or none (engines/hf.py): it refuses."""
+    inp = request(17, "tell me a story", max_tokens=8, logprobs=3)
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="log probabilities are not served"):
+            engine.generate(inp)
+        return
+    outs = await collect(engine, inp)
+    plain = await collect(engine, request(17, "tell me a story", max_tokens=8))
+    assert [o.token_ids_diff for o in outs] == [o.token_ids_diff for o in plain]
+    assert [len(o.logprobs) for o in outs] == [len(o.token_ids_diff) for o in outs]
+    scored = [t for o in outs for t in o.logprobs]
+    assert len(scored) == 8
+    for t in scored:
+        likeliest = [a.logprob for a in t.top]
+        assert len(likeliest) == 3 and likeliest == sorted(likeliest, reverse=True)
+        assert all(lp <= 0 for lp in [t.logprob, *likeliest]) and t.logprob <= likeliest[0] + 1e-5
+    if engine.name != "simulated":
+        assert all(t.token == t.top[0].token and t.logprob == pytest.approx(t.top[0].logprob) for t in scored)
+
+
 async def test_a_prefix_outside_the_vocabulary_is_refused_and_the_engine_serves_on(engine):
     """A takeover's prefix comes off the bus: an id the model does not have is refused before it
     reaches the model (on CUDA it would stop the process), and the engine serves the next request."""

@@ -88,6 +88,42 @@ async def test_sequences_batched_in_slots_decode_what_plain_generate_decodes(sha
         await engine.close()
 
 
+async def test_log_probabilities_are_those_of_the_model_s_own_logits(sharp_model):
+    """Batched with requests that do not ask (and one that asks for fewer), each token's log
+    probability and its likeliest tokens are the log-softmax of the logits transformers' own
+    ``generate`` scores that prompt with alone, step for step (the prefill's token and the decode steps')."""
+    import torch
+
+    engine = await started(sharp_model)
+    try:
+        inputs = [request(i, text, 6, logprobs=3 if i % 2 == 0 else None) for i, text in enumerate(PROMPTS)]
+        inputs.append(request(9, PROMPTS[1], 6, logprobs=0))
+        served = await asyncio.gather(*(collect_outs(engine, inp) for inp in inputs))
+        for inp, outs in zip(inputs, served, strict=True):
+            scored = [t for o in outs for t in o.logprobs]
+            if inp.sampling.logprobs is None:
+                assert scored == []
+                continue
+            prompt = torch.tensor([engine.prompt_ids(inp)])
+            out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+            ids = [t for o in outs for t in o.token_ids_diff]
+            assert len(scored) == len(ids) == 6
+            for step, (token_id, token) in enumerate(zip(ids, scored, strict=True)):
+                expected = torch.log_softmax(out.scores[step][0].float(), -1)
+                assert token.logprob == pytest.approx(expected[token_id].item(), abs=1e-4)
+                top = expected.topk(inp.sampling.logprobs)
+                assert [a.logprob for a in token.top] == pytest.approx(top.values.tolist(), abs=1e-4)
+                assert [a.token for a in token.top] == [engine.tokenizer.decode([i]) for i in top.indices.tolist()]
+                assert token.token == engine.tokenizer.decode([token_id])
+    finally:
+        await engine.close()
+
+
+async def collect_outs(engine: HfEngine, inp: GenerationInput) -> list:
+    return [out async for out in engine.generate(inp)]
+
+
 async def test_requests_beyond_the_slots_wait_for_one_and_give_the_same_tokens(sharp_model):
     engine = await started(sharp_model, max_num_seqs=2)
     try:

@@ -1,7 +1,10 @@
 import asyncio
 import dataclasses
 import json
+import math
 import time
+
+import pytest
 
 from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
@@ -16,10 +19,11 @@ from tokenbus.gpu_consumers.engines import (
     simulated_prompts,
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes
+from tokenbus.gpu_consumers.engines.simulated import VOCABULARY
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.token_log import Published
-from tokenbus.schemas import ChatMessage, ChatRequest, TokenEvent, ToolCall, ToolSpec, whole_tool_calls
+from tokenbus.schemas import ChatMessage, ChatRequest, TokenEvent, TokenLogprob, ToolCall, ToolSpec, whole_tool_calls
 
 FAST = dict(ttft_ms=1, tokens_per_s=2000)
 
@@ -189,6 +193,58 @@ async def test_a_sequence_whose_step_raises_ends_alone_and_the_others_are_served
     assert bad[-1].completion_tokens == 1
     assert good[-1].finish_reason == later[-1].finish_reason == FINISH_STOP
     assert good[-1].completion_tokens == later[-1].completion_tokens == 6
+
+
+# -- log probabilities ---------------------------------------------------------------------
+
+async def test_asked_for_logprobs_each_token_has_its_own_and_the_likeliest_words():
+    """Unpenalized, every word is equally likely: each token's log probability is -log of the
+    vocabulary's size, and the likeliest words are the vocabulary's first (ties go to the first)."""
+    settings = SimulatedEngineSettings(**FAST, min_tokens=6, max_tokens=6)
+    (outs,) = await run(SimulatedEngine(settings), inp(seed=3, logprobs=3))
+    scored = [t for o in outs for t in o.logprobs]
+    assert [len(o.logprobs) for o in outs] == [len(o.token_ids_diff) for o in outs]
+    assert "".join(t.token for t in scored) == "".join(o.text_diff for o in outs)
+    assert {t.logprob for t in scored} == {-math.log(len(VOCABULARY))}
+    assert [[a.token.strip() for a in t.top] for t in scored] == [VOCABULARY[:3]] * 6
+    (plain,) = await run(SimulatedEngine(settings), inp(seed=3))
+    assert all(o.logprobs == () for o in plain)  # not asked: none
+    assert [o.text_diff for o in plain] == [o.text_diff for o in outs]  # asking changes no draw
+
+
+async def test_penalized_logprobs_are_those_of_the_weights_drawn_from():
+    """With a presence penalty p and n distinct words (vocabulary places) out already, a word not
+    out yet has weight 1 against exp(-p) for each of those: log probability -log(V - n + n exp(-p)),
+    and the likeliest words are the first places not out yet."""
+    p = 1.5
+    settings = SimulatedEngineSettings(**FAST, min_tokens=8, max_tokens=8)
+    (outs,) = await run(SimulatedEngine(settings), inp(seed=4, presence_penalty=p, logprobs=4))
+    seen: set[int] = set()
+    for out in outs:
+        (scored,), (token_id,) = out.logprobs, out.token_ids_diff
+        n = len(seen)
+        unseen = -math.log(len(VOCABULARY) - n + n * math.exp(-p))
+        assert scored.logprob == pytest.approx(unseen - p if token_id in seen else unseen)
+        assert [a.logprob for a in scored.top] == pytest.approx([unseen] * 4)
+        first_unseen = [i for i in range(len(VOCABULARY)) if i not in seen][:4]
+        assert [a.token.strip() for a in scored.top] == [VOCABULARY[i] for i in first_unseen]
+        seen.add(token_id)
+    assert len(seen) > 1
+
+
+async def test_a_tool_call_s_markup_tokens_are_certain():
+    request = tool_request(logprobs=True, top_logprobs=2)
+    inp_ = GenerationInput.from_request(request)
+    [outs] = await run(SimulatedEngine(SimulatedEngineSettings(**FAST)), inp_)
+    scored = [t for o in outs for t in o.logprobs]
+    assert "".join(t.token for t in scored) == "".join(o.text_diff for o in outs)
+    assert {t.logprob for t in scored} == {0.0} and all(len(t.top) == 1 for t in scored)
+
+
+def test_steps_taken_as_one_keep_every_token_s_logprobs():
+    first = StepOutput("a", (1,), 2, 1, logprobs=(TokenLogprob("a", -1.0),))
+    later = StepOutput(" b", (2,), 2, 2, "stop", logprobs=(TokenLogprob(" b", -2.0),))
+    assert first.followed_by(later).logprobs == (TokenLogprob("a", -1.0), TokenLogprob(" b", -2.0))
 
 
 # -- function calls ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.schemas.test_avro_writer import SCHEMAS, datums, fastavro_bytes
-from tokenbus.schemas import AvroCodec, Control, ControlAction, TokenEvent, ToolCallDelta
+from tokenbus.schemas import AvroCodec, Control, ControlAction, TokenEvent, TokenLogprob, ToolCallDelta, TopLogprob
 from tokenbus.schemas.avro_reader import compile_reader, long_at
 from tokenbus.schemas.avro_source import NotCompiled
 from tokenbus.schemas.codec import HEADER_SIZE, DecodeError
@@ -46,10 +46,11 @@ def test_longs_of_every_length(n):
 def test_token_events_read_into_their_classes_as_their_dicts_make_them(data):
     schema = SCHEMAS["token_event"]
     written = fastavro_bytes(schema, data.draw(datums(schema)))
-    classes = {"tokenbus.TokenEvent": TokenEvent, "tokenbus.ToolCallDelta": ToolCallDelta}
+    classes = {t.schema_name: t for t in (TokenEvent, *TokenEvent.avro_record_classes)}
     event, end = compile_reader(schema, classes)(written, 0)
     assert end == len(written)
     assert type(event) is TokenEvent and all(type(d) is ToolCallDelta for d in event.tool_calls)
+    assert all(type(t) is TokenLogprob and all(type(a) is TopLogprob for a in t.top) for t in event.logprobs)
     assert event == TokenEvent.from_avro(fastavro_value(schema, written))
 
 

@@ -17,9 +17,11 @@ from tokenbus.schemas import (
     DecodeError,
     ModerationDecision,
     TokenEvent,
+    TokenLogprob,
     ToolCall,
     ToolCallDelta,
     ToolSpec,
+    TopLogprob,
 )
 from tokenbus.schemas.codec import SCHEMA_DIR, SINGLE_OBJECT_MAGIC, schema_fingerprint
 from tokenbus.schemas.records import RECORD_TYPES
@@ -65,6 +67,10 @@ RECORDS = [
                raw_text='<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>'),
     Completion("chatcmpl-1", "m", "standard", "", "tool_calls", 3, 9, 1, 2, 3,
                tool_calls=[ToolCall("call_1", "f", '{"a":1}')]),
+    TokenEvent("chatcmpl-1", 3, " bus", [11, 12],
+               logprobs=[TokenLogprob(" b", -0.5, [TopLogprob(" b", -0.5), TopLogprob(" a", -1.25)]),
+                         TokenLogprob("us", -0.0)]),
+    sample_request(logprobs=True, top_logprobs=5),
     Control("chatcmpl-1", ControlAction.CANCEL, "client went away"),
     CacheReport("w-1", "m", 1_700_000_000_000, 4, snapshot=True, stored=[CachedPrefix(-(2**63), 64), CachedPrefix(7, 16)],
                 removed=[2**63 - 1], partitions=[("tokenbus.requests.m.standard", 2)], running=3, waiting=1),

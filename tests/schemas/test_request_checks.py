@@ -22,7 +22,8 @@ def asking(**fields) -> ChatRequest:
     {"presence_penalty": -2.0, "frequency_penalty": 2.0}, {"request_id": "r" * 256},
     {"messages": [ChatMessage(role, "x") for role in ("system", "developer", "user", "assistant", "tool")]},
     {"tools": [ToolSpec("get_weather")], "tool_choice": "function", "tool_choice_name": "get_weather"},
-    {"tool_choice": "required"}, {"prefix_token_ids": [0, 5]},
+    {"tool_choice": "required"}, {"prefix_token_ids": [0, 5]}, {"logprobs": True},
+    {"logprobs": True, "top_logprobs": 20},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -47,6 +48,9 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"tools": [ToolSpec("a")], "tool_choice": "function", "tool_choice_name": "b"},
      "tool_choice_name 'b' names none of the request's tools"),
     ({"prefix_token_ids": [3, -1]}, "prefix_token_ids must not be negative"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs 21 is not in [0, 20]"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs -1 is not in [0, 20]"),
+    ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
 ], ids=str)
 def test_a_field_out_of_range_is_named(fields, problem):
     assert request_problem(asking(**fields)) == problem

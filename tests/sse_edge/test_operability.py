@@ -51,7 +51,9 @@ async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
     ("extra", "param", "code"),
     [
         ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
-        ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+        ({"logit_bias": {"5": 1}}, "logit_bias", "unsupported_parameter"),
+        ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
         ({"response_format": {"type": "json_schema"}}, "response_format.type", "unsupported_value"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
         ({"max_tokens": 100_000}, "max_tokens", "invalid_value"),

@@ -13,7 +13,7 @@ from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
-from tokenbus.sse_edge.plumbing.relay import RelayHooks, frame, sse_frames
+from tokenbus.sse_edge.plumbing.relay import RelayHooks, frame, generation_error, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
 from tokenbus.topics import BusSettings, ReplyEvent, ReplyStream
@@ -229,3 +229,15 @@ async def test_a_direct_write_that_fails_ends_the_stream_in_its_task_not_in_the_
     turn.offer(1, "b")  # the router's call returns: the failure is not its own
     with pytest.raises(RuntimeError, match="refused the write"):
         await turn.task
+
+
+@pytest.mark.parametrize(("error", "status", "code"), [
+    ("invalid_request: log probabilities are not served by the hf engine's manager batching", 400, "invalid_request"),
+    ("engine step failed: out of memory", 500, "generation_failed"),
+])
+def test_a_request_the_engine_refused_as_asked_is_a_bad_request_and_a_failure_a_server_error(error, status, code):
+    """The GPU consumer answers a request no engine can serve as asked with ``invalid_request: why``
+    (gpu_consumers/refusals.py, sequence.py): the client asked for it, so it is theirs to change."""
+    raised = generation_error(TokenEvent("r", 3, finish_reason="error", error=error))
+    assert raised is not None and (raised.status, raised.body()["error"]["code"]) == (status, code)
+    assert error.removeprefix("invalid_request: ") in raised.body()["error"]["message"]

@@ -7,7 +7,8 @@ and ``generate_async(inputs, sampling_params, streaming=True)`` returning a
 ``RequestOutput`` that is async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``)
 carries cumulative ``text`` / ``token_ids`` and per-step ``text_diff`` /
 ``token_ids_diff`` and ``finish_reason`` ("stop", "length", "cancelled"), with
-``finished`` and ``abort()`` (text only while ``SamplingParams.detokenize``; the engine runs
+``finished`` and ``abort()``, and with ``SamplingParams.logprobs`` a dict of ``Logprob`` for each
+token in ``logprobs`` (text only while ``SamplingParams.detokenize``; the engine runs
 ahead of its reader, queuing a response every ``stream_interval`` steps of the LLM's in the
 result's ``aqueue``), and ``get_stats(timeout)``, a list of iteration stats whose
 ``kvCacheStats`` holds ``maxNumBlocks``, ``usedNumBlocks``, ``freeNumBlocks`` and
@@ -49,6 +50,15 @@ class SamplingParams:
     presence_penalty: float = 0.0  # the fake: any penalty moves on past tokens the output holds
     frequency_penalty: float = 0.0
     prompt_ignore_length: int = 0  # tokens at the input's start the penalties do not count
+    logprobs: int | None = None  # the sampled token's log probability and this many likeliest tokens'
+
+
+@dataclass
+class Logprob:
+    """``tensorrt_llm.executor.result.Logprob``: a token's log probability and its rank (1: likeliest)."""
+
+    logprob: float
+    rank: int | None = None
 
 
 @dataclass
@@ -59,6 +69,9 @@ class CompletionOutput:
     finish_reason: str | None = None
     text_diff: str = ""
     token_ids_diff: list[int] = field(default_factory=list)
+    # With SamplingParams.logprobs, one dict a token as vLLM's (TokenLogprobs): the sampled token's
+    # and the ``logprobs`` likeliest tokens' Logprob, by token id.
+    logprobs: list[dict[int, Logprob]] | None = None
 
 
 class ResponseQueue:
@@ -146,6 +159,9 @@ class RequestOutput:
         completion = self.outputs[0]
         completion.token_ids_diff = tokens
         completion.token_ids = completion.token_ids + tokens
+        if self._params.logprobs is not None:
+            completion.logprobs = (completion.logprobs or []) + [self._llm.logprobs_of(t, self._params.logprobs)
+                                                                 for t in tokens]
         if self._params.detokenize:
             text = self._llm.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             stops = [i for stop in self._params.stop or [] if (i := text.find(stop)) != -1]
@@ -218,6 +234,12 @@ class LLM:
         while token == self.tokenizer.eos_token_id or (token in penalized and len(penalized) < self._vocab - 1):
             token = (token + 1) % self._vocab
         return token
+
+    def logprobs_of(self, token: int, top: int) -> dict[int, Logprob]:
+        """The fake's distribution at a place: the token it picked is the likeliest, at -0.25, and
+        the ids after it follow, one nat apart each (the picked one is rank 1, as greedy decoding's)."""
+        likeliest = {(token + j) % self._vocab: Logprob(-0.25 - j, j + 1) for j in range(top)}
+        return {token: Logprob(-0.25, 1), **likeliest}
 
     def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None,
                        streaming: bool = False) -> RequestOutput:

@@ -1,0 +1,55 @@
+"""OpenAI's two shapes of log probabilities, made from the ``TokenLogprob`` records token events
+carry (one per generated token, where the request asked).
+
+A chat completion's ``logprobs`` is ``{"content": [...]}``, an item a token: its text, its log
+probability, its UTF-8 ``bytes`` (a token can hold part of a character) and ``top_logprobs``, the
+likeliest tokens in its place, each in the same form. A text completion's (the legacy API's) is
+four lists: ``tokens``, ``token_logprobs``, ``top_logprobs`` (a dict a place, the likeliest
+tokens' and the sampled one's, as vLLM's) and ``text_offset``, where each token starts in the text.
+
+Only content is scored: the tokens of an event whose text is not what the engine wrote (function
+call markup the worker read into ``tool_calls``) are left out, as OpenAI's ``content`` holds the
+message's content tokens alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tokenbus.schemas import TokenEvent, TokenLogprob
+
+
+def content_logprobs(event: TokenEvent) -> Sequence[TokenLogprob]:
+    """The log probabilities of an event's content tokens (none for function-call markup)."""
+    return event.logprobs if event.raw_text is None else ()
+
+
+def chat_logprobs(tokens: Iterable[TokenLogprob]) -> dict[str, Any]:
+    """``choices[].logprobs`` of a chat completion or chunk."""
+    return {"content": [_chat_item(t.token, t.logprob) | {"top_logprobs": [_chat_item(a.token, a.logprob) for a in t.top]}
+                        for t in tokens]}
+
+
+def _chat_item(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+class TextLogprobs:
+    """``choices[].logprobs`` of a text completion, chunk by chunk: ``text_offset`` runs on over
+    the chunks of one stream."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def of(self, tokens: Iterable[TokenLogprob]) -> dict[str, Any]:
+        body: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for t in tokens:
+            body["tokens"].append(t.token)
+            body["token_logprobs"].append(t.logprob)
+            body["top_logprobs"].append({t.token: t.logprob} | {a.token: a.logprob for a in t.top})
+            body["text_offset"].append(self.offset)
+            self.offset += len(t.token)
+        return body
