@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from tokenbus.schemas import TokenLogprob
 from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX, TOP_LOGPROBS_MAX
-from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs
+from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs, chat_logprobs_json
 
 
 class TextContentPart(BaseModel):
@@ -288,9 +288,10 @@ class ChunkWriter:
             delta = '{"content":' + _json_string(text) + "}" if text else "{}"
         finish = "null" if finish_reason is None else _json_string(finish_reason)
         scored = "null"
-        if logprobs:
-            body = self._text_logprobs.of(logprobs) if self._text_logprobs is not None else chat_logprobs(logprobs)
-            scored = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+        if logprobs and self._text_logprobs is not None:
+            scored = json.dumps(self._text_logprobs.of(logprobs), separators=(",", ":"), ensure_ascii=False)
+        elif logprobs:
+            scored = chat_logprobs_json(logprobs)
         return f'{self._content_head}{delta},"logprobs":{scored},"finish_reason":{finish}}}{self._content_tail}'
 
     def tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> str:

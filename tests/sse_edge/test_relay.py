@@ -5,17 +5,19 @@ stream's events written as they arrive, in order, when a write must wait or fail
 
 import asyncio
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
 
 from tokenbus.producers import TokenbusClient
-from tokenbus.schemas import TokenEvent
+from tokenbus.schemas import TokenEvent, TokenLogprob, TopLogprob
 from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, frame, generation_error, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
+from tokenbus.sse_edge.protocol.logprobs import chat_logprobs, chat_logprobs_json
 from tokenbus.topics import BusSettings, ReplyEvent, ReplyStream
 
 
@@ -241,3 +243,12 @@ def test_a_request_the_engine_refused_as_asked_is_a_bad_request_and_a_failure_a_
     raised = generation_error(TokenEvent("r", 3, finish_reason="error", error=error))
     assert raised is not None and (raised.status, raised.body()["error"]["code"]) == (status, code)
     assert error.removeprefix("invalid_request: ") in raised.body()["error"]["message"]
+
+
+def test_a_chunk_s_scores_rendered_as_text_are_json_s_rendering_of_openai_s_shape():
+    """The streamed chunk's log probabilities are rendered by hand (the hot path); they must be
+    what json writes for the shape the whole completion carries, quotes, newlines, accents and all."""
+    scored = [TokenLogprob(' na\u00efve"\n', -0.31, [TopLogprob(" a", -1e-9), TopLogprob("\u00e9\\", -math.inf)]),
+              TokenLogprob("\ufffd", 0.0)]
+    assert chat_logprobs_json(scored) == json.dumps(chat_logprobs(scored), separators=(",", ":"), ensure_ascii=False)
+    assert chat_logprobs_json(scored) == chat_logprobs_json(scored)  # and again, from the cache
