@@ -29,9 +29,10 @@ class BenchPrompt:
     output_len: int
 
     def payload(self, model: str, stream: bool = True, backend: str = CHAT_BACKEND,
-                ignore_eos: bool = False) -> dict[str, Any]:
+                ignore_eos: bool = False, logprobs: int | None = None) -> dict[str, Any]:
         """The request body: ``/v1/chat/completions`` for ``openai-chat``, ``/v1/completions``
-        for vLLM's ``openai`` and ``vllm`` backends."""
+        for vLLM's ``openai`` and ``vllm`` backends; ``logprobs``, each token's log probability and
+        this many likeliest tokens' (vLLM's ``--logprobs``), in each API's form."""
         body: dict[str, Any] = {"model": model, "max_tokens": self.output_len, "stream": stream}
         if backend == CHAT_BACKEND:
             body["messages"] = [{"role": "user", "content": self.text}]
@@ -41,6 +42,10 @@ class BenchPrompt:
             body["stream_options"] = {"include_usage": True}
         if ignore_eos:
             body["ignore_eos"] = True  # vLLM's extension (tokenbus serves it); servers without it ignore the field
+        if logprobs is not None and backend == CHAT_BACKEND:
+            body.update(logprobs=True, top_logprobs=logprobs)
+        elif logprobs is not None:
+            body["logprobs"] = logprobs
         return body
 
 

@@ -51,6 +51,7 @@ class ServeConfig:
     prefix_len: int = 0
     sharegpt_output_len: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None  # vLLM's --logprobs: each token's log probability and this many likeliest
     percentiles: tuple[float, ...] = (99.0,)
     percentile_metrics: tuple[str, ...] = DEFAULT_METRICS
     goodput: list[str] = field(default_factory=list)
@@ -91,7 +92,8 @@ async def run_serve(config: ServeConfig) -> tuple[Summary, list[RequestResult]]:
     async with client_session(connections) as http:
 
         async def send(prompt: BenchPrompt) -> RequestResult:
-            payload = prompt.payload(model, backend=config.backend, ignore_eos=config.ignore_eos)
+            payload = prompt.payload(model, backend=config.backend, ignore_eos=config.ignore_eos,
+                                     logprobs=config.logprobs)
             return await stream_chat(http, next(urls), payload, headers)
 
         if warmup:
@@ -180,7 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--disable-tqdm", action="store_true")
-    for accepted in ("--tokenizer", "--tokenizer-mode", "--logprobs", "--label"):
+    parser.add_argument("--logprobs", type=int, help="each token's log probability and this many likeliest tokens'")
+    for accepted in ("--tokenizer", "--tokenizer-mode", "--label"):
         parser.add_argument(accepted, help=argparse.SUPPRESS)
     for accepted in ("--trust-remote-code", "--profile", "--use-beam-search"):
         parser.add_argument(accepted, action="store_true", help=argparse.SUPPRESS)
@@ -197,7 +200,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         request_rate=args.request_rate, burstiness=args.burstiness, max_concurrency=args.max_concurrency,
         warmup=args.warmup, dataset=args.dataset, dataset_path=args.dataset_path, input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio, prefix_len=args.prefix_len,
-        sharegpt_output_len=args.sharegpt_output_len, ignore_eos=args.ignore_eos,
+        sharegpt_output_len=args.sharegpt_output_len, ignore_eos=args.ignore_eos, logprobs=args.logprobs,
         percentiles=tuple(float(p) for p in args.metric_percentiles.split(",") if p), percentile_metrics=metrics,
         goodput=args.goodput, api_key=args.api_key, seed=args.seed, progress=False if args.disable_tqdm else None,
     )

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
-from tokenbus.infra.loadgen.prompts import sharegpt_prompts
+from tokenbus.infra.loadgen.prompts import BenchPrompt, sharegpt_prompts
 from tokenbus.infra.loadgen.serve import ServeConfig, run_serve
 from tokenbus.infra.loadgen.sse_client import client_session, stream_chat
 
@@ -165,3 +165,13 @@ def test_sharegpt_file_is_read_as_prompts(tmp_path):
     for path in (as_json, as_jsonl):
         prompts = sorted(sharegpt_prompts(path, 10), key=lambda p: p.text)
         assert [(p.text, p.output_len) for p in prompts] == [("Hi", 1), ("What is Kafka?", 5)]
+
+
+def test_logprobs_are_asked_in_each_api_s_form():
+    """vLLM's ``--logprobs N``: a text completion's ``logprobs: N``, a chat's ``logprobs`` and
+    ``top_logprobs: N``; not given, neither asks."""
+    prompt = BenchPrompt("hello", 1, 8)
+    assert prompt.payload("m", backend="vllm", logprobs=2)["logprobs"] == 2
+    chat = prompt.payload("m", backend="openai-chat", logprobs=2)
+    assert (chat["logprobs"], chat["top_logprobs"]) == (True, 2)
+    assert not {"logprobs", "top_logprobs"} & prompt.payload("m", backend="vllm").keys()

@@ -151,7 +151,7 @@ def test_vllm_s_benchmark_command_line_runs_against_the_edge(stack, edge_url, ap
     done = subprocess.run(
         [sys.executable, "-m", "tokenbus.infra", "bench", "serve", "--backend", "vllm", "--base-url", edge_url,
          "--model", MODEL, "--api-key", api_key, "--dataset-name", "random", "--num-prompts", "8",
-         "--random-input-len", "16", "--random-output-len", "6", "--ignore-eos", "--save-result",
+         "--random-input-len", "16", "--random-output-len", "6", "--ignore-eos", "--logprobs", "2", "--save-result",
          "--result-dir", str(tmp_path), "--result-filename", "r.json", "--disable-tqdm"],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
