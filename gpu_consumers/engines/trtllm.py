@@ -153,8 +153,9 @@ class _TrtStream:
 
     def _logprobs(self, completion: Any, start: int, ids: tuple[int, ...]) -> tuple[TokenLogprob, ...]:
         """The LLM API's ``logprobs`` of the tokens from ``start``: a dict of ``Logprob`` a token,
-        the sampled one's and the likeliest ones' (vLLM's form). A build that leaves the sampled
-        token out where it is not among the likeliest gives it the least shown, an upper bound."""
+        the sampled one's and the likeliest ones' (vLLM's form), or a build's plain float a token,
+        the sampled one's alone (no likeliest then). A build that leaves the sampled token out
+        where it is not among the likeliest gives it the least shown, an upper bound."""
         if self._top_logprobs is None:
             return ()
         entries = (getattr(completion, "logprobs", None) or [])[start:start + len(ids)]
@@ -163,6 +164,9 @@ class _TrtStream:
                                "gather_generation_logits; the PyTorch backend computes them)")
         out = []
         for token_id, entry in zip(ids, entries, strict=True):
+            if isinstance(entry, float | int):
+                out.append(TokenLogprob(token_text(self._tokenizer, token_id), float(entry)))
+                continue
             ranked = sorted(entry.items(), key=lambda item: -item[1].logprob)
             sampled = entry.get(token_id)
             logprob = sampled.logprob if sampled is not None else ranked[-1][1].logprob

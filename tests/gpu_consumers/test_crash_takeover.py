@@ -2,7 +2,8 @@
 stopped with SIGTERM (it hands its running sequences off: stops them without a final event,
 flushes what it published, commits and leaves its group), mid-generation. The other takes its
 requests over from the tokens already published, and every client stream is exactly the
-uninterrupted text: no gap, no duplicate, no error.
+uninterrupted text: no gap, no duplicate, no error; a stream that asked for log probabilities has
+each token's once, the uninterrupted stream's.
 
 `make test` runs it once; `make faults` runs it TOKENBUS_TAKEOVER_RUNS (10) times."""
 
@@ -78,7 +79,8 @@ async def test_a_consumer_stopped_mid_generation_loses_and_repeats_nothing(stack
                        and sum(health(p)["partitions"] for p in ports.values()) == total, 30, "both workers assigned")
 
         async with TokenbusClient(bus, reply_partitions=[REPLY_PARTITION], idle_timeout=60) as client:
-            requests = [client.new_request(MODEL, [ChatMessage("user", f"stream {i}")], seed=1000 * run + i)
+            requests = [client.new_request(MODEL, [ChatMessage("user", f"stream {i}")], seed=1000 * run + i,
+                                           logprobs=i % 2 == 0, top_logprobs=2 if i % 2 == 0 else 0)
                         for i in range(STREAMS)]
             received: dict[str, list[TokenEvent]] = {r.request_id: [] for r in requests}
 
@@ -101,11 +103,15 @@ async def test_a_consumer_stopped_mid_generation_loses_and_repeats_nothing(stack
     for request in requests:
         events = received[request.request_id]
         expected = await expected_output([{"role": "user", "content": request.messages[0].content}], request.seed,
-                                         settings=ENGINE)
+                                         settings=ENGINE, logprobs=2 if request.logprobs else None)
         assert [e.seq for e in events] == list(range(len(events))), "gap or duplicate"
         assert events[-1].finish_reason == expected.finish_reason and not events[-1].error
         assert "".join(e.text for e in events) == expected.text
         assert events[-1].completion_tokens == expected.completion_tokens
+        scored = [t for e in events for t in e.logprobs]
+        assert [t.token for t in scored] == [t.token for t in expected.logprobs]
+        assert [t.logprob for t in scored] == pytest.approx([t.logprob for t in expected.logprobs], rel=1e-6)
+        assert len(scored) == (expected.completion_tokens if request.logprobs else 0)
 
     # At-least-once may publish an event twice; it must then be the same event.
     by_position: dict[tuple[str, int], set[str]] = {}

@@ -6,6 +6,7 @@ the engine's stream interval when one is set."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,3 +86,33 @@ async def test_penalties_are_asked_for_on_the_output_alone(tiny_model):
     assert (plain.presence_penalty, plain.frequency_penalty, plain.prompt_ignore_length) == (0, 0, 0)
     assert (penalized.presence_penalty, penalized.frequency_penalty) == (0.5, -0.25)
     assert penalized.prompt_ignore_length == len(plain_ids) == len(continued_ids) - 2
+
+
+async def test_log_probabilities_are_asked_for_and_read_in_either_form_a_build_gives(tiny_model):
+    """Asked for (``SamplingParams.logprobs``, none where not asked), they come back as vLLM's
+    dicts (the fake's, and TensorRT-LLM's PyTorch backend's): the sampled token's and the likeliest;
+    a build that returns the sampled token's alone as a float a token is read too, with no likeliest."""
+    asked = []
+    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=6))
+    await engine.start()
+    generate_async = engine._llm.generate_async
+    engine._llm.generate_async = lambda ids, params, **kw: asked.append(params) or generate_async(ids, params, **kw)
+    messages = (ChatMessage("user", "tell me a story"),)
+    try:
+        scored = [o async for o in engine.generate(GenerationInput("trt-3", messages, SamplingParams(max_tokens=6, logprobs=2)))]
+        plain = [o async for o in engine.generate(GenerationInput("trt-4", messages, SamplingParams(max_tokens=6)))]
+        floats = SimpleNamespace(logprobs=[-0.5, -1.5])
+        stream = engine.generate(GenerationInput("trt-5", messages, SamplingParams(max_tokens=6, logprobs=3)))
+        read = stream._logprobs(floats, 0, (5, 6))
+        stream.abort()
+    finally:
+        await engine.close()
+    assert [p.logprobs for p in asked] == [2, None, 3]
+    tokenizer = engine._llm.tokenizer
+    for out in scored:
+        for token_id, token in zip(out.token_ids_diff, out.logprobs, strict=True):
+            assert (token.token, token.logprob) == (tokenizer.decode([token_id]), -0.25)
+            assert [(a.token, a.logprob) for a in token.top] == [(tokenizer.decode([token_id]), -0.25),
+                                                                 (tokenizer.decode([(token_id + 1) % len(tokenizer)]), -1.25)]
+    assert all(o.logprobs == () for o in plain)
+    assert [(t.token, t.logprob, t.top) for t in read] == [(tokenizer.decode([5]), -0.5, []), (tokenizer.decode([6]), -1.5, [])]
