@@ -14,8 +14,8 @@ from tokenbus.schemas import ChatMessage
 _ids = itertools.count()
 
 
-def engine_sender(engine: Engine, **sampling: float):
-    """``sampling``: more of each request's SamplingParams (penalties)."""
+def engine_sender(engine: Engine, **sampling: float | int):
+    """``sampling``: more of each request's SamplingParams (penalties, logprobs)."""
     async def send(prompt: BenchPrompt) -> RequestResult:
         result = RequestResult()
         inp = GenerationInput(f"direct-{next(_ids)}", (ChatMessage("user", prompt.text),),

@@ -7,7 +7,8 @@ decoding never stops early: every request runs to its ``max_tokens``. Then, in o
 
 - the ``hf`` engine alone at 1, 16, 64 and 256 concurrent requests: tokens/s, TTFT, ITL, with its
   default batching on CUDA (slots: decode steps replayed as CUDA graphs), and at 64 with OpenAI's
-  presence and frequency penalties on every request (what the slots' counts cost) and with
+  presence and frequency penalties on every request (what the slots' counts cost), with log
+  probabilities and five likeliest tokens asked by every request (what scoring costs a step) and with
   transformers' continuous-batching manager for comparison;
 - greedy agreement: the engine's first tokens for a few prompts against plain ``generate`` run on
   each prompt alone, both in float32 (in bf16, kernels for different batch shapes round
@@ -183,13 +184,15 @@ def hf_engine(model_dir: Path, max_num_seqs: int, **overrides: Any) -> Any:
                                      **overrides), max_num_seqs=max_num_seqs)
 
 
-# OpenAI's penalties as a request sets them, for the row that measures what they cost the engine.
-PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.5}
+# What a request may ask beyond plain greedy decoding, as a request sets it, for the rows that
+# measure what each costs the engine: OpenAI's penalties, and log probabilities with five likeliest.
+ASKED: dict[str, dict[str, float | int]] = {"penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
+                                            "logprobs (top 5)": {"logprobs": 5}}
 
 
 async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "",
-                       penalized: bool = False) -> list[dict[str, Any]]:
-    """The engine's tokens/s at each concurrency; ``penalized``: every request with PENALTIES."""
+                       asked: str = "") -> list[dict[str, Any]]:
+    """The engine's tokens/s at each concurrency; ``asked``: every request asking that (ASKED)."""
     import torch
 
     engine = hf_engine(model_dir, max(concurrencies), **({"batching": batching} if batching else {}))
@@ -201,10 +204,10 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
         for concurrency in concurrencies:
             torch.cuda.reset_peak_memory_stats()
             with GpuSampler() as gpu:
-                results, duration = await run_load(engine_sender(engine, **(PENALTIES if penalized else {})),
+                results, duration = await run_load(engine_sender(engine, **ASKED.get(asked, {})),
                                                    prompts(requests_for(concurrency)), max_concurrency=concurrency)
             s = summarize(results, duration, (50.0, 99.0))
-            batched = f"{engine.batching}, penalties" if penalized else engine.batching
+            batched = f"{engine.batching}, {asked}" if asked else engine.batching
             rows.append({"batching": batched, "concurrency": concurrency, "requests": s.completed, "failed": s.failed,
                          "prompt_tokens_mean": round(s.total_input_tokens / max(s.completed, 1), 1),
                          "tokens_per_s": round(s.output_throughput, 1), "ttft_ms": s.ttft_ms, "itl_ms": s.itl_ms,
@@ -324,8 +327,9 @@ def run() -> dict[str, Any]:
         model = build_model(model_dir)
         alone = asyncio.run(engine_alone(model_dir, CONCURRENCIES))
         agreement = asyncio.run(greedy_agreement(model_dir))
-        alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), penalized=True))
-        if alone[0]["batching"] != "manager":
+        alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="penalties"))
+        if alone[0]["batching"] != "manager":  # (the manager scores no request alone: it refuses them)
+            alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="logprobs (top 5)"))
             alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), "manager"))
         cached = asyncio.run(slots_prefix_cache(model_dir))
         sim = SimulatedEngineSettings()  # the stack starts no worker; only the bus is used
