@@ -176,7 +176,18 @@ def held_back_text(detokenizer: IncrementalDetokenizer, stops: StopFilter) -> st
     return text + stops.flush()
 
 
-def token_text(tokenizer: Any, token_id: int) -> str:
-    """One token's text on its own, as log probabilities name it (vLLM's too): a token that holds
-    part of a character decodes to U+FFFD, and the stream's text, decoded whole, stays the truth."""
-    return str(tokenizer.decode([token_id]))
+class TokenTexts:
+    """Each token's text on its own, as log probabilities name it (vLLM's too): a token that holds
+    part of a character decodes to U+FFFD, and the stream's text, decoded whole, stays the truth.
+    Decoded once a token and remembered (at most the vocabulary): a step's scores name up to 21
+    tokens a sequence, and a tokenizer's decode costs microseconds a call."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = str(self._tokenizer.decode([token_id]))
+        return text

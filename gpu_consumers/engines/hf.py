@@ -47,7 +47,7 @@ from tokenbus.gpu_consumers.engines.base import (
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash
-from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text, token_text
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, TokenTexts, held_back_text
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config, load_model, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
@@ -189,9 +189,9 @@ class _HfSequence:
                           logprobs=logprobs)
 
     def _logprobs(self, delta: Delta) -> tuple[TokenLogprob, ...]:
-        tokenizer = self._engine.tokenizer
-        return tuple(TokenLogprob(token_text(tokenizer, token_id), logprob,
-                                  [TopLogprob(token_text(tokenizer, t), lp) for t, lp in top])
+        text = self._engine.token_texts
+        assert text is not None  # a sequence is of a started engine
+        return tuple(TokenLogprob(text(token_id), logprob, [TopLogprob(text(t), lp) for t, lp in top])
                      for token_id, logprob, top in delta.logprobs)
 
     def push_to(self, sink: StepSink) -> asyncio.Future[None]:
@@ -227,6 +227,7 @@ class HfEngine:
         self.settings = settings or HfEngineSettings()
         self.max_num_seqs = max_num_seqs  # the worker's: what one step should take on CUDA
         self.tokenizer: Any = None
+        self.token_texts: TokenTexts | None = None  # each token's text alone, once started (log probabilities)
         self.device = ""
         self.eos_token_ids: set[int] = set()
         self._model: Any = None
@@ -241,6 +242,7 @@ class HfEngine:
     async def start(self) -> None:
         self.tokenizer, self._model, self.device = await asyncio.to_thread(load_model, self.settings)
         self._prompt_tokens = chat_template.PromptTokens(self.tokenizer)
+        self.token_texts = TokenTexts(self.tokenizer)
         self._vocabulary_size = getattr(self._model.config, "vocab_size", None) or len(self.tokenizer)
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = {eos} if isinstance(eos, int) else set(eos or ())

@@ -35,7 +35,7 @@ from tokenbus.gpu_consumers.engines.base import (
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import chain_hash
-from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, held_back_text, token_text
+from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, TokenTexts, held_back_text
 from tokenbus.schemas import TokenLogprob, TopLogprob
 from tokenbus.topics import cancel_task
 
@@ -130,8 +130,8 @@ class _TrtStream:
     response's tokens itself, in the process that reads them, which would double that cost.
     ``output`` is None for a sequence taken over at its token limit: it only ends."""
 
-    def __init__(self, output: Any | None, inp: GenerationInput, tokenizer: Any, prompt_tokens: int,
-                 cached_tokens: int = 0) -> None:
+    def __init__(self, output: Any | None, inp: GenerationInput, tokenizer: Any, token_texts: TokenTexts,
+                 prompt_tokens: int, cached_tokens: int = 0) -> None:
         self._output = output
         self._prompt_tokens = prompt_tokens
         self._cached_tokens = cached_tokens
@@ -139,7 +139,7 @@ class _TrtStream:
         self._stops = StopFilter(inp.sampling.stop)
         self._aborted = False
         self._top_logprobs = inp.sampling.logprobs
-        self._tokenizer = tokenizer
+        self._token_texts = token_texts
 
     def abort(self) -> None:
         if not self._aborted and self._output is not None and not self._output.finished:
@@ -165,13 +165,13 @@ class _TrtStream:
         out = []
         for token_id, entry in zip(ids, entries, strict=True):
             if isinstance(entry, float | int):
-                out.append(TokenLogprob(token_text(self._tokenizer, token_id), float(entry)))
+                out.append(TokenLogprob(self._token_texts(token_id), float(entry)))
                 continue
             ranked = sorted(entry.items(), key=lambda item: -item[1].logprob)
             sampled = entry.get(token_id)
             logprob = sampled.logprob if sampled is not None else ranked[-1][1].logprob
-            top = [TopLogprob(token_text(self._tokenizer, t), lp.logprob) for t, lp in ranked[:self._top_logprobs]]
-            out.append(TokenLogprob(token_text(self._tokenizer, token_id), logprob, top))
+            top = [TopLogprob(self._token_texts(t), lp.logprob) for t, lp in ranked[:self._top_logprobs]]
+            out.append(TokenLogprob(self._token_texts(token_id), logprob, top))
         return tuple(out)
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
@@ -225,6 +225,7 @@ class TrtLlmEngine:
         self._stats: asyncio.Task[None] | None = None
         self._kv_events: asyncio.Task[None] | None = None
         self._prompt_tokens: chat_template.PromptTokens | None = None
+        self._token_texts: TokenTexts | None = None
         self.prefix_cache: TrtPrefixCache | None = None
 
     async def start(self) -> None:
@@ -246,6 +247,7 @@ class TrtLlmEngine:
             max_num_tokens=s.max_num_tokens, kv_cache_config=kv_cache, **extra,
         )
         self._prompt_tokens = chat_template.PromptTokens(self._llm.tokenizer)
+        self._token_texts = TokenTexts(self._llm.tokenizer)
         self._stats = asyncio.create_task(self._watch_stats(), name="trtllm-stats")
         if s.enable_block_reuse and s.kv_event_buffer and hasattr(self._llm, "get_kv_cache_events"):
             self.prefix_cache = TrtPrefixCache(self._llm.tokenizer, s.tokens_per_block, self._prompt_tokens)
@@ -292,7 +294,7 @@ class TrtLlmEngine:
             await asyncio.to_thread(self._prompt_tokens.prepare, inp)
 
     def generate(self, inp: GenerationInput) -> _TrtStream:
-        assert self._prompt_tokens is not None, "the engine is not started"
+        assert self._prompt_tokens is not None and self._token_texts is not None, "the engine is not started"
         tokenizer = self._llm.tokenizer  # the LLM API's wraps a Hugging Face one as .tokenizer
         check_token_ids(inp.prefix_token_ids, len(getattr(tokenizer, "tokenizer", tokenizer)))
         made = self._prompt_tokens.prompt(inp)
@@ -301,7 +303,7 @@ class TrtLlmEngine:
         remaining = (s.max_tokens or self.settings.default_max_tokens) - len(inp.prefix_token_ids)
         cached = self.prefix_cache.cached_tokens(made) if self.prefix_cache is not None else 0
         if remaining <= 0:
-            return _TrtStream(None, inp, self._llm.tokenizer, len(prompt), cached)
+            return _TrtStream(None, inp, self._llm.tokenizer, self._token_texts, len(prompt), cached)
         penalties = {}
         if s.penalized:  # on the output alone, as OpenAI's: a takeover's prefix is output, the prompt is not
             penalties = dict(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
@@ -319,4 +321,4 @@ class TrtLlmEngine:
         )
         # A taken-over sequence continues after the tokens already published.
         output = self._llm.generate_async(prompt + list(inp.prefix_token_ids), params, streaming=True)
-        return _TrtStream(output, inp, self._llm.tokenizer, len(prompt), cached)
+        return _TrtStream(output, inp, self._llm.tokenizer, self._token_texts, len(prompt), cached)
