@@ -11,9 +11,11 @@ honours each request's temperature and top-p; the slots also its ``seed`` (the s
 batch, and across a takeover), while the manager samples every request from one generator.
 OpenAI's presence and frequency penalties are the slots' alone (engines/hf_slot_penalties.py,
 greedy or sampled): the manager's logits processors take no per-request penalty, so it generates
-a penalized request as an unpenalized one and says so in the log, once. Log probabilities are
-the slots' alone too (hf_slot_logprobs.py): the manager computes them for every request or none,
-so a request that asks for them there is answered with an error that says so.
+a penalized request as an unpenalized one and says so in the log, once. The slots score the
+tokens of the requests that ask for log probabilities, with their likeliest tokens
+(hf_slot_logprobs.py); the manager computes the sampled token's alone, for every request
+(``TOKENBUS_HF_MANAGER_LOGPROBS``, on by default), so it answers ``logprobs`` but refuses
+``top_logprobs`` with an error that says so.
 
 Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
 ``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
@@ -49,6 +51,7 @@ from tokenbus.gpu_consumers.engines.base import (
 from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, TokenTexts, held_back_text
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config, load_model, uses_slots
+from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken
 from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 from tokenbus.schemas import TokenLogprob, TopLogprob
@@ -121,6 +124,7 @@ class _HfSequence:
         self._stops = StopFilter(inp.sampling.stop)
         self._ends_at_eos = not inp.sampling.ignore_eos
         self._taken = 0  # tokens of the manager's cumulative output made into deltas so far
+        self._scored = inp.sampling.logprobs is not None  # the manager's log probabilities passed on
         self.prompt_tokens = len(prompt_ids)
         self.cached_tokens = cached_tokens  # the slots' first delta says what they took
         self.finished = False
@@ -144,13 +148,16 @@ class _HfSequence:
             self.on_delta(Delta([], FINISH_ERROR, str(result.error)))
             return
         new_ids = list(result.generated_tokens[self._taken:])
+        scored: list[ScoredToken] = []
+        if self._scored:  # the manager's log probabilities, one a generated token
+            scored = [(t, lp, []) for t, lp in zip(new_ids, result.logprobs[self._taken:], strict=False)]
         self._taken = len(result.generated_tokens)
         finish = None
         if result.is_finished():
             eos = self._engine.eos_token_ids
             finish = FINISH_STOP if self._ends_at_eos and new_ids and new_ids[-1] in eos else (
                 FINISH_LENGTH if self._taken >= self.max_new_tokens else FINISH_STOP)
-        self.on_delta(Delta(new_ids, finish))
+        self.on_delta(Delta(new_ids, finish, logprobs=scored))
 
     def end(self, reason: str, text: str = "") -> None:
         """Finish at the next read, whatever generation has queued."""
@@ -280,6 +287,16 @@ class HfEngine:
         batcher.capture()
         return batcher
 
+    def _manager_scores(self, top: int) -> None:
+        """``InvalidInput`` unless the manager scores as asked: the sampled token alone, and only
+        with ``manager_logprobs`` on."""
+        if not self.settings.manager_logprobs:
+            raise InvalidInput("log probabilities are off in the hf engine's manager batching "
+                               "(TOKENBUS_HF_MANAGER_LOGPROBS=true, or its slot batching: TOKENBUS_HF_BATCHING=slots)")
+        if top:
+            raise InvalidInput("the hf engine's manager batching scores the sampled token alone: top_logprobs "
+                               "is served by its slot batching (TOKENBUS_HF_BATCHING=slots)")
+
     def _start_manager(self) -> Any:
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
@@ -338,9 +355,8 @@ class HfEngine:
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
         check_token_ids(inp.prefix_token_ids, self._vocabulary_size)
-        if inp.sampling.logprobs is not None and self._slots is None:
-            raise InvalidInput("log probabilities are not served by the hf engine's manager batching "
-                               "(its slot batching serves them: TOKENBUS_HF_BATCHING=slots)")
+        if self._slots is None and inp.sampling.logprobs is not None:
+            self._manager_scores(inp.sampling.logprobs)
         made = self.prompt(inp)
         prompt = made.ids
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)

@@ -49,6 +49,10 @@ class HfEngineSettings(BaseSettings):
     # Requests in one engine step. 0: 16 on the CPU; on CUDA the worker's max_num_seqs, so that every
     # sequence the worker admits runs in the same step.
     max_requests_per_batch: int = 0
+    # Manager only: transformers computes the sampled token's log probability for every request
+    # (``return_logprobs``: a softmax and a gather a step), so that a request asking ``logprobs``
+    # is served; without it such a request is refused. The slots score the rows that ask alone.
+    manager_logprobs: bool = True
     # How sequences are batched. auto: slots on CUDA where the model is Llama-shaped, transformers'
     # continuous-batching manager otherwise; slots (engines/hf_slots.py: a static cache, decode steps
     # replayed as CUDA graphs); manager.
@@ -123,6 +127,7 @@ def batching_config(settings: HfEngineSettings, device: str, max_num_seqs: int) 
         use_cuda_graph=settings.cuda_graphs if on_cuda else False,
         use_async_batching=settings.async_batching if on_cuda else False,
         default_compile_level=settings.compile_level,
+        return_logprobs=settings.manager_logprobs,
     )
 
 

@@ -390,11 +390,14 @@ async def test_asked_for_logprobs_each_token_is_scored_with_the_likeliest_first(
     """Each generated token's log probability and the likeliest tokens' in its place, likeliest
     first, one entry a token; asking changes no token. Greedy decoding (hf, TensorRT-LLM's fake)
     picks the likeliest: its log probability is the first alternative's. Transformers' manager
-    batching computes log probabilities for every request or none (engines/hf.py): it refuses."""
+    batching scores the sampled token alone (engines/hf.py): it refuses ``top_logprobs``, and its
+    scores are the log-softmax of the logits transformers' own ``generate`` scores the prompt with."""
     inp = request(17, "tell me a story", max_tokens=8, logprobs=3)
     if getattr(engine, "batching", None) == "manager":
-        with pytest.raises(InvalidInput, match="log probabilities are not served"):
+        with pytest.raises(InvalidInput, match="scores the sampled token alone"):
             engine.generate(inp)
+        await manager_scores_are_the_model_s(engine, dataclasses.replace(inp, sampling=SamplingParams(max_tokens=8,
+                                                                                                      logprobs=0)))
         return
     outs = await collect(engine, inp)
     plain = await collect(engine, request(17, "tell me a story", max_tokens=8))
@@ -408,6 +411,21 @@ async def test_asked_for_logprobs_each_token_is_scored_with_the_likeliest_first(
         assert all(lp <= 0 for lp in [t.logprob, *likeliest]) and t.logprob <= likeliest[0] + 1e-5
     if engine.name != "simulated":
         assert all(t.token == t.top[0].token and t.logprob == pytest.approx(t.top[0].logprob) for t in scored)
+
+
+async def manager_scores_are_the_model_s(engine, inp: GenerationInput) -> None:
+    import torch
+
+    outs = await collect(engine, inp)
+    ids = [t for o in outs for t in o.token_ids_diff]
+    scored = [t for o in outs for t in o.logprobs]
+    assert len(scored) == len(ids) == 8 and all(t.top == [] for t in scored)
+    prompt = torch.tensor([engine.prompt_ids(inp)])
+    out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                                eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    for step, (token_id, token) in enumerate(zip(ids, scored, strict=True)):
+        assert token.logprob == pytest.approx(torch.log_softmax(out.scores[step][0].float(), -1)[token_id].item(),
+                                              abs=1e-4)
 
 
 async def test_a_prefix_outside_the_vocabulary_is_refused_and_the_engine_serves_on(engine):

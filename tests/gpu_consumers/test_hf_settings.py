@@ -3,6 +3,10 @@ cache it always had; CUDA takes the worker's batch size and leaves the cache siz
 async batching to transformers (graphs with SDPA's mask were measured ten times slower); set
 values always win. No GPU needed: this is the configuration handed to transformers."""
 
+import pytest
+
+from tokenbus.gpu_consumers.engines import InvalidInput
+from tokenbus.gpu_consumers.engines.hf import HfEngine
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching_config
 
 
@@ -25,3 +29,16 @@ def test_settings_win_over_the_device_defaults(monkeypatch):
     monkeypatch.setenv("TOKENBUS_HF_CUDA_GRAPHS", "true")
     config = batching_config(HfEngineSettings(), "cuda", max_num_seqs=256)
     assert (config["max_requests_per_batch"], config["num_blocks"], config["use_cuda_graph"]) == (32, 4096, True)
+
+
+def test_the_manager_scores_sampled_tokens_unless_turned_off_and_refuses_what_it_cannot_score(monkeypatch):
+    """``return_logprobs`` on by default, so that ``logprobs`` is served; turned off, or asked for
+    ``top_logprobs``, the manager refuses with a reason that names the setting or the slots."""
+    assert batching_config(HfEngineSettings(), "cpu", max_num_seqs=8)["return_logprobs"] is True
+    HfEngine(HfEngineSettings())._manager_scores(0)  # served
+    with pytest.raises(InvalidInput, match="TOKENBUS_HF_BATCHING=slots"):
+        HfEngine(HfEngineSettings())._manager_scores(2)
+    monkeypatch.setenv("TOKENBUS_HF_MANAGER_LOGPROBS", "false")
+    assert batching_config(HfEngineSettings(), "cpu", max_num_seqs=8)["return_logprobs"] is False
+    with pytest.raises(InvalidInput, match="TOKENBUS_HF_MANAGER_LOGPROBS=true"):
+        HfEngine(HfEngineSettings())._manager_scores(0)
