@@ -1,0 +1,147 @@
+"""What a request asks of the sampling, every engine (the contract's engines, engine_contract.py):
+stop sequences, vLLM's ``ignore_eos``, OpenAI's presence and frequency penalties and log
+probabilities, each honoured as asked or refused as an engine cannot (transformers' manager
+batching takes no per-request penalty, and scores the sampled token alone)."""
+
+import contextlib
+import dataclasses
+import logging
+
+import pytest
+
+from tests.gpu_consumers.engine_contract import collect, published, request, text_of
+from tokenbus.gpu_consumers.engines import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationInput,
+    InvalidInput,
+    SamplingParams,
+    SimulatedEngine,
+)
+from tokenbus.schemas import ChatMessage
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@contextlib.asynccontextmanager
+async def ending_early(engine, inp: GenerationInput):
+    """Yields whether ``inp`` now ends before its ``max_tokens`` at an end-of-sequence token: the
+    simulated engine's natural length (40 here) is its end; an ``hf`` engine is told that the token
+    greedy decoding gives ``inp`` first is an end token, while this lasts (its generation config's
+    and the slots' ends); the TensorRT-LLM fake never samples one."""
+    if isinstance(engine, SimulatedEngine):
+        yield True
+        return
+    if not hasattr(engine, "eos_token_ids"):
+        yield False
+        return
+    (token,) = [t for o in await collect(engine, dataclasses.replace(inp, sampling=SamplingParams(max_tokens=1)))
+                for t in o.token_ids_diff]
+    kept = set(engine.eos_token_ids)
+    slots, manager = engine._slots, engine._manager
+    engine.eos_token_ids = kept | {token}
+    if slots is not None:
+        slots._eos = frozenset(engine.eos_token_ids)
+    if manager is not None:
+        manager.generation_config.eos_token_id = sorted(engine.eos_token_ids)
+    try:
+        yield True
+    finally:
+        engine.eos_token_ids = kept
+        if slots is not None:
+            slots._eos = frozenset(kept)
+        if manager is not None:
+            manager.generation_config.eos_token_id = sorted(kept)
+
+
+async def test_ignore_eos_generates_on_past_the_end_token_to_max_tokens(engine):
+    """vLLM's ``ignore_eos``: an end-of-sequence token does not end the output, ``max_tokens`` does."""
+    plain = request(23, "on and on", max_tokens=48)
+    async with ending_early(engine, plain) as ends:
+        stopped = await collect(engine, plain)
+        going = await collect(engine, dataclasses.replace(plain, sampling=SamplingParams(max_tokens=48, ignore_eos=True)))
+    if ends:
+        assert stopped[-1].finish_reason == FINISH_STOP and stopped[-1].completion_tokens < 48
+    assert going[-1].finish_reason == FINISH_LENGTH and going[-1].completion_tokens == 48
+
+
+def repeats(outs) -> int:
+    """How many of the output's tokens it held already."""
+    ids = [t for o in outs for t in o.token_ids_diff]
+    return len(ids) - len(set(ids))
+
+
+async def test_penalties_make_the_output_repeat_itself_less_and_survive_a_takeover(engine, caplog):
+    """OpenAI's presence and frequency penalties come off the logits of tokens the output holds, so
+    a penalized output repeats itself less (the tiny random model and the simulated engine repeat
+    themselves plenty; TensorRT-LLM's fake, a hash of the last tokens, seldom does, and passes over
+    every token a penalty counts). A taken-over penalized sequence counts what was published as
+    output and continues as the uninterrupted one would have. Transformers' continuous-batching
+    manager takes no per-request penalty (engines/hf.py): it generates the plain output, and says so."""
+    messages = (ChatMessage("user", "say it again and again"),)
+    plain = await collect(engine, GenerationInput("contract-31", messages, SamplingParams(max_tokens=32)))
+    inp = GenerationInput("contract-31", messages, SamplingParams(max_tokens=32, presence_penalty=2, frequency_penalty=2))
+    with caplog.at_level(logging.WARNING, logger="tokenbus.gpu_consumers.engines.hf"):
+        penalized = await collect(engine, inp)
+    if getattr(engine, "batching", None) == "manager":
+        assert [t for o in penalized for t in o.token_ids_diff] == [t for o in plain for t in o.token_ids_diff]
+        assert "does not apply presence or frequency penalties" in caplog.text
+        return
+    if engine.name != "trtllm":
+        assert repeats(plain) > 0
+    assert repeats(penalized) < max(repeats(plain), 1)
+    prefix_ids, prefix_text = published(penalized, 10)
+    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
+    assert prefix_text + text_of(rest) == text_of(penalized)
+    assert [t for o in rest for t in o.token_ids_diff] == [t for o in penalized for t in o.token_ids_diff][len(prefix_ids):]
+
+
+async def test_asked_for_logprobs_each_token_is_scored_with_the_likeliest_first(engine):
+    """Each generated token's log probability and the likeliest tokens' in its place, likeliest
+    first, one entry a token; asking changes no token. Greedy decoding (hf, TensorRT-LLM's fake)
+    picks the likeliest: its log probability is the first alternative's. Transformers' manager
+    batching scores the sampled token alone (engines/hf.py): it refuses ``top_logprobs``, and its
+    scores are the log-softmax of the logits transformers' own ``generate`` scores the prompt with."""
+    inp = request(17, "tell me a story", max_tokens=8, logprobs=3)
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="scores the sampled token alone"):
+            engine.generate(inp)
+        await manager_scores_are_the_model_s(engine, dataclasses.replace(inp, sampling=SamplingParams(max_tokens=8,
+                                                                                                      logprobs=0)))
+        return
+    outs = await collect(engine, inp)
+    plain = await collect(engine, request(17, "tell me a story", max_tokens=8))
+    assert [o.token_ids_diff for o in outs] == [o.token_ids_diff for o in plain]
+    assert [len(o.logprobs) for o in outs] == [len(o.token_ids_diff) for o in outs]
+    scored = [t for o in outs for t in o.logprobs]
+    assert len(scored) == 8
+    for t in scored:
+        likeliest = [a.logprob for a in t.top]
+        assert len(likeliest) == 3 and likeliest == sorted(likeliest, reverse=True)
+        assert all(lp <= 0 for lp in [t.logprob, *likeliest]) and t.logprob <= likeliest[0] + 1e-5
+    if engine.name != "simulated":
+        assert all(t.token == t.top[0].token and t.logprob == pytest.approx(t.top[0].logprob) for t in scored)
+
+
+async def manager_scores_are_the_model_s(engine, inp: GenerationInput) -> None:
+    import torch
+
+    outs = await collect(engine, inp)
+    ids = [t for o in outs for t in o.token_ids_diff]
+    scored = [t for o in outs for t in o.logprobs]
+    assert len(scored) == len(ids) == 8 and all(t.top == [] for t in scored)
+    prompt = torch.tensor([engine.prompt_ids(inp)])
+    out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                                eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    for step, (token_id, token) in enumerate(zip(ids, scored, strict=True)):
+        assert token.logprob == pytest.approx(torch.log_softmax(out.scores[step][0].float(), -1)[token_id].item(),
+                                              abs=1e-4)
+
+
+async def test_stop_sequences_never_leak_into_the_text(engine):
+    full_text = text_of(await collect(engine, request(3, "stop me", max_tokens=30)))
+    stop = full_text[8:11]
+    assert len(stop) == 3
+    outs = await collect(engine, request(3, "stop me", max_tokens=30, stop=(stop,)))
+    assert outs[-1].finish_reason == FINISH_STOP
+    assert text_of(outs) == full_text[: full_text.index(stop)]
