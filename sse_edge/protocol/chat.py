@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from tokenbus.schemas import TokenLogprob
 from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX, TOP_LOGPROBS_MAX
+from tokenbus.sse_edge.protocol.json_text import json_string
 from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs, chat_logprobs_json
 
 
@@ -235,10 +236,6 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 
     }
 
 
-# json.dumps with any option builds an encoder per call; a content chunk is rendered per token.
-_json_string = json.JSONEncoder(ensure_ascii=False).encode
-
-
 class ChunkWriter:
     """Builds the ``chat.completion.chunk`` bodies of one streamed response; with ``text``, the
     ``text_completion`` chunks of a text completion (OpenAI's legacy ``/v1/completions``), whose
@@ -283,10 +280,10 @@ class ChunkWriter:
         """A content chunk as JSON text, rendered from the fixed parts; ``logprobs``, its tokens'
         (protocol/logprobs.py), where the request asked for them."""
         if self.text:
-            delta = _json_string(text)
+            delta = json_string(text)
         else:
-            delta = '{"content":' + _json_string(text) + "}" if text else "{}"
-        finish = "null" if finish_reason is None else _json_string(finish_reason)
+            delta = '{"content":' + json_string(text) + "}" if text else "{}"
+        finish = "null" if finish_reason is None else json_string(finish_reason)
         scored = "null"
         if logprobs and self._text_logprobs is not None:
             scored = json.dumps(self._text_logprobs.of(logprobs), separators=(",", ":"), ensure_ascii=False)

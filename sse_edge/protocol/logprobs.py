@@ -15,12 +15,11 @@ message's content tokens alone.
 from __future__ import annotations
 
 import functools
-import json
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tokenbus.schemas import TokenEvent, TokenLogprob
+from tokenbus.sse_edge.protocol.json_text import json_float, json_string
 
 
 def content_logprobs(event: TokenEvent) -> Sequence[TokenLogprob]:
@@ -40,15 +39,6 @@ def _chat_item(token: str, logprob: float) -> dict[str, Any]:
 
 # A streamed chunk's are rendered as text, as its other parts are (protocol/chat.py's ChunkWriter):
 # json.dumps of the dict above took 13.3 µs a token with five likeliest here, this 4.3.
-_json_string = json.JSONEncoder(ensure_ascii=False).encode
-
-
-def _json_float(value: float) -> str:
-    """As json.dumps writes a float: its repr (a log probability of a token the logits rule out is
-    -inf, which json writes -Infinity, as Python's readers take it)."""
-    return float.__repr__(value) if math.isfinite(value) else json.dumps(value)
-
-
 def chat_logprobs_json(tokens: Iterable[TokenLogprob]) -> str:
     """``chat_logprobs(tokens)`` as JSON text."""
     items = [_chat_item_json(t.token, t.logprob) + ',"top_logprobs":['
@@ -59,13 +49,13 @@ def chat_logprobs_json(tokens: Iterable[TokenLogprob]) -> str:
 def _chat_item_json(token: str, logprob: float) -> str:
     """An item's fields before its close (the chosen token's go on with its likeliest)."""
     quoted, utf8 = _token_json(token)
-    return '{"token":' + quoted + ',"logprob":' + _json_float(logprob) + ',"bytes":' + utf8
+    return '{"token":' + quoted + ',"logprob":' + json_float(logprob) + ',"bytes":' + utf8
 
 
 @functools.lru_cache(maxsize=65_536)
 def _token_json(token: str) -> tuple[str, str]:
     """A token's text and its UTF-8 bytes as JSON: a vocabulary's tokens come round again and again."""
-    return _json_string(token), "[" + ",".join(map(str, token.encode())) + "]"
+    return json_string(token), "[" + ",".join(map(str, token.encode())) + "]"
 
 
 class TextLogprobs:
