@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 from tokenbus.gpu_consumers.engines import Engine, GenerationInput, SamplingParams
 from tokenbus.infra.loadgen import RequestResult
@@ -14,8 +15,8 @@ from tokenbus.schemas import ChatMessage
 _ids = itertools.count()
 
 
-def engine_sender(engine: Engine, **sampling: float | int):
-    """``sampling``: more of each request's SamplingParams (penalties, logprobs)."""
+def engine_sender(engine: Engine, **sampling: Any):
+    """``sampling``: more of each request's SamplingParams (penalties, logprobs, logit bias)."""
     async def send(prompt: BenchPrompt) -> RequestResult:
         result = RequestResult()
         inp = GenerationInput(f"direct-{next(_ids)}", (ChatMessage("user", prompt.text),),

@@ -8,8 +8,9 @@ decoding never stops early: every request runs to its ``max_tokens``. Then, in o
 - the ``hf`` engine alone at 1, 16, 64 and 256 concurrent requests: tokens/s, TTFT, ITL, with its
   default batching on CUDA (slots: decode steps replayed as CUDA graphs), and at 64 with OpenAI's
   presence and frequency penalties on every request (what the slots' counts cost), with log
-  probabilities and five likeliest tokens asked by every request (what scoring costs a step) and with
-  transformers' continuous-batching manager for comparison;
+  probabilities and five likeliest tokens asked by every request (what scoring costs a step), with
+  a logit bias on 300 tokens in every request, and with transformers' continuous-batching manager
+  for comparison;
 - greedy agreement: the engine's first tokens for a few prompts against plain ``generate`` run on
   each prompt alone, both in float32 (in bf16, kernels for different batch shapes round
   differently and a random model's near-tied tokens part: reported, not asserted);
@@ -185,9 +186,11 @@ def hf_engine(model_dir: Path, max_num_seqs: int, **overrides: Any) -> Any:
 
 
 # What a request may ask beyond plain greedy decoding, as a request sets it, for the rows that
-# measure what each costs the engine: OpenAI's penalties, and log probabilities with five likeliest.
-ASKED: dict[str, dict[str, float | int]] = {"penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
-                                            "logprobs (top 5)": {"logprobs": 5}}
+# measure what each costs the engine: OpenAI's penalties, log probabilities with five likeliest,
+# and a logit bias on OpenAI's most tokens (300; small, so that outputs keep their lengths).
+ASKED: dict[str, dict[str, Any]] = {"penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
+                                    "logprobs (top 5)": {"logprobs": 5},
+                                    "logit bias (300 tokens)": {"logit_bias": tuple((1000 + i, -1.0) for i in range(300))}}
 
 
 async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "",
@@ -330,6 +333,7 @@ def run() -> dict[str, Any]:
         alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="penalties"))
         if alone[0]["batching"] != "manager":  # (the manager scores no request alone: it refuses them)
             alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="logprobs (top 5)"))
+            alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="logit bias (300 tokens)"))
             alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), "manager"))
         cached = asyncio.run(slots_prefix_cache(model_dir))
         sim = SimulatedEngineSettings()  # the stack starts no worker; only the bus is used

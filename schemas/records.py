@@ -194,6 +194,14 @@ class ChatRequest:
     # likeliest tokens at each place (TokenEvent.logprobs).
     logprobs: bool = False
     top_logprobs: int = 0
+    # OpenAI's logit bias: added to the logit of each token named, by its id as a decimal string
+    # (the keys of OpenAI's JSON object, and of an Avro map); ``token_biases`` reads it.
+    logit_bias: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def token_biases(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` by token id, in id order (its keys as ``request_checks`` requires them)."""
+        return tuple(sorted((int(token_id), bias) for token_id, bias in self.logit_bias.items()))
 
     @property
     def partition_key(self) -> str:

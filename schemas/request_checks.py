@@ -10,6 +10,8 @@ it sends, so a caller of the SDK learns at once.
 
 from __future__ import annotations
 
+import re
+
 from tokenbus.schemas.records import (
     TOOL_CHOICE_AUTO,
     TOOL_CHOICE_FUNCTION,
@@ -28,6 +30,9 @@ REQUEST_ID_MAX_CHARS = 256
 # start of its answer's ``error``: "invalid_request: why"), which an edge turns into a 400.
 INVALID_REQUEST = "invalid_request"
 TOP_LOGPROBS_MAX = 20  # OpenAI's chat completions: top_logprobs in [0, 20], and only with logprobs
+LOGIT_BIAS_MAX = 100.0  # OpenAI's: each bias in [-100, 100]
+LOGIT_BIAS_MAX_TOKENS = 300  # tokens one request may bias (OpenAI's limit)
+TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as a logit_bias key: decimal, no sign
 
 
 class RequestOutOfRange(ValueError):
@@ -65,10 +70,25 @@ def request_problem(request: ChatRequest) -> str | None:
         return f"top_logprobs {request.top_logprobs} is not in [0, {TOP_LOGPROBS_MAX}]"
     if request.top_logprobs and not request.logprobs:
         return "top_logprobs needs logprobs"
+    if (bias_problem := logit_bias_problem(request.logit_bias)) is not None:
+        return bias_problem
     if request.tool_choice not in TOOL_CHOICES:
         return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
     if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:
         return f"tool_choice_name {request.tool_choice_name!r} names none of the request's tools"
     if any(token_id < 0 for token_id in request.prefix_token_ids):
         return "prefix_token_ids must not be negative"
+    return None
+
+
+def logit_bias_problem(logit_bias: dict[str, float]) -> str | None:
+    """What is wrong with a ``logit_bias`` map, said in a sentence; None when nothing is. (Whether
+    each id is in the model's vocabulary is the engine's to say: only it knows the vocabulary.)"""
+    if len(logit_bias) > LOGIT_BIAS_MAX_TOKENS:
+        return f"logit_bias names {len(logit_bias)} tokens; at most {LOGIT_BIAS_MAX_TOKENS} may be biased"
+    for token_id, bias in logit_bias.items():
+        if not TOKEN_ID_KEY.fullmatch(token_id):
+            return f"logit_bias key {token_id!r} is not a token id (a non-negative integer)"
+        if not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:  # NaN is in no range
+            return f"logit_bias of token {token_id} is {bias}, not in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}]"
     return None

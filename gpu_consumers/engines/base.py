@@ -54,6 +54,9 @@ class SamplingParams:
     # Each generated token's log probability (StepOutput.logprobs), and this many of the likeliest
     # tokens at its place; None: none (vLLM's and TensorRT-LLM's ``logprobs``).
     logprobs: int | None = None
+    # Added to the logit of each token (id, bias), before penalties and sampling (OpenAI's
+    # ``logit_bias``; vLLM's applies it there too). In token id order.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def penalized(self) -> bool:
@@ -108,6 +111,7 @@ class GenerationInput:
                 presence_penalty=request.presence_penalty,
                 frequency_penalty=request.frequency_penalty,
                 logprobs=request.top_logprobs if request.logprobs else None,
+                logit_bias=request.token_biases,
             ),
         )
 

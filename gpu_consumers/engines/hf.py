@@ -15,7 +15,8 @@ a penalized request as an unpenalized one and says so in the log, once. The slot
 tokens of the requests that ask for log probabilities, with their likeliest tokens
 (hf_slot_logprobs.py); the manager computes the sampled token's alone, for every request
 (``TOKENBUS_HF_MANAGER_LOGPROBS``, on by default), so it answers ``logprobs`` but refuses
-``top_logprobs`` with an error that says so.
+``top_logprobs`` with an error that says so. A ``logit_bias`` is the slots' too (hf_slot_bias.py);
+the manager refuses it (a bias is often a ban, which must not be dropped quietly).
 
 Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
 ``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
@@ -355,8 +356,12 @@ class HfEngine:
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
         check_token_ids(inp.prefix_token_ids, self._vocabulary_size)
+        check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), self._vocabulary_size)
         if self._slots is None and inp.sampling.logprobs is not None:
             self._manager_scores(inp.sampling.logprobs)
+        if self._slots is None and inp.sampling.logit_bias:
+            raise InvalidInput("the hf engine's manager batching takes no logit_bias: it is served by its slot "
+                               "batching (TOKENBUS_HF_BATCHING=slots)")
         made = self.prompt(inp)
         prompt = made.ids
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
@@ -379,7 +384,7 @@ class HfEngine:
                                         ignore_eos=inp.sampling.ignore_eos,
                                         presence_penalty=inp.sampling.presence_penalty,
                                         frequency_penalty=inp.sampling.frequency_penalty,
-                                        logprobs=inp.sampling.logprobs))
+                                        logprobs=inp.sampling.logprobs, logit_bias=inp.sampling.logit_bias))
             return sequence
         if inp.sampling.penalized and not self._warned_penalties:
             self._warned_penalties = True

@@ -42,6 +42,7 @@ from typing import Any
 
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
+from tokenbus.gpu_consumers.engines.hf_slot_bias import SlotBias
 from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken, StepScores, step_scores
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
 from tokenbus.gpu_consumers.engines.hf_slot_penalties import SlotPenalties
@@ -84,6 +85,7 @@ class SlotRequest:
     presence_penalty: float = 0.0  # OpenAI's penalties (hf_slot_penalties.py)
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # each token's log probability and this many likeliest (hf_slot_logprobs.py)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to its logit (hf_slot_bias.py)
     wanted: tuple[int, ...] = ()  # the names of the prompt's blocks before its last token (the prefix cache)
     start: int = 0  # the prompt's positions its slot held before the prefill
     output: list[int] = field(default_factory=list)  # tokens handed out
@@ -111,6 +113,7 @@ class SlotBatcher:
             self._generator.manual_seed(seed)
         self._eos = frozenset(eos_token_ids)
         self._penalties = SlotPenalties(slots, self.device)
+        self._bias = SlotBias(slots, self.device)
         self._max_prefill_tokens = max_prefill_tokens
         # Shared with the event loop, under the lock.
         self._lock = threading.Lock()
@@ -231,6 +234,7 @@ class SlotBatcher:
             return
         self._running.pop(request.slot, None)
         self._penalties.released(request.slot)
+        self._bias.released(request.slot)
         self.positions_held -= request.length
         if self.prefixes is not None:
             self.prefixes.released(request.slot, (request.prompt + request.output)[: request.length] if keep else None)
@@ -298,6 +302,7 @@ class SlotBatcher:
         logits = self._model.prefill([r.prompt for r in requests], slots, [r.start for r in requests])
         for request in requests:
             self._penalties.admitted(request, logits.shape[-1])
+            self._bias.admitted(request, logits.shape[-1])
         rows = self._torch.tensor(slots, device=self.device)
         first, picked_from = self._pick(logits, list(requests), rows)
         scores = step_scores(picked_from, first, [(r, i) for i, r in enumerate(requests)])
@@ -359,10 +364,10 @@ class SlotBatcher:
 
     def _pick(self, logits: Any, by_row: list[SlotRequest | None], slots: Any) -> tuple[Any, Any]:
         """The next token of each row (of slot ``slots``), on the device, past its request's
-        penalties: greedy, or with ``do_sample`` the temperature, top-p and seed of each row's
-        request (``by_row``, read only then; None: a row no request holds). With the logits it
-        was picked from (past the penalties), which log probabilities are of."""
-        logits = self._penalties.apply(logits, slots)
+        logit bias and penalties: greedy, or with ``do_sample`` the temperature, top-p and seed of
+        each row's request (``by_row``, read only then; None: a row no request holds). With the
+        logits it was picked from (past the bias and penalties), which log probabilities are of."""
+        logits = self._penalties.apply(self._bias.apply(logits, slots), slots)
         picked = self._sample(logits, by_row) if self._do_sample else logits.argmax(-1)
         self._penalties.count(slots, picked)
         return picked, logits

@@ -7,7 +7,8 @@ admitted. Text is drawn from a small vocabulary by a generator seeded from the e
 seed and the request (its ``seed`` or its id), so a request's output is reproducible,
 and a sequence resumed after a prefix continues exactly as the uninterrupted one would. A
 presence or frequency penalty makes the words the output holds already less likely, as off their
-logits (``draw_word``). Asked for log probabilities, it gives each word's under the weights it
+logits, and a ``logit_bias`` (by word: a word's id is its place in the vocabulary) adds to a word's
+logit (``draw_word``). Asked for log probabilities, it gives each word's under the weights it
 was drawn from, and the likeliest words in its place (``word_logprob``).
 
 Offered tools, it calls them as a function-calling model would, in the ``hermes`` markup the
@@ -104,17 +105,25 @@ MARKUP_TOKEN_CHARS = 4  # a tool call's markup is generated this many characters
 MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in the call text
 
 
+def reweighted(sampling: SamplingParams) -> bool:
+    """Whether words are drawn by ``word_weights`` rather than uniformly."""
+    return sampling.penalized or bool(sampling.logit_bias)
+
+
 def word_weights(sampling: SamplingParams, counts: dict[int, int]) -> list[float]:
-    """Each word's weight against a word the output does not hold yet: the penalties come off the
-    logits of words the output holds (``counts``), so such a word's is ``exp(-(presence + frequency * count))``."""
+    """Each word's weight against an unbiased word the output does not hold yet: its logit gains its
+    ``logit_bias`` and, where the output holds it (``counts``), loses the penalties, so a word's is
+    ``exp(bias - (presence + frequency * count))``."""
     presence, frequency = sampling.presence_penalty, sampling.frequency_penalty
-    return [math.exp(-(presence + frequency * counts[i])) if i in counts else 1.0 for i in range(len(VOCABULARY))]
+    bias = dict(sampling.logit_bias)
+    return [math.exp(bias.get(i, 0.0) - (presence + frequency * counts[i] if i in counts else 0.0))
+            for i in range(len(VOCABULARY))]
 
 
 def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, int]) -> int:
-    """The next word's place in VOCABULARY: uniform, as from equal logits (penalized: by
+    """The next word's place in VOCABULARY: uniform, as from equal logits (biased or penalized: by
     ``word_weights``), one draw of ``rng``."""
-    if not sampling.penalized:
+    if not reweighted(sampling):
         return rng.randrange(len(VOCABULARY))
     return rng.choices(range(len(VOCABULARY)), word_weights(sampling, counts))[0]
 
@@ -191,7 +200,7 @@ class _Sequence:
     prefilled: bool = False  # its first token is out: it advances with the decode steps from now on
     stops: StopFilter = field(init=False)
     unsent: str = ""  # text of prefix tokens a previous worker held back and never published
-    counts: dict[int, int] | None = None  # of each word generated, where penalties apply
+    counts: dict[int, int] | None = None  # of each word generated, where words are reweighted
 
     def __post_init__(self) -> None:
         self.stops = StopFilter(self.inp.sampling.stop)
@@ -335,6 +344,7 @@ class SimulatedEngine:
         markup = tool_markup(inp, seed_material)
         if not markup:  # a tool-calling turn's ids are its markup's pieces
             check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
+        check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), len(VOCABULARY))
         counts: dict[int, int] = {}
         for token_id in inp.prefix_token_ids:  # replay the draws that produced the prefix
             draw_word(rng, inp.sampling, counts)
@@ -354,7 +364,7 @@ class SimulatedEngine:
             cached_tokens=cached,
             markup=markup,
             pushes=s.push_steps,
-            counts=counts if inp.sampling.penalized else None,
+            counts=counts if reweighted(inp.sampling) else None,
         )
         self._running.append(sequence)
         self._wakeup.set()

@@ -9,12 +9,15 @@ events it publishes (``KvCacheConfig(event_buffer_max_size=...)``, read with
 ``LLM.get_kv_cache_events``) tell ``TrtPrefixCache`` which blocks it holds, for KV-cache-aware
 routing and the ``cached_tokens`` of each request. A request's presence and frequency penalties
 count its output alone (``prompt_ignore_length``: TensorRT-LLM counts the prompt's tokens too
-unless told; its SamplingParams has taken it since 1.1).
+unless told; its SamplingParams has taken it since 1.1). A request's logit bias is a logits
+processor of its own (``TokenBias``): it touches the ids it names alone, whatever the model's
+padded vocabulary, where ``embedding_bias`` wants a row of the engine's vocabulary size.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
@@ -79,6 +82,28 @@ class TrtLlmEngineSettings(BaseSettings):
 
 def _token_id(token: Any) -> int:
     return int(token["token_id"]) if isinstance(token, dict) else int(token)
+
+
+class TokenBias:
+    """A request's logit bias as a TensorRT-LLM logits processor (the LLM API's
+    ``LogitsProcessor`` signature): it adds each bias to its token's logit, in place, on the CUDA
+    stream the engine names (its C++ runtime's; the PyTorch backend names none), before sampling."""
+
+    def __init__(self, biases: tuple[tuple[int, float], ...]) -> None:
+        self._ids, self._values = (list(x) for x in zip(*biases, strict=True))
+        self._tensors: tuple[Any, Any] | None = None  # on the logits' device, made at the first call
+
+    def __call__(self, req_id: int, logits: Any, token_ids: list[list[int]], stream_ptr: int | None,
+                 client_id: int | None) -> None:
+        import torch
+
+        on_stream = torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)) if stream_ptr else contextlib.nullcontext()
+        with on_stream:
+            if self._tensors is None or self._tensors[0].device != logits.device:
+                self._tensors = (torch.tensor(self._ids, device=logits.device),
+                                 torch.tensor(self._values, device=logits.device, dtype=logits.dtype))
+            ids, values = self._tensors
+            logits[..., ids] += values
 
 
 class TrtPrefixCache:
@@ -296,7 +321,9 @@ class TrtLlmEngine:
     def generate(self, inp: GenerationInput) -> _TrtStream:
         assert self._prompt_tokens is not None and self._token_texts is not None, "the engine is not started"
         tokenizer = self._llm.tokenizer  # the LLM API's wraps a Hugging Face one as .tokenizer
-        check_token_ids(inp.prefix_token_ids, len(getattr(tokenizer, "tokenizer", tokenizer)))
+        vocabulary = len(getattr(tokenizer, "tokenizer", tokenizer))
+        check_token_ids(inp.prefix_token_ids, vocabulary)
+        check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), vocabulary)
         made = self._prompt_tokens.prompt(inp)
         prompt = made.ids
         s = inp.sampling
@@ -317,6 +344,7 @@ class TrtLlmEngine:
             ignore_eos=s.ignore_eos,
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
             logprobs=s.logprobs,
+            logits_processor=TokenBias(s.logit_bias) if s.logit_bias else None,
             **penalties,
         )
         # A taken-over sequence continues after the tokens already published.

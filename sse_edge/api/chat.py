@@ -226,6 +226,7 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 stop=asked.stop_sequences, ignore_eos=asked.ignore_eos,
                 presence_penalty=asked.presence_penalty or 0.0, frequency_penalty=asked.frequency_penalty or 0.0,
                 logprobs=asked.logprobs_asked[0], top_logprobs=asked.logprobs_asked[1],
+                logit_bias=asked.logit_bias or {},
                 reply_topic=edge.bus.router.reply_topic,
                 reply_partition=edge.bus.router.reply_partition)
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tokenbus.schemas import TokenLogprob
-from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX, TOP_LOGPROBS_MAX
+from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX, TOP_LOGPROBS_MAX, logit_bias_problem
 from tokenbus.sse_edge.protocol.json_text import json_string
 from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs, chat_logprobs_json
 
@@ -85,7 +85,6 @@ UNSUPPORTED = {
     "functions": "the deprecated `functions` (use `tools`)",
     "function_call": "the deprecated `function_call` (use `tool_choice`)", "audio": "audio output",
     "prediction": "predicted outputs",
-    "logit_bias": "logit bias",
     "web_search_options": "web search",
 }
 # vLLM's sampling extensions (clients send them in ``extra_body``), with the values that change
@@ -124,6 +123,17 @@ class GenerationRequest(BaseModel):
     # vLLM's extension: generate on past the end-of-sequence token, to the token limit (benchmarks
     # ask for it, ``--ignore-eos``, so that every output has the length they set).
     ignore_eos: bool = False
+    # OpenAI's: a bias from -100 to 100 added to the logit of each token named by its id (JSON keys:
+    # decimal strings). Whether an id is in the model's vocabulary is the engine's to say.
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_in_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        problem = logit_bias_problem(value) if value else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("stop")
     @classmethod

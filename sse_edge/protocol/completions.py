@@ -13,10 +13,7 @@ from tokenbus.schemas.request_checks import TOP_LOGPROBS_MAX
 from tokenbus.sse_edge.protocol.chat import GenerationRequest
 
 # What the legacy API offers that tokenbus does not serve, with what a request may send for it.
-TEXT_UNSUPPORTED = {
-    "logit_bias": "logit bias", "echo": "echoing the prompt",
-    "suffix": "a suffix (insertion)",
-}
+TEXT_UNSUPPORTED = {"echo": "echoing the prompt", "suffix": "a suffix (insertion)"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's for text completions (and vLLM's)
 
 

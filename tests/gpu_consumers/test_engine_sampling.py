@@ -1,7 +1,7 @@
 """What a request asks of the sampling, every engine (the contract's engines, engine_contract.py):
-stop sequences, vLLM's ``ignore_eos``, OpenAI's presence and frequency penalties and log
-probabilities, each honoured as asked or refused as an engine cannot (transformers' manager
-batching takes no per-request penalty, and scores the sampled token alone)."""
+stop sequences, vLLM's ``ignore_eos``, OpenAI's presence and frequency penalties, logit bias and
+log probabilities, each honoured as asked or refused as an engine cannot (transformers' manager
+batching takes no per-request penalty or bias, and scores the sampled token alone)."""
 
 import contextlib
 import dataclasses
@@ -94,6 +94,33 @@ async def test_penalties_make_the_output_repeat_itself_less_and_survive_a_takeov
     rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
     assert prefix_text + text_of(rest) == text_of(penalized)
     assert [t for o in rest for t in o.token_ids_diff] == [t for o in penalized for t in o.token_ids_diff][len(prefix_ids):]
+
+
+async def test_logit_bias_forces_or_bans_the_tokens_it_names_and_survives_a_takeover(engine):
+    """OpenAI's ``logit_bias`` adds to the logits of the tokens it names: +100 on one token makes
+    it every token of the output, -100 on each token the plain output holds keeps them all out of
+    it. A biased sequence taken over continues as the uninterrupted one would have. An id outside
+    the model's vocabulary is refused; so is any bias by transformers' manager batching, which
+    cannot apply one (engines/hf.py)."""
+    plain = [t for o in await collect(engine, request(41, "bias me", max_tokens=12)) for t in o.token_ids_diff]
+    target = next(t for t in reversed(plain) if t != plain[0])
+    with pytest.raises(InvalidInput, match="not in the model's vocabulary"):
+        engine.generate(request(41, "bias me", max_tokens=12, logit_bias=((10**9, 1.0),)))
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="takes no logit_bias"):
+            engine.generate(request(41, "bias me", max_tokens=12, logit_bias=((target, 100.0),)))
+        return
+    forced = await collect(engine, request(41, "bias me", max_tokens=12, logit_bias=((target, 100.0),)))
+    assert [t for o in forced for t in o.token_ids_diff] == [target] * 12
+    ban = tuple((t, -100.0) for t in sorted(set(plain)))
+    inp = request(41, "bias me", max_tokens=12, logit_bias=ban)
+    banned = await collect(engine, inp)
+    banned_ids = [t for o in banned for t in o.token_ids_diff]
+    assert len(banned_ids) == 12 and not set(banned_ids) & set(plain)
+    prefix_ids, prefix_text = published(banned, 5)
+    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
+    assert prefix_text + text_of(rest) == text_of(banned)
+    assert [t for o in rest for t in o.token_ids_diff] == banned_ids[len(prefix_ids):]
 
 
 async def test_asked_for_logprobs_each_token_is_scored_with_the_likeliest_first(engine):

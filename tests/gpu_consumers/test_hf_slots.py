@@ -68,6 +68,41 @@ async def test_log_probabilities_are_those_of_the_model_s_own_logits(sharp_model
         await engine.close()
 
 
+async def test_a_logit_bias_is_added_to_its_own_rows_logits_alone(sharp_model):
+    """Batched with requests that have none, a request's ``logit_bias`` shifts its own logits
+    alone: each biased request decodes what transformers' ``generate`` decodes with that bias
+    (its ``sequence_bias``), scored as that bias leaves the logits; the others decode as plain
+    ``generate`` does. Biases small enough that the model still chooses, on tokens it chooses."""
+    import torch
+
+    engine = await started(sharp_model)
+    try:
+        firsts = [plain_greedy(engine, request(i, text), 8) for i, text in enumerate(PROMPTS)]
+        inputs = [request(i, text, 8, logprobs=2,
+                          logit_bias=tuple(sorted({(t, -3.0) for t in firsts[i][:3]} | {(firsts[i][-1], 2.5)}))
+                          if i % 2 == 0 else ())
+                  for i, text in enumerate(PROMPTS)]
+        served = await asyncio.gather(*(collect_outs(engine, inp) for inp in inputs))
+        changed = 0
+        for inp, outs, plain in zip(inputs, served, firsts, strict=True):
+            ids = [t for o in outs for t in o.token_ids_diff]
+            if not inp.sampling.logit_bias:
+                assert ids == plain
+                continue
+            prompt = torch.tensor([engine.prompt_ids(inp)])
+            out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True,
+                                        sequence_bias={(token_id,): bias for token_id, bias in inp.sampling.logit_bias})
+            assert ids == out.sequences[0, prompt.shape[1]:].tolist()
+            changed += ids != plain
+            for step, (token_id, token) in enumerate(zip(ids, [t for o in outs for t in o.logprobs], strict=True)):
+                expected = torch.log_softmax(out.scores[step][0].float(), -1)
+                assert token.logprob == pytest.approx(expected[token_id].item(), abs=1e-4)
+        assert changed  # the biases did change an output
+    finally:
+        await engine.close()
+
+
 async def collect_outs(engine: HfEngine, inp: GenerationInput) -> list:
     return [out async for out in engine.generate(inp)]
 

@@ -72,7 +72,7 @@ async def test_a_request_out_of_range_is_dead_lettered_answered_with_why_and_the
         greedy = stray("greedy", max_tokens=300_000)  # more than the worker's whole budget in flight
         answered = [stray("hot", temperature=-1.0), stray("nan", frequency_penalty=math.nan),
                     stray("silent", messages=[]), stray("wizard", messages=[ChatMessage("wizard", "hi")]),
-                    stray("unnamed", tool_choice="function"), greedy]
+                    stray("unnamed", tool_choice="function"), stray("signed", logit_bias={"-3": 1.0}), greedy]
         unanswerable = [stray("no-partition", reply_partition=bus.token_partitions + 5),
                         stray("negative-partition", reply_partition=-1), stray("to-control", reply_topic=catalog.control)]
         beyond = stray("beyond", prefix_token_ids=[10**9], prefix_text="x")
@@ -98,13 +98,14 @@ async def test_a_request_out_of_range_is_dead_lettered_answered_with_why_and_the
         "wizard": [("error", "invalid_request: messages[0].role 'wizard' is not one of system, developer, user, "
                              "assistant, tool")],
         "unnamed": [("error", "invalid_request: tool_choice_name None names none of the request's tools")],
+        "signed": [("error", "invalid_request: logit_bias key '-3' is not a token id (a non-negative integer)")],
         "greedy": [("error", f"invalid_request: max_tokens 300000 with the prompt's ~{greedy.estimated_prompt_tokens} "
                              f"tokens exceeds the {worker.settings.max_tokens_in_flight} tokens a worker of this "
                              "model holds in flight")],
         "beyond": [("error", f"invalid_request: token id 1000000000 is not in the model's vocabulary "
                              f"(0 to {len(VOCABULARY) - 1})")],
     }
-    dead = await read_all(bus, catalog.dlq, expected=9)
+    dead = await read_all(bus, catalog.dlq, expected=10)
     assert sorted((r.key.decode(), dict(r.headers)[HEADER_REASON].decode()) for r in dead) == sorted(
         [(r.request_id, "invalid_request") for r in answered] + [(r.request_id, "no_reply_log") for r in unanswerable])
     completions = [codec.decode(r.value, Completion) for r in await read_written(bus, catalog.completions)]

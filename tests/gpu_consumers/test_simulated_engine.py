@@ -12,6 +12,7 @@ from tokenbus.gpu_consumers.engines import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
+    InvalidInput,
     SamplingParams,
     SimulatedEngine,
     SimulatedEngineSettings,
@@ -230,6 +231,25 @@ async def test_penalized_logprobs_are_those_of_the_weights_drawn_from():
         assert [a.token.strip() for a in scored.top] == [VOCABULARY[i] for i in first_unseen]
         seen.add(token_id)
     assert len(seen) > 1
+
+
+async def test_a_logit_bias_weighs_the_words_it_names_in_draws_and_in_their_logprobs():
+    """A bias b on one word gives it weight exp(b) against 1 for every other word: it is drawn that
+    much more often, its log probability is b - log(V - 2 + exp(b)) (a word biased by -100 weighs
+    next to nothing, and is never drawn) and it heads the likeliest."""
+    b = math.log(20)
+    settings = SimulatedEngineSettings(**FAST, min_tokens=30, max_tokens=30)
+    bias = ((5, b), (6, -100.0))
+    (outs,) = await run(SimulatedEngine(settings), inp(seed=9, logit_bias=bias, logprobs=2))
+    ids = [t for o in outs for t in o.token_ids_diff]
+    total = len(VOCABULARY) - 2 + 20
+    assert ids.count(5) > 5 and 6 not in ids  # about 20/61 of the draws (uniform: 1/43)
+    for out in outs:
+        (scored,), (token_id,) = out.logprobs, out.token_ids_diff
+        assert scored.logprob == pytest.approx(math.log(20 / total) if token_id == 5 else -math.log(total))
+        assert [a.token.strip() for a in scored.top] == [VOCABULARY[5], VOCABULARY[0]]
+    with pytest.raises(InvalidInput, match=f"token id {len(VOCABULARY)} is not in the model's vocabulary"):
+        SimulatedEngine(settings).generate(inp(logit_bias=((len(VOCABULARY), 1.0),)))
 
 
 async def test_a_tool_call_s_markup_tokens_are_certain():

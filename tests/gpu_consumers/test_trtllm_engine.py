@@ -13,7 +13,7 @@ import pytest
 from tests.gpu_consumers.helpers import fake_tensorrt_llm
 from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR
-from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
+from tokenbus.gpu_consumers.engines.trtllm import TokenBias, TrtLlmEngine, TrtLlmEngineSettings
 from tokenbus.schemas import ChatMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -86,6 +86,18 @@ async def test_penalties_are_asked_for_on_the_output_alone(tiny_model):
     assert (plain.presence_penalty, plain.frequency_penalty, plain.prompt_ignore_length) == (0, 0, 0)
     assert (penalized.presence_penalty, penalized.frequency_penalty) == (0.5, -0.25)
     assert penalized.prompt_ignore_length == len(plain_ids) == len(continued_ids) - 2
+
+
+def test_a_logit_bias_is_a_logits_processor_that_adds_to_the_ids_it_names_alone():
+    """``TokenBias`` (the request's ``logits_processor``) adds in place, whatever the logits' leading
+    dimensions (the PyTorch backend's [1, beam, vocabulary]) and dtype, to the named ids alone."""
+    import torch
+
+    bias = TokenBias(((2, 100.0), (5, -1.5)))
+    logits = torch.zeros(1, 2, 8, dtype=torch.bfloat16)
+    logits[..., 2] = 0.5
+    bias(7, logits, [[1, 2, 3]], None, None)
+    assert logits[0, 0].tolist() == logits[0, 1].tolist() == [0, 0, 100.5, 0, 0, -1.5, 0, 0]
 
 
 async def test_log_probabilities_are_asked_for_and_read_in_either_form_a_build_gives(tiny_model):

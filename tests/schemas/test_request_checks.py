@@ -23,7 +23,8 @@ def asking(**fields) -> ChatRequest:
     {"messages": [ChatMessage(role, "x") for role in ("system", "developer", "user", "assistant", "tool")]},
     {"tools": [ToolSpec("get_weather")], "tool_choice": "function", "tool_choice_name": "get_weather"},
     {"tool_choice": "required"}, {"prefix_token_ids": [0, 5]}, {"logprobs": True},
-    {"logprobs": True, "top_logprobs": 20},
+    {"logprobs": True, "top_logprobs": 20}, {"logit_bias": {"0": -100.0, "4294967295": 100.0}},
+    {"logit_bias": {str(i): 1.0 for i in range(300)}},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -51,6 +52,13 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs 21 is not in [0, 20]"),
     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs -1 is not in [0, 20]"),
     ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
+    ({"logit_bias": {"7": 100.5}}, "logit_bias of token 7 is 100.5, not in [-100, 100]"),
+    ({"logit_bias": {"7": math.nan}}, "logit_bias of token 7 is nan, not in [-100, 100]"),
+    ({"logit_bias": {"-1": 1.0}}, "logit_bias key '-1' is not a token id (a non-negative integer)"),
+    ({"logit_bias": {"07": 1.0}}, "logit_bias key '07' is not a token id (a non-negative integer)"),
+    ({"logit_bias": {"\u0663": 1.0}}, "logit_bias key '\u0663' is not a token id (a non-negative integer)"),
+    ({"logit_bias": {"hello": 1.0}}, "logit_bias key 'hello' is not a token id (a non-negative integer)"),
+    ({"logit_bias": {str(i): 1.0 for i in range(301)}}, "logit_bias names 301 tokens; at most 300 may be biased"),
 ], ids=str)
 def test_a_field_out_of_range_is_named(fields, problem):
     assert request_problem(asking(**fields)) == problem

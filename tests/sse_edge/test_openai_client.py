@@ -120,6 +120,31 @@ async def test_presence_and_frequency_penalties_reach_the_engine(client):
     assert exc.value.param == "frequency_penalty"
 
 
+async def test_a_logit_bias_reaches_the_engine_and_an_id_it_lacks_is_a_bad_request(client):
+    """OpenAI's ``logit_bias`` travels on the bus to the engine, for chat and text completions,
+    streamed and whole: each answer is what the stack's engine gives the biased request (a word's id
+    is its place in the simulated vocabulary). An id the engine's vocabulary lacks is a 400 naming
+    it, from the engine (only it knows its vocabulary); a bias out of OpenAI's range is refused at once."""
+    messages = [{"role": "user", "content": "Lean on a word."}]
+    bias = {"3": 2.0, "7": -100.0}
+    biased = await expected_output(messages, seed=43, max_tokens=30, logit_bias=((3, 2.0), (7, -100.0)))
+    assert biased.text != (await expected_output(messages, seed=43, max_tokens=30)).text
+    chat = await client.chat.completions.create(model=MODEL, messages=messages, seed=43, max_tokens=30, logit_bias=bias)
+    assert chat.choices[0].message.content == biased.text
+    stream = await client.chat.completions.create(model=MODEL, messages=messages, seed=43, max_tokens=30,
+                                                  logit_bias=bias, stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == biased.text
+    prompted = await expected_output(messages, seed=43, max_tokens=30, text_prompt=True, logit_bias=((3, 2.0), (7, -100.0)))
+    text = await client.completions.create(model=MODEL, prompt="Lean on a word.", seed=43, max_tokens=30, logit_bias=bias)
+    assert text.choices[0].text == prompted.text
+    with pytest.raises(openai.BadRequestError) as lacking:
+        await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, logit_bias={"40000": 5})
+    assert lacking.value.code == "invalid_request" and "token id 40000 is not in the model's vocabulary" in str(lacking.value)
+    with pytest.raises(openai.BadRequestError) as out_of_range:
+        await client.completions.create(model=MODEL, prompt="x", logit_bias={"3": -150})
+    assert out_of_range.value.param == "logit_bias" and "not in [-100, 100]" in str(out_of_range.value)
+
+
 async def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client, stack):
     """A second prompt sharing a long system message is partly served from the engine's prefix
     cache: the client sees it as OpenAI shows it, in ``usage.prompt_tokens_details.cached_tokens``,

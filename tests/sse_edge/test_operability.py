@@ -51,7 +51,8 @@ async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
     ("extra", "param", "code"),
     [
         ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
-        ({"logit_bias": {"5": 1}}, "logit_bias", "unsupported_parameter"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "invalid_value"),
+        ({"logit_bias": {"-5": 1}}, "logit_bias", "invalid_value"),
         ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
         ({"response_format": {"type": "json_schema"}}, "response_format.type", "unsupported_value"),

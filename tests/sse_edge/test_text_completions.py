@@ -79,7 +79,7 @@ async def test_stop_sequences_end_the_text_before_them(client):
     ({"prompt": ""}, "prompt", "invalid_value"),
     ({"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
     ({"prompt": "x", "logprobs": 21}, "logprobs", "invalid_value"),
-    ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias", "unsupported_parameter"),
+    ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias", "invalid_value"),
     ({"prompt": "x", "suffix": "y"}, "suffix", "unsupported_parameter"),
     ({"prompt": "x", "min_tokens": 5}, "min_tokens", "unsupported_parameter"),
     ({"prompt": "x", "best_of": 2}, "best_of", "invalid_value"),

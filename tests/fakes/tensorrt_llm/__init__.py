@@ -2,19 +2,18 @@
 PyPI package only downloads NVIDIA's wheel at install time, and no GPU exists).
 
 It reproduces the documented surface the `trtllm` engine uses: ``LLM(model=...)`` with
-``.tokenizer`` (a Hugging Face tokenizer loaded from ``model``), ``SamplingParams``,
-and ``generate_async(inputs, sampling_params, streaming=True)`` returning a
-``RequestOutput`` that is async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``)
-carries cumulative ``text`` / ``token_ids`` and per-step ``text_diff`` /
-``token_ids_diff`` and ``finish_reason`` ("stop", "length", "cancelled"), with
-``finished`` and ``abort()``, and with ``SamplingParams.logprobs`` a dict of ``Logprob`` for each
-token in ``logprobs`` (text only while ``SamplingParams.detokenize``; the engine runs
-ahead of its reader, queuing a response every ``stream_interval`` steps of the LLM's in the
-result's ``aqueue``), and ``get_stats(timeout)``, a list of iteration stats whose
-``kvCacheStats`` holds ``maxNumBlocks``, ``usedNumBlocks``, ``freeNumBlocks`` and
-``tokensPerBlock`` (blocks held by the unfinished requests). Tokens are a deterministic function of every token
-before them, so a continuation after a prefix equals the uninterrupted output, as
-greedy decoding does on the real engine.
+``.tokenizer`` (a Hugging Face tokenizer loaded from ``model``), ``SamplingParams``, and
+``generate_async(inputs, sampling_params, streaming=True)`` returning a ``RequestOutput`` that is
+async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``) carries cumulative ``text`` /
+``token_ids`` and per-step ``text_diff`` / ``token_ids_diff`` and ``finish_reason`` ("stop",
+"length", "cancelled"), with ``finished`` and ``abort()``, with ``SamplingParams.logits_processor``
+called on each step's logits, and with ``SamplingParams.logprobs`` a dict of ``Logprob`` for each
+token in ``logprobs`` (text only while ``SamplingParams.detokenize``; the engine runs ahead of its
+reader, queuing a response every ``stream_interval`` steps of the LLM's in the result's ``aqueue``),
+and ``get_stats(timeout)``, a list of iteration stats whose ``kvCacheStats`` holds ``maxNumBlocks``,
+``usedNumBlocks``, ``freeNumBlocks`` and ``tokensPerBlock`` (blocks held by the unfinished
+requests). Tokens are a deterministic function of every token before them, so a continuation after a
+prefix equals the uninterrupted output, as greedy decoding does on the real engine.
 
 Block reuse: with ``kv_cache_config=KvCacheConfig(enable_block_reuse=True, event_buffer_max_size=N)``
 a prompt's full blocks are kept (the least recently used evicted past ``MAX_BLOCKS``) and
@@ -26,12 +25,14 @@ events (``parent_hash`` and ``blocks`` of ``block_hash`` and ``tokens`` of ``uni
 from __future__ import annotations
 
 import asyncio
+import math
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from transformers import AutoTokenizer
 
 STEP_SECONDS = 0.002
@@ -51,6 +52,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     prompt_ignore_length: int = 0  # tokens at the input's start the penalties do not count
     logprobs: int | None = None  # the sampled token's log probability and this many likeliest tokens'
+    # Called with each step's logits ([1, 1, vocabulary] here) to change them in place: one or a list.
+    logits_processor: Any = None
 
 
 @dataclass
@@ -125,7 +128,8 @@ class RequestOutput:
             if self._abort_requested:
                 self.aqueue.put(("cancelled", []))
                 return
-            token = self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized())
+            token = self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized(),
+                                        self._logits_processors())
             self.generated.append(token)
             pending.append(token)
             # Stop strings end generation whether or not outputs carry text (the real engine
@@ -148,6 +152,10 @@ class RequestOutput:
         if not (params.presence_penalty or params.frequency_penalty):
             return set()
         return set(self.prompt_token_ids[params.prompt_ignore_length:] + self.generated)
+
+    def _logits_processors(self) -> list[Any]:
+        processors = self._params.logits_processor
+        return [] if processors is None else list(processors) if isinstance(processors, list) else [processors]
 
     def __aiter__(self) -> RequestOutput:
         return self
@@ -227,10 +235,19 @@ class LLM:
         return [{"iter": 0, "kvCacheStats": {"maxNumBlocks": MAX_BLOCKS, "usedNumBlocks": used,
                                              "freeNumBlocks": MAX_BLOCKS - used, "tokensPerBlock": TOKENS_PER_BLOCK}}]
 
-    def token_for(self, context: list[int], penalized: Collection[int] = ()) -> int:
+    def token_for(self, context: list[int], penalized: Collection[int] = (), processors: list[Any] = ()) -> int:
         # Never the EOS token, so outputs run to max_tokens or a stop string, like ignore_eos; a
         # penalty passes over the tokens it counts (as a large one does), while others are left.
+        # Logits processors see logits where the fake's pick is 1 and every other token 0, and the
+        # likeliest token after them is picked (the lowest id among equals).
         token = zlib.crc32(bytes(str(context[-8:]), "ascii")) % self._vocab
+        if processors:
+            logits = torch.zeros(1, 1, self._vocab)
+            logits[..., token] = 1.0
+            for processor in processors:
+                processor(0, logits, [list(context)], None, None)
+            logits[..., self.tokenizer.eos_token_id] = -math.inf
+            token = int(logits.argmax())
         while token == self.tokenizer.eos_token_id or (token in penalized and len(penalized) < self._vocab - 1):
             token = (token + 1) % self._vocab
         return token

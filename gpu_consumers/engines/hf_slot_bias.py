@@ -1,0 +1,50 @@
+"""OpenAI's logit bias for the slot batching (hf_slots.py).
+
+Each slot's bias over the vocabulary is a row kept on the device, added to the logits before the
+penalties and the pick, as vLLM adds it: a dense row, so a step adds every biased row's in one
+operation, with no host work while the set of biased slots stays the same. The rows are made at
+the first biased request (slots x vocabulary floats) and cost nothing while no running sequence
+is biased."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Biased(Protocol):
+    slot: int
+    logit_bias: tuple[tuple[int, float], ...]  # (token id, bias), ids in the vocabulary
+
+
+class SlotBias:
+    def __init__(self, slots: int, device: Any) -> None:
+        import torch
+
+        self._torch = torch
+        self._slots, self._device = slots, device
+        self._bias: Any = None  # [slots, vocabulary]
+        self._biased: set[int] = set()  # the slots whose sequence has a bias
+
+    def admitted(self, request: Biased, vocabulary: int) -> None:
+        """``request`` takes its slot: its bias row written."""
+        torch, slot = self._torch, request.slot
+        if not request.logit_bias:
+            self.released(slot)
+            return
+        if self._bias is None:
+            self._bias = torch.zeros(self._slots, vocabulary, device=self._device)
+        ids, values = zip(*request.logit_bias, strict=True)
+        self._bias[slot].zero_()
+        self._bias[slot, torch.tensor(ids, device=self._device)] = torch.tensor(values, device=self._device)
+        self._biased.add(slot)
+
+    def released(self, slot: int) -> None:
+        if slot in self._biased:
+            self._biased.discard(slot)
+            self._bias[slot].zero_()
+
+    def apply(self, logits: Any, slots: Any) -> Any:
+        """The logits of the rows whose slots are ``slots``, each plus its slot's bias."""
+        if not self._biased:
+            return logits
+        return logits.float() + self._bias[slots]
