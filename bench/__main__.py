@@ -27,6 +27,7 @@ from bench import (
     prefix_cache,
     prefix_routing,
     processors,
+    sampling_cost,
     scale_out,
     soak,
     sse_fanout,
@@ -58,6 +59,7 @@ SCENARIOS = {
     "tracing": tracing,
     "prefix_routing": prefix_routing,
     "prefix_cache": prefix_cache,
+    "sampling_cost": sampling_cost,
     "stream_interval": stream_interval,
     "capacity": capacity,  # the inputs and the check of docs/capacity.md: on request only
     "peers": peers,  # installs LiteLLM's proxy into an environment of its own on the first run

@@ -48,6 +48,7 @@ from typing import Any
 from bench import prefix_cache
 from bench.baselines import engine_sender
 from bench.consumer_throughput import delivered_tokens
+from bench.sampling_cost import ASKED
 from bench.stack import MODEL, bench_stack
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.gpu_consumers.settings import WorkerSettings
@@ -183,14 +184,6 @@ def hf_engine(model_dir: Path, max_num_seqs: int, **overrides: Any) -> Any:
 
     return HfEngine(HfEngineSettings(model_path=str(model_dir), device="cuda", default_max_tokens=OUTPUT_TOKENS,
                                      **overrides), max_num_seqs=max_num_seqs)
-
-
-# What a request may ask beyond plain greedy decoding, as a request sets it, for the rows that
-# measure what each costs the engine: OpenAI's penalties, log probabilities with five likeliest,
-# and a logit bias on OpenAI's most tokens (300; small, so that outputs keep their lengths).
-ASKED: dict[str, dict[str, Any]] = {"penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
-                                    "logprobs (top 5)": {"logprobs": 5},
-                                    "logit bias (300 tokens)": {"logit_bias": tuple((1000 + i, -1.0) for i in range(300))}}
 
 
 async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "",

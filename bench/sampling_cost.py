@@ -1,0 +1,101 @@
+"""Scenario: what OpenAI's sampling options cost the ``hf`` engine's slot batching, engine alone
+in this process (`python -m bench sampling_cost`).
+
+The same requests (a short question each, ``OUTPUT_TOKENS`` tokens generated past any end token)
+``CONCURRENCY`` at once, plain and with each of ``ASKED`` on every request: OpenAI's presence and
+frequency penalties (the slots' counts, taken off the logits), log probabilities with five
+likeliest tokens (a log-softmax and a top-k a step) and a logit bias on OpenAI's most tokens (300:
+a bias row a slot, added to the logits). Rounds alternate between them, so each option is
+measured beside plain decoding on a machine whose speed drifts; output tokens/s and the ratio to
+plain.
+
+Runs on the device ``TOKENBUS_HF_DEVICE`` picks (the CPU here) with SmolLM2-135M unless
+``TOKENBUS_HF_MODEL_PATH`` names another model. `python -m bench gpu` asks the same of its 1B
+model at 64 concurrent on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
+from tokenbus.schemas import ChatMessage
+
+# What a request may ask beyond plain greedy decoding, as a request sets it, for the rows that
+# measure what each costs the engine: OpenAI's penalties, log probabilities with five likeliest,
+# and a logit bias on OpenAI's most tokens (300; small, so that outputs keep their lengths).
+ASKED: dict[str, dict[str, Any]] = {"penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
+                                    "logprobs (top 5)": {"logprobs": 5},
+                                    "logit bias (300 tokens)": {"logit_bias": tuple((1000 + i, -1.0) for i in range(300))}}
+PLAIN = "plain"
+CONCURRENCY = 8
+REQUESTS = 16  # a round's, each option's
+OUTPUT_TOKENS = 32
+ROUNDS = 2
+_ids = itertools.count()
+
+
+def inputs(asked: str) -> list[GenerationInput]:
+    sampling = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, **ASKED.get(asked, {}))
+    return [GenerationInput(f"sampling-cost-{next(_ids)}", (ChatMessage("user", f"Tell me about number {n}."),),
+                            sampling) for n in range(REQUESTS)]
+
+
+async def run_round(engine: Any, work: list[GenerationInput]) -> tuple[int, float]:
+    """The inputs ``CONCURRENCY`` at a time: output tokens, and the wall time."""
+    work = list(work)
+    tokens = 0
+
+    async def client() -> None:
+        nonlocal tokens
+        while work:
+            async for out in engine.generate(work.pop()):
+                if out.finished:
+                    assert out.finish_reason == "length", out.error
+                    tokens += out.completion_tokens
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+    return tokens, time.perf_counter() - started
+
+
+async def measure() -> dict[str, Any]:
+    from tokenbus.gpu_consumers.engines.hf import HfEngine
+    from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings
+
+    engine = HfEngine(HfEngineSettings(batching="slots", max_model_len=HfEngineSettings().max_model_len or 512),
+                      max_num_seqs=CONCURRENCY)
+    await engine.start()
+    try:
+        options = [PLAIN, *ASKED]
+        for asked in options:  # warm-up: every path run once before anything is timed
+            await run_round(engine, inputs(asked)[:CONCURRENCY])
+        measured: dict[str, list[tuple[int, float]]] = {asked: [] for asked in options}
+        for _ in range(ROUNDS):
+            for asked in options:
+                measured[asked].append(await run_round(engine, inputs(asked)))
+        rates = {asked: sum(t for t, _ in rounds) / sum(s for _, s in rounds) for asked, rounds in measured.items()}
+        rows = [{"asked": asked, "tokens_per_s": round(rate, 1), "ratio": round(rate / rates[PLAIN], 3),
+                 "per_round": [round(t / s, 1) for t, s in measured[asked]]} for asked, rate in rates.items()]
+        return {"device": engine.device, "model": engine.settings.model_path or "SmolLM2-135M-Instruct", "rows": rows}
+    finally:
+        await engine.close()
+
+
+def run() -> dict[str, Any]:
+    return {"scenario": "sampling_cost", "concurrency": CONCURRENCY, "requests_per_round": REQUESTS,
+            "output_tokens": OUTPUT_TOKENS, "rounds": ROUNDS, **asyncio.run(measure())}
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"`hf` slot batching alone on {result['device']}, {result['concurrency']} at once, "
+             f"{result['rounds']} alternating rounds of {result['requests_per_round']} requests x "
+             f"{result['output_tokens']} tokens an option", "",
+             "| every request asks | tokens/s | per round | vs plain |", "|---|---:|---|---:|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['asked']} | {row['tokens_per_s']} | {', '.join(map(str, row['per_round']))} | "
+                     f"{row['ratio']:.2f}x |")
+    return "\n".join(lines)
