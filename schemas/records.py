@@ -197,6 +197,13 @@ class ChatRequest:
     # OpenAI's logit bias: added to the logit of each token named, by its id as a decimal string
     # (the keys of OpenAI's JSON object, and of an Avro map); ``token_biases`` reads it.
     logit_bias: dict[str, float] = field(default_factory=dict)
+    # vLLM's sampling extensions: sample from the ``top_k`` likeliest tokens (0: all) that are at
+    # least ``min_p`` of the likeliest's probability; ``stop_token_ids`` end the output as the
+    # end-of-sequence token does, and neither ends it before it holds ``min_tokens``.
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:

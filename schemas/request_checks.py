@@ -33,6 +33,7 @@ TOP_LOGPROBS_MAX = 20  # OpenAI's chat completions: top_logprobs in [0, 20], and
 LOGIT_BIAS_MAX = 100.0  # OpenAI's: each bias in [-100, 100]
 LOGIT_BIAS_MAX_TOKENS = 300  # tokens one request may bias (OpenAI's limit)
 TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as a logit_bias key: decimal, no sign
+STOP_TOKEN_IDS_MAX = 256  # stop_token_ids one request may name
 
 
 class RequestOutOfRange(ValueError):
@@ -72,6 +73,18 @@ def request_problem(request: ChatRequest) -> str | None:
         return "top_logprobs needs logprobs"
     if (bias_problem := logit_bias_problem(request.logit_bias)) is not None:
         return bias_problem
+    if request.top_k < 0:
+        return f"top_k {request.top_k} is below 0"
+    if not 0 <= request.min_p <= 1:
+        return f"min_p {request.min_p} is not in [0, 1]"
+    if request.min_tokens < 0:
+        return f"min_tokens {request.min_tokens} is below 0"
+    if request.max_tokens is not None and request.min_tokens > request.max_tokens:
+        return f"min_tokens {request.min_tokens} is more than max_tokens {request.max_tokens}"
+    if len(request.stop_token_ids) > STOP_TOKEN_IDS_MAX:
+        return f"stop_token_ids names {len(request.stop_token_ids)} tokens; at most {STOP_TOKEN_IDS_MAX} may"
+    if any(token_id < 0 for token_id in request.stop_token_ids):
+        return "stop_token_ids must not be negative"
     if request.tool_choice not in TOOL_CHOICES:
         return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
     if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:

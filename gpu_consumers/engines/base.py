@@ -57,6 +57,13 @@ class SamplingParams:
     # Added to the logit of each token (id, bias), before penalties and sampling (OpenAI's
     # ``logit_bias``; vLLM's applies it there too). In token id order.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: sampling keeps the ``top_k`` likeliest tokens (0: all) that are at least ``min_p`` of
+    # the likeliest's probability (greedy decoding is unchanged by either); ``stop_token_ids`` end
+    # the output as the end-of-sequence token does; neither ends it before ``min_tokens``.
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
 
     @property
     def penalized(self) -> bool:
@@ -112,6 +119,10 @@ class GenerationInput:
                 frequency_penalty=request.frequency_penalty,
                 logprobs=request.top_logprobs if request.logprobs else None,
                 logit_bias=request.token_biases,
+                top_k=request.top_k,
+                min_p=request.min_p,
+                min_tokens=request.min_tokens,
+                stop_token_ids=tuple(request.stop_token_ids),
             ),
         )
 

@@ -15,8 +15,10 @@ a penalized request as an unpenalized one and says so in the log, once. The slot
 tokens of the requests that ask for log probabilities, with their likeliest tokens
 (hf_slot_logprobs.py); the manager computes the sampled token's alone, for every request
 (``TOKENBUS_HF_MANAGER_LOGPROBS``, on by default), so it answers ``logprobs`` but refuses
-``top_logprobs`` with an error that says so. A ``logit_bias`` is the slots' too (hf_slot_bias.py);
-the manager refuses it (a bias is often a ban, which must not be dropped quietly).
+``top_logprobs`` with an error that says so. A ``logit_bias`` is the slots' too (hf_slot_bias.py),
+as are vLLM's ``min_tokens``, and its ``top_k`` and ``min_p`` where requests are sampled: the
+manager refuses them (a bias is often a ban, which must not be dropped quietly). Both end a
+request at its ``stop_token_ids`` (the manager takes them as the request's own end tokens).
 
 Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
 ``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
@@ -45,6 +47,7 @@ from tokenbus.gpu_consumers.engines.base import (
     GenerationInput,
     InvalidInput,
     PromptLayout,
+    SamplingParams,
     StepOutput,
     StepSink,
     check_token_ids,
@@ -124,6 +127,7 @@ class _HfSequence:
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
         self._stops = StopFilter(inp.sampling.stop)
         self._ends_at_eos = not inp.sampling.ignore_eos
+        self._stop_ids = frozenset(inp.sampling.stop_token_ids)  # vLLM's: they end it as an end token does
         self._taken = 0  # tokens of the manager's cumulative output made into deltas so far
         self._scored = inp.sampling.logprobs is not None  # the manager's log probabilities passed on
         self.prompt_tokens = len(prompt_ids)
@@ -155,8 +159,8 @@ class _HfSequence:
         self._taken = len(result.generated_tokens)
         finish = None
         if result.is_finished():
-            eos = self._engine.eos_token_ids
-            finish = FINISH_STOP if self._ends_at_eos and new_ids and new_ids[-1] in eos else (
+            ends = self._stop_ids | (self._engine.eos_token_ids if self._ends_at_eos else set())
+            finish = FINISH_STOP if new_ids and new_ids[-1] in ends else (
                 FINISH_LENGTH if self._taken >= self.max_new_tokens else FINISH_STOP)
         self.on_delta(Delta(new_ids, finish, logprobs=scored))
 
@@ -298,6 +302,18 @@ class HfEngine:
             raise InvalidInput("the hf engine's manager batching scores the sampled token alone: top_logprobs "
                                "is served by its slot batching (TOKENBUS_HF_BATCHING=slots)")
 
+    def _manager_takes(self, sampling: SamplingParams) -> None:
+        """``InvalidInput`` for what the manager cannot apply to one request alone: a logit bias (often a
+        ban, which must not be dropped quietly), vLLM's ``min_tokens``, and its ``top_k`` and ``min_p``
+        where it samples (greedy decoding is the same with them)."""
+        asked = [name for name, value in (("logit_bias", sampling.logit_bias), ("min_tokens", sampling.min_tokens))
+                 if value]
+        if self.settings.do_sample:
+            asked += [name for name, value in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if value]
+        if asked:
+            raise InvalidInput(f"the hf engine's manager batching takes no {' or '.join(asked)}: its slot batching "
+                               "does (TOKENBUS_HF_BATCHING=slots)")
+
     def _start_manager(self) -> Any:
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
@@ -359,9 +375,8 @@ class HfEngine:
         check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), self._vocabulary_size)
         if self._slots is None and inp.sampling.logprobs is not None:
             self._manager_scores(inp.sampling.logprobs)
-        if self._slots is None and inp.sampling.logit_bias:
-            raise InvalidInput("the hf engine's manager batching takes no logit_bias: it is served by its slot "
-                               "batching (TOKENBUS_HF_BATCHING=slots)")
+        if self._slots is None:
+            self._manager_takes(inp.sampling)
         made = self.prompt(inp)
         prompt = made.ids
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
@@ -384,15 +399,22 @@ class HfEngine:
                                         ignore_eos=inp.sampling.ignore_eos,
                                         presence_penalty=inp.sampling.presence_penalty,
                                         frequency_penalty=inp.sampling.frequency_penalty,
-                                        logprobs=inp.sampling.logprobs, logit_bias=inp.sampling.logit_bias))
+                                        logprobs=inp.sampling.logprobs, logit_bias=inp.sampling.logit_bias,
+                                        top_k=inp.sampling.top_k, min_p=inp.sampling.min_p,
+                                        stop_ids=frozenset(inp.sampling.stop_token_ids),
+                                        min_new_tokens=max(inp.sampling.min_tokens - len(inp.prefix_token_ids), 0)))
             return sequence
         if inp.sampling.penalized and not self._warned_penalties:
             self._warned_penalties = True
             log.warning("the hf engine's manager batching does not apply presence or frequency penalties; "
                         "the slot batching does (TOKENBUS_HF_BATCHING=slots)")
         self._manager.register_result_handler(internal_id, sequence.on_result)
-        # The manager's end tokens are the generation config's unless a request names its own (none: on past them).
-        ends: dict[str, Any] = {"eos_token_id": []} if inp.sampling.ignore_eos else {}
+        # The manager's end tokens are the generation config's unless a request names its own (none: on past
+        # them; vLLM's stop_token_ids: those too).
+        ends: dict[str, Any] = {}
+        if inp.sampling.ignore_eos or inp.sampling.stop_token_ids:
+            kept = set() if inp.sampling.ignore_eos else self.eos_token_ids
+            ends["eos_token_id"] = sorted(kept | set(inp.sampling.stop_token_ids))
         self._manager.add_request(prompt + list(inp.prefix_token_ids), request_id=internal_id,
                                   max_new_tokens=sequence.max_new_tokens, streaming=True, **ends, **sampling)
         return sequence

@@ -5,11 +5,8 @@ CUDA graphs, are hf_slot_model.py's.
 The batcher runs on its own thread, as transformers' manager does, one decode step queued ahead of
 the host; what a step produced reaches the event loop in one ``call_soon_threadsafe`` per step.
 
-Sampling (``do_sample``) draws each row's token by the inverse of its distribution at a uniform
-number: the engine's generator gives it, or, for a request with a ``seed``, a hash of the seed and
-the token's place in the output. A seeded request so samples the same tokens whichever sequences
-share its steps, and a taken-over one (its output's first tokens already published) continues as
-the uninterrupted one would have: OpenAI's ``seed``, kept across a crashed worker.
+Sampling (``do_sample``) is hf_slot_sampling.py's: each row with its request's own temperature,
+min-p, top-k, top-p and ``seed`` (the same tokens in any batch, and after a takeover).
 
 The prefix cache: a slot keeps the keys and values it holds when its sequence ends (the prompt
 and the output), named by blocks of ``prefix_block_tokens`` tokens as blocks.py names them
@@ -47,6 +44,7 @@ from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken, StepSco
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
 from tokenbus.gpu_consumers.engines.hf_slot_penalties import SlotPenalties
 from tokenbus.gpu_consumers.engines.hf_slot_prefixes import SlotPrefixes
+from tokenbus.gpu_consumers.engines.hf_slot_sampling import SlotSampler
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +84,10 @@ class SlotRequest:
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # each token's log probability and this many likeliest (hf_slot_logprobs.py)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to its logit (hf_slot_bias.py)
+    top_k: int = 0  # vLLM's: sampled from this many likeliest tokens (0: all)
+    min_p: float = 0.0  # vLLM's: sampled from tokens at least this share of the likeliest's probability
+    stop_ids: frozenset[int] = frozenset()  # vLLM's stop_token_ids: each ends it as an end token does
+    min_new_tokens: int = 0  # tokens to make before an end token or a stop id may be picked (vLLM's min_tokens)
     wanted: tuple[int, ...] = ()  # the names of the prompt's blocks before its last token (the prefix cache)
     start: int = 0  # the prompt's positions its slot held before the prefill
     output: list[int] = field(default_factory=list)  # tokens handed out
@@ -107,10 +109,7 @@ class SlotBatcher:
         self.block_tokens = prefix_block_tokens
         self.prefixes = SlotPrefixes(self._model, prefix_block_tokens, slots, keeping_rows) if prefix_block_tokens else None
         self.device, self.slots, self.max_model_len = self._model.device, slots, max_model_len
-        self._do_sample = do_sample
-        self._generator = torch.Generator(device=self.device)
-        if seed is not None:
-            self._generator.manual_seed(seed)
+        self._sampler = SlotSampler(self.device, seed) if do_sample else None
         self._eos = frozenset(eos_token_ids)
         self._penalties = SlotPenalties(slots, self.device)
         self._bias = SlotBias(slots, self.device)
@@ -281,7 +280,7 @@ class SlotBatcher:
             request.output.append(token)
             generated = len(request.output)
             finish = None
-            if token in self._eos and not request.ignore_eos:
+            if token in request.stop_ids or (token in self._eos and not request.ignore_eos):
                 finish = FINISH_STOP
             elif generated >= request.max_new_tokens or len(request.prompt) + generated > self.max_model_len:
                 finish = FINISH_LENGTH  # the next token would have no cache position left
@@ -304,7 +303,8 @@ class SlotBatcher:
             self._penalties.admitted(request, logits.shape[-1])
             self._bias.admitted(request, logits.shape[-1])
         rows = self._torch.tensor(slots, device=self.device)
-        first, picked_from = self._pick(logits, list(requests), rows)
+        held = [(row, r) for row, r in enumerate(requests) if r.min_new_tokens > 0]
+        first, picked_from = self._pick(logits, list(requests), rows, held)
         scores = step_scores(picked_from, first, [(r, i) for i, r in enumerate(requests)])
         self._model.feed(first, rows)
         for request in requests:
@@ -334,11 +334,13 @@ class SlotBatcher:
         self.positions_held += len(requests)
         logits = self._model.decode(rows, length, positions)
         by_row: list[SlotRequest | None] = []
-        if self._do_sample:
+        if self._sampler is not None:
             by_row = [None] * rows
             for r in requests:
                 by_row[r.slot] = r
-        next_ids, picked_from = self._pick(logits, by_row, self._penalties.rows(rows))
+        # launched counts this step's token: the ones before it are launched - 1
+        held = [(r.slot, r) for r in requests if r.launched - 1 < r.min_new_tokens]
+        next_ids, picked_from = self._pick(logits, by_row, self._penalties.rows(rows), held)
         scores = step_scores(picked_from, next_ids, [(r, r.slot) for r in requests])
         self._model.feed(next_ids)
         return _Launched(requests, self._to_host(next_ids), scores)
@@ -362,53 +364,23 @@ class SlotBatcher:
         done.record()
         return _HostCopy(buffer, done)
 
-    def _pick(self, logits: Any, by_row: list[SlotRequest | None], slots: Any) -> tuple[Any, Any]:
+    def _pick(self, logits: Any, by_row: list[SlotRequest | None], slots: Any,
+              held: list[tuple[int, SlotRequest]]) -> tuple[Any, Any]:
         """The next token of each row (of slot ``slots``), on the device, past its request's
-        logit bias and penalties: greedy, or with ``do_sample`` the temperature, top-p and seed of
-        each row's request (``by_row``, read only then; None: a row no request holds). With the
-        logits it was picked from (past the bias and penalties), which log probabilities are of."""
+        logit bias and penalties, and with no end token in the ``held`` rows (row, request: short
+        of its ``min_new_tokens``): greedy, or with ``do_sample`` the temperature, top-p, top-k,
+        min-p and seed of each row's request (``by_row``, read only then; None: a row no request
+        holds). With the logits it was picked from (past all that), which log probabilities are of."""
         logits = self._penalties.apply(self._bias.apply(logits, slots), slots)
-        picked = self._sample(logits, by_row) if self._do_sample else logits.argmax(-1)
+        if held:
+            logits = logits.clone()
+            for row, request in held:
+                ends = request.stop_ids if request.ignore_eos else request.stop_ids | self._eos
+                if ends:
+                    logits[row, self._torch.tensor(sorted(ends), device=self.device)] = float("-inf")
+        picked = self._sampler.sample(logits, by_row) if self._sampler is not None else logits.argmax(-1)
         self._penalties.count(slots, picked)
         return picked, logits
-
-    def _sample(self, logits: Any, by_row: list[SlotRequest | None]) -> Any:
-        torch = self._torch
-        temperature = [max(r.temperature, 1e-5) if r else 1.0 for r in by_row]
-        top_p = [r.top_p if r else 1.0 for r in by_row]
-        probs = torch.softmax(logits.float() / torch.tensor(temperature, device=self.device)[:, None], dim=-1)
-        if min(top_p) < 1:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            outside = sorted_probs.cumsum(-1) - sorted_probs > torch.tensor(top_p, device=self.device)[:, None]
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
-        uniform = torch.rand(len(by_row), generator=self._generator, device=self.device)
-        seeded = []
-        for row, r in enumerate(by_row):
-            if r is not None:
-                if r.seed is not None:
-                    seeded.append((row, seeded_uniform(r.seed, r.drawn)))
-                r.drawn += 1
-        if seeded:
-            rows, draws = zip(*seeded, strict=True)
-            uniform[torch.tensor(rows, device=self.device)] = torch.tensor(draws, device=self.device)
-        # The first token whose cumulative probability reaches the uniform's share of the total (the
-        # total, not 1: rounding leaves it a little off); above zero, so never one of probability zero.
-        cumulative = probs.cumsum(-1)
-        share = (uniform * cumulative[:, -1]).clamp_(min=torch.finfo(torch.float32).tiny)
-        return torch.searchsorted(cumulative, share[:, None])[:, 0]
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def seeded_uniform(seed: int, place: int) -> float:
-    """A uniform number in [0, 1) that depends only on ``seed`` and ``place`` (SplitMix64's mix of
-    the two, as a 24-bit fraction: a float32 holds it exactly, so below 1): the same on every host,
-    in every batch."""
-    z = (seed + (place + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return ((z ^ (z >> 31)) >> 40) * 2.0**-24
 
 
 @dataclass(slots=True)

@@ -1,15 +1,16 @@
 """A seeded engine for testing and load-testing the pipeline itself.
 
-It behaves like a batched GPU engine: one step loop advances every running sequence
-by one token per step; a step takes ``1 / tokens_per_s`` seconds, longer as the batch
-grows (``batch_slowdown``), and a sequence's first token comes ``ttft_ms`` after it is
-admitted. Text is drawn from a small vocabulary by a generator seeded from the engine
-seed and the request (its ``seed`` or its id), so a request's output is reproducible,
-and a sequence resumed after a prefix continues exactly as the uninterrupted one would. A
-presence or frequency penalty makes the words the output holds already less likely, as off their
-logits, and a ``logit_bias`` (by word: a word's id is its place in the vocabulary) adds to a word's
-logit (``draw_word``). Asked for log probabilities, it gives each word's under the weights it
-was drawn from, and the likeliest words in its place (``word_logprob``).
+It behaves like a batched GPU engine: one step loop advances every running sequence by one token per
+step; a step takes ``1 / tokens_per_s`` seconds, longer as the batch grows (``batch_slowdown``), and
+a sequence's first token comes ``ttft_ms`` after it is admitted. Text is drawn from a small
+vocabulary by a generator seeded from the engine seed and the request (its ``seed`` or its id), so a
+request's output is reproducible, and a sequence resumed after a prefix continues exactly as the
+uninterrupted one would. A presence or frequency penalty makes the words the output holds already
+less likely, as off their logits, and a ``logit_bias`` (by word: a word's id is its place in the
+vocabulary) adds to a word's logit; vLLM's ``top_k`` and ``min_p`` keep the heaviest words alone,
+its ``stop_token_ids`` end the output as the natural end does, and ``min_tokens`` holds both ends
+off (``draw_word``). Asked for log probabilities, it gives each word's under the weights it was
+drawn from, and the likeliest words in its place (``word_logprob``).
 
 Offered tools, it calls them as a function-calling model would, in the ``hermes`` markup the
 worker parses (engines/tool_calls.py), a few characters a token: the named function when
@@ -106,8 +107,9 @@ MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in
 
 
 def reweighted(sampling: SamplingParams) -> bool:
-    """Whether words are drawn by ``word_weights`` rather than uniformly."""
-    return sampling.penalized or bool(sampling.logit_bias)
+    """Whether words are drawn by ``drawn_weights`` rather than uniformly."""
+    return (sampling.penalized or bool(sampling.logit_bias) or bool(sampling.top_k) or bool(sampling.min_p)
+            or bool(sampling.stop_token_ids and sampling.min_tokens))
 
 
 def word_weights(sampling: SamplingParams, counts: dict[int, int]) -> list[float]:
@@ -120,17 +122,36 @@ def word_weights(sampling: SamplingParams, counts: dict[int, int]) -> list[float
             for i in range(len(VOCABULARY))]
 
 
-def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, int]) -> int:
-    """The next word's place in VOCABULARY: uniform, as from equal logits (biased or penalized: by
-    ``word_weights``), one draw of ``rng``."""
+def drawn_weights(sampling: SamplingParams, counts: dict[int, int], generated: int) -> list[float]:
+    """``word_weights`` as a draw uses them: vLLM's ``stop_token_ids`` left out while the output
+    holds fewer than ``min_tokens`` words, then its ``top_k`` heaviest words kept (the first in
+    VOCABULARY among equals) and those under ``min_p`` of the heaviest's weight left out."""
+    weights = word_weights(sampling, counts)
+    if generated < sampling.min_tokens:
+        for token_id in sampling.stop_token_ids:
+            if token_id < len(weights):
+                weights[token_id] = 0.0
+    if sampling.top_k and sampling.top_k < len(weights):
+        kept = set(sorted(range(len(weights)), key=lambda i: -weights[i])[:sampling.top_k])
+        weights = [w if i in kept else 0.0 for i, w in enumerate(weights)]
+    if sampling.min_p:
+        floor = sampling.min_p * max(weights)
+        weights = [w if w >= floor else 0.0 for w in weights]
+    return weights
+
+
+def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, int], generated: int = 0) -> int:
+    """The next word's place in VOCABULARY, after ``generated`` words: uniform, as from equal logits
+    (biased, penalized or filtered: by ``drawn_weights``), one draw of ``rng``."""
     if not reweighted(sampling):
         return rng.randrange(len(VOCABULARY))
-    return rng.choices(range(len(VOCABULARY)), word_weights(sampling, counts))[0]
+    return rng.choices(range(len(VOCABULARY)), drawn_weights(sampling, counts, generated))[0]
 
 
 def word_logprob(sampling: SamplingParams, counts: dict[int, int] | None, token_id: int, space: str) -> TokenLogprob:
     """The drawn word's log probability under the weights it was drawn with (``counts`` as they were
-    then), and the ``sampling.logprobs`` likeliest words (the first in VOCABULARY among equals).
+    then; before ``top_k`` and ``min_p``, as the hf slots' are before temperature and top-p), and
+    the ``sampling.logprobs`` likeliest words (the first in VOCABULARY among equals).
     ``space``: what goes before each word where it is generated."""
     top = sampling.logprobs or 0
     if counts is None:  # uniform
@@ -266,7 +287,7 @@ class _Sequence:
         if counts is None:
             token_id = self.rng.randrange(len(VOCABULARY))
         else:
-            token_id = draw_word(self.rng, self.inp.sampling, counts)
+            token_id = draw_word(self.rng, self.inp.sampling, counts, self.generated)
         logprobs = (() if self.inp.sampling.logprobs is None
                     else (word_logprob(self.inp.sampling, counts, token_id, space),))
         if counts is not None:
@@ -277,6 +298,8 @@ class _Sequence:
         self.unsent = ""
         if stopped:
             return self._emit(text, (token_id,), FINISH_STOP, logprobs=logprobs)
+        if token_id in self.inp.sampling.stop_token_ids:  # as its end-of-sequence token would
+            return self._emit(text + self.stops.flush(), (token_id,), FINISH_STOP, logprobs=logprobs)
         if limit is not None and self.generated >= limit:
             return self._emit(text + self.stops.flush(), (token_id,), FINISH_LENGTH, logprobs=logprobs)
         if self.generated >= self.natural_length:
@@ -341,13 +364,14 @@ class SimulatedEngine:
         fails_at = rng.randrange(natural_length) if rng.random() < s.failure_rate else None
         if inp.sampling.ignore_eos:  # its natural end is its end-of-sequence token: on to the limit, or the longest
             natural_length = inp.sampling.max_tokens or s.max_tokens  # (after the draws: the same tokens)
+        natural_length = max(natural_length, inp.sampling.min_tokens)  # that end token waits for min_tokens
         markup = tool_markup(inp, seed_material)
         if not markup:  # a tool-calling turn's ids are its markup's pieces
             check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
         check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), len(VOCABULARY))
         counts: dict[int, int] = {}
-        for token_id in inp.prefix_token_ids:  # replay the draws that produced the prefix
-            draw_word(rng, inp.sampling, counts)
+        for generated, token_id in enumerate(inp.prefix_token_ids):  # replay the draws that produced the prefix
+            draw_word(rng, inp.sampling, counts, generated)
             counts[token_id] = counts.get(token_id, 0) + 1
         prompt_ids, _ = self._prompt(inp)
         cached = 0

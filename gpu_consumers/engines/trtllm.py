@@ -345,6 +345,10 @@ class TrtLlmEngine:
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
             logprobs=s.logprobs,
             logits_processor=TokenBias(s.logit_bias) if s.logit_bias else None,
+            top_k=s.top_k or None,  # vLLM's extensions, TensorRT-LLM's own parameters (None: its defaults)
+            min_p=s.min_p or None,
+            min_tokens=s.min_tokens - len(inp.prefix_token_ids) if s.min_tokens > len(inp.prefix_token_ids) else None,
+            stop_token_ids=list(s.stop_token_ids) or None,
             **penalties,
         )
         # A taken-over sequence continues after the tokens already published.

@@ -29,10 +29,12 @@ class BenchPrompt:
     output_len: int
 
     def payload(self, model: str, stream: bool = True, backend: str = CHAT_BACKEND,
-                ignore_eos: bool = False, logprobs: int | None = None) -> dict[str, Any]:
+                ignore_eos: bool = False, logprobs: int | None = None,
+                sampling: dict[str, float] | None = None) -> dict[str, Any]:
         """The request body: ``/v1/chat/completions`` for ``openai-chat``, ``/v1/completions``
         for vLLM's ``openai`` and ``vllm`` backends; ``logprobs``, each token's log probability and
-        this many likeliest tokens' (vLLM's ``--logprobs``), in each API's form."""
+        this many likeliest tokens' (vLLM's ``--logprobs``), in each API's form; ``sampling``, more
+        fields as they are (vLLM's ``--top-k`` and the like)."""
         body: dict[str, Any] = {"model": model, "max_tokens": self.output_len, "stream": stream}
         if backend == CHAT_BACKEND:
             body["messages"] = [{"role": "user", "content": self.text}]
@@ -46,6 +48,7 @@ class BenchPrompt:
             body.update(logprobs=True, top_logprobs=logprobs)
         elif logprobs is not None:
             body["logprobs"] = logprobs
+        body.update(sampling or {})
         return body
 
 

@@ -52,6 +52,9 @@ class ServeConfig:
     sharegpt_output_len: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # vLLM's --logprobs: each token's log probability and this many likeliest
+    # vLLM's sampling flags (--temperature, --top-p, --top-k, --min-p, the penalties): sent with each
+    # request as given, by their API names; those not given are not sent.
+    sampling: dict[str, float] = field(default_factory=dict)
     percentiles: tuple[float, ...] = (99.0,)
     percentile_metrics: tuple[str, ...] = DEFAULT_METRICS
     goodput: list[str] = field(default_factory=list)
@@ -93,7 +96,7 @@ async def run_serve(config: ServeConfig) -> tuple[Summary, list[RequestResult]]:
 
         async def send(prompt: BenchPrompt) -> RequestResult:
             payload = prompt.payload(model, backend=config.backend, ignore_eos=config.ignore_eos,
-                                     logprobs=config.logprobs)
+                                     logprobs=config.logprobs, sampling=config.sampling)
             return await stream_chat(http, next(urls), payload, headers)
 
         if warmup:
@@ -145,6 +148,12 @@ def result_path(config: ServeConfig, args: argparse.Namespace) -> Path | None:
     return Path(args.result_dir or ".") / name
 
 
+# vLLM's sampling parameter flags, each sent as the request field its name gives (``--top-k`` as ``top_k``).
+SAMPLING_FLAGS: dict[str, type] = {"--temperature": float, "--top-p": float, "--top-k": int, "--min-p": float,
+                                   "--presence-penalty": float, "--frequency-penalty": float,
+                                   "--repetition-penalty": float}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """vLLM's flags. Those that need vLLM's tokenizer or profiler are accepted and have no effect:
     token counts come from the usage the server reports."""
@@ -183,6 +192,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--disable-tqdm", action="store_true")
     parser.add_argument("--logprobs", type=int, help="each token's log probability and this many likeliest tokens'")
+    for flag, kind in SAMPLING_FLAGS.items():
+        parser.add_argument(flag, type=kind, help="sent with each request (vLLM's sampling parameters)")
     for accepted in ("--tokenizer", "--tokenizer-mode", "--label"):
         parser.add_argument(accepted, help=argparse.SUPPRESS)
     for accepted in ("--trust-remote-code", "--profile", "--use-beam-search"):
@@ -201,6 +212,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         warmup=args.warmup, dataset=args.dataset, dataset_path=args.dataset_path, input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio, prefix_len=args.prefix_len,
         sharegpt_output_len=args.sharegpt_output_len, ignore_eos=args.ignore_eos, logprobs=args.logprobs,
+        sampling={name: value for flag in SAMPLING_FLAGS if (value := getattr(args, name := flag[2:].replace("-", "_")))
+                  is not None},
         percentiles=tuple(float(p) for p in args.metric_percentiles.split(",") if p), percentile_metrics=metrics,
         goodput=args.goodput, api_key=args.api_key, seed=args.seed, progress=False if args.disable_tqdm else None,
     )

@@ -9,12 +9,18 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tokenbus.schemas import TokenLogprob
-from tokenbus.schemas.request_checks import PENALTY_MAX, TEMPERATURE_MAX, TOP_LOGPROBS_MAX, logit_bias_problem
+from tokenbus.schemas.request_checks import (
+    PENALTY_MAX,
+    STOP_TOKEN_IDS_MAX,
+    TEMPERATURE_MAX,
+    TOP_LOGPROBS_MAX,
+    logit_bias_problem,
+)
 from tokenbus.sse_edge.protocol.json_text import json_string
 from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs, chat_logprobs_json
 
@@ -87,12 +93,13 @@ UNSUPPORTED = {
     "prediction": "predicted outputs",
     "web_search_options": "web search",
 }
-# vLLM's sampling extensions (clients send them in ``extra_body``), with the values that change
-# nothing (and None): no engine tokenbus runs takes them, so a request that sets one to anything
-# else gets a 400 naming it, not an answer sampled as if it had not.
+# vLLM's sampling extensions that tokenbus does not serve (clients send them in ``extra_body``),
+# with the values that change nothing (and None): a request that sets one to anything else gets a
+# 400 naming it, not an answer sampled as if it had not. (``top_k``, ``min_p``, ``min_tokens`` and
+# ``stop_token_ids`` are served: GenerationRequest.)
 VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "length_penalty": (1,),
-    "use_beam_search": (False,), "stop_token_ids": ([],), "bad_words": ([],), "allowed_token_ids": (),
+    "repetition_penalty": (1,), "length_penalty": (1,),
+    "use_beam_search": (False,), "bad_words": ([],), "allowed_token_ids": (),
     "include_stop_str_in_output": (False,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
 }
@@ -126,6 +133,13 @@ class GenerationRequest(BaseModel):
     # OpenAI's: a bias from -100 to 100 added to the logit of each token named by its id (JSON keys:
     # decimal strings). Whether an id is in the model's vocabulary is the engine's to say.
     logit_bias: dict[str, float] | None = None
+    # vLLM's sampling extensions: sample from the ``top_k`` likeliest tokens (-1 or 0: all) that are
+    # at least ``min_p`` of the likeliest's probability; ``stop_token_ids`` end the output as the
+    # end-of-sequence token does, and neither ends it before ``min_tokens``.
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=STOP_TOKEN_IDS_MAX)
 
     @field_validator("logit_bias")
     @classmethod

@@ -137,6 +137,8 @@ def check_generation_limits(request: GenerationRequest, settings: EdgeSettings) 
         param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
         raise InvalidRequest(f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
                              code="invalid_value")
+    if request.token_limit is not None and request.min_tokens > request.token_limit:
+        raise InvalidRequest("'min_tokens' may be at most the token limit.", param="min_tokens", code="invalid_value")
 
 
 def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) -> None:

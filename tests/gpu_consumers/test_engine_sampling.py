@@ -1,7 +1,8 @@
 """What a request asks of the sampling, every engine (the contract's engines, engine_contract.py):
-stop sequences, vLLM's ``ignore_eos``, OpenAI's presence and frequency penalties, logit bias and
-log probabilities, each honoured as asked or refused as an engine cannot (transformers' manager
-batching takes no per-request penalty or bias, and scores the sampled token alone)."""
+stop sequences, vLLM's ``ignore_eos``, ``stop_token_ids``, ``min_tokens``, ``top_k`` and ``min_p``,
+OpenAI's presence and frequency penalties, logit bias and log probabilities, each honoured as
+asked or refused as an engine cannot (transformers' manager batching takes no per-request
+penalty, bias or ``min_tokens``, and scores the sampled token alone)."""
 
 import contextlib
 import dataclasses
@@ -63,6 +64,53 @@ async def test_ignore_eos_generates_on_past_the_end_token_to_max_tokens(engine):
     if ends:
         assert stopped[-1].finish_reason == FINISH_STOP and stopped[-1].completion_tokens < 48
     assert going[-1].finish_reason == FINISH_LENGTH and going[-1].completion_tokens == 48
+
+
+async def test_stop_token_ids_end_the_output_where_they_come_as_an_end_token_would(engine):
+    """vLLM's ``stop_token_ids``: the output is the plain one up to and with the first of them,
+    finished ``stop``; nothing else changes."""
+    plain = [t for o in await collect(engine, request(29, "stop at a token", max_tokens=24)) for t in o.token_ids_diff]
+    stop = plain[6]
+    outs = await collect(engine, request(29, "stop at a token", max_tokens=24, stop_token_ids=(stop, 10**9)))
+    assert [t for o in outs for t in o.token_ids_diff] == plain[: plain.index(stop) + 1]
+    assert outs[-1].finish_reason == FINISH_STOP
+
+
+async def test_min_tokens_holds_off_the_end_token_and_the_stop_token_ids(engine):
+    """vLLM's ``min_tokens``: neither the end-of-sequence token nor a stop token id ends the output
+    before it holds that many tokens (a stop id is not picked before then), and both end it after.
+    Transformers' manager batching cannot hold them off for one request: it refuses."""
+    plain = request(37, "hold the end off", max_tokens=48)
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="takes no min_tokens"):
+            engine.generate(dataclasses.replace(plain, sampling=SamplingParams(max_tokens=48, min_tokens=5)))
+        return
+    async with ending_early(engine, plain) as ends:
+        stopped = await collect(engine, plain)
+        held = await collect(engine, dataclasses.replace(plain, sampling=SamplingParams(max_tokens=48, min_tokens=44)))
+    if ends:
+        assert stopped[-1].completion_tokens < 44
+        assert held[-1].completion_tokens >= 44
+    plain_ids = [t for o in stopped for t in o.token_ids_diff]
+    first = plain_ids[0]
+    outs = await collect(engine, request(37, "hold the end off", max_tokens=48, min_tokens=4, stop_token_ids=(first,)))
+    ids = [t for o in outs for t in o.token_ids_diff]
+    assert first not in ids[:4] and len(ids) >= 4
+    assert outs[-1].finish_reason == FINISH_STOP if first in ids else outs[-1].finish_reason in (FINISH_STOP, FINISH_LENGTH)
+    assert first not in ids[:-1]  # once allowed, the first stop id ends it
+
+
+async def test_top_k_and_min_p_keep_the_likeliest_tokens_alone(engine):
+    """vLLM's ``top_k`` and ``min_p`` leave greedy decoding as it is (the likeliest token passes
+    both); the simulated engine samples, and with ``top_k`` 1 draws its heaviest word alone, the
+    first of its equally weighted vocabulary, every time."""
+    plain = [t for o in await collect(engine, request(47, "keep the best", max_tokens=12)) for t in o.token_ids_diff]
+    kept = await collect(engine, request(47, "keep the best", max_tokens=12, top_k=1, min_p=0.5))
+    ids = [t for o in kept for t in o.token_ids_diff]
+    if isinstance(engine, SimulatedEngine):
+        assert ids == [0] * len(ids) and plain != ids
+    else:
+        assert ids == plain
 
 
 def repeats(outs) -> int:

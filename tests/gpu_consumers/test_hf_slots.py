@@ -16,7 +16,7 @@ from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINIS
 from tokenbus.gpu_consumers.engines.hf import HfEngine
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slot_model import LENGTH_BUCKET, bucket, graph_buckets, unsupported
-from tokenbus.gpu_consumers.engines.hf_slots import seeded_uniform
+from tokenbus.gpu_consumers.engines.hf_slot_sampling import seeded_uniform
 
 PROMPTS = ["hi", "the bus carries every token", "hello world, how are you today? " * 5, "Paris is the capital of " * 9]
 
@@ -152,8 +152,9 @@ async def test_an_aborted_sequence_gives_its_slot_to_the_next(sharp_model):
 
 
 async def test_sampling_at_a_vanishing_temperature_or_top_p_is_greedy(sharp_model):
-    """With ``do_sample`` the slot batcher samples each row with its request's own temperature and
-    top-p; near zero either leaves only the most likely token."""
+    """With ``do_sample`` the slot batcher samples each row with its request's own temperature,
+    top-p, top-k and min-p; near zero the first two, a ``top_k`` of 1 or a ``min_p`` of 1 leave only
+    the most likely token, in a batch whose other rows sample hot."""
     greedy = await started(sharp_model)
     sampled = await started(sharp_model, do_sample=True, seed=3)
     try:
@@ -162,6 +163,11 @@ async def test_sampling_at_a_vanishing_temperature_or_top_p_is_greedy(sharp_mode
             cold = await ids_and_finish(sampled, request(i, text, max_tokens=16, temperature=0.0))
             narrow = await ids_and_finish(sampled, request(i, text, max_tokens=16, temperature=1.0, top_p=1e-6))
             assert cold[0] == expected and narrow[0] == expected
+            top_one, floored, _hot = await asyncio.gather(
+                ids_and_finish(sampled, request(i, text, max_tokens=16, temperature=5.0, top_k=1)),
+                ids_and_finish(sampled, request(20 + i, text, max_tokens=16, temperature=5.0, min_p=1.0)),
+                ids_and_finish(sampled, request(40 + i, text, max_tokens=16, temperature=5.0, top_k=50, min_p=0.01)))
+            assert top_one[0] == expected and floored[0] == expected
         hot = [await ids_and_finish(sampled, request(9, "hi", max_tokens=16, temperature=5.0)) for _ in range(3)]
         assert len({tuple(ids) for ids, _, _ in hot}) > 1  # it does sample
     finally:

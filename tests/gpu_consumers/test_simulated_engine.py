@@ -252,6 +252,21 @@ async def test_a_logit_bias_weighs_the_words_it_names_in_draws_and_in_their_logp
         SimulatedEngine(settings).generate(inp(logit_bias=((len(VOCABULARY), 1.0),)))
 
 
+async def test_min_p_and_top_k_keep_the_heaviest_words_alone():
+    """vLLM's ``min_p`` leaves out each word under that share of the heaviest's weight, ``top_k``
+    all but the k heaviest (the first in the vocabulary among equals); the scores stay those of the
+    weights before either, as the hf slots' are before top-p."""
+    settings = SimulatedEngineSettings(**FAST, min_tokens=20, max_tokens=20)
+    bias = ((5, 2.0), (9, 2.0), (11, 1.0))  # weights e^2, e^2, e against 1 for the other words
+    floored, kept = await run(SimulatedEngine(settings), inp("floored", logit_bias=bias, min_p=0.5, logprobs=1),
+                              inp("kept", logit_bias=bias, top_k=3))
+    floored_ids = [t for o in floored for t in o.token_ids_diff]
+    assert set(floored_ids) <= {5, 9} and len(set(floored_ids)) == 2  # e / e^2 < 0.5
+    total = len(VOCABULARY) - 3 + 2 * math.exp(2) + math.e
+    assert [t.logprob for o in floored for t in o.logprobs] == pytest.approx([2 - math.log(total)] * 20)
+    assert set(t for o in kept for t in o.token_ids_diff) == {5, 9, 11}
+
+
 async def test_a_tool_call_s_markup_tokens_are_certain():
     request = tool_request(logprobs=True, top_logprobs=2)
     inp_ = GenerationInput.from_request(request)

@@ -10,6 +10,7 @@ machine), ITL and TPOT by 8 ms. A harness that adds delay, or reads chunks late 
 the medians; one request delayed by the machine (the suite runs beside other processes) moves a
 mean but not a median of 12."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 from tokenbus.infra.devstack.processes import free_port, port_open, wait_until
 from tokenbus.infra.loadgen.prompts import BenchPrompt, sharegpt_prompts
-from tokenbus.infra.loadgen.serve import ServeConfig, run_serve
+from tokenbus.infra.loadgen.serve import ServeConfig, add_arguments, config_from_args, run_serve
 from tokenbus.infra.loadgen.sse_client import client_session, stream_chat
 
 TTFT_MS, GAP_MS, TOKENS = 80.0, 20.0, 12
@@ -175,3 +176,17 @@ def test_logprobs_are_asked_in_each_api_s_form():
     chat = prompt.payload("m", backend="openai-chat", logprobs=2)
     assert (chat["logprobs"], chat["top_logprobs"]) == (True, 2)
     assert not {"logprobs", "top_logprobs"} & prompt.payload("m", backend="vllm").keys()
+
+
+def test_vllm_s_sampling_flags_are_sent_by_their_api_names_and_only_when_given():
+    """``--temperature``, ``--top-p``, ``--top-k``, ``--min-p`` and the penalties, as vLLM's
+    ``bench serve`` takes them, each become the request field of that name; none given, none sent."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--top-k", "20", "--min-p", "0.05", "--temperature", "0"]))
+    assert config.sampling == {"top_k": 20, "min_p": 0.05, "temperature": 0.0}
+    body = BenchPrompt("hello", 1, 8).payload("m", backend="openai-chat", sampling=config.sampling)
+    assert (body["top_k"], body["min_p"], body["temperature"]) == (20, 0.05, 0.0)
+    plain = config_from_args(parser.parse_args([]))
+    assert plain.sampling == {}
+    assert not {"top_k", "temperature", "top_p"} & BenchPrompt("hello", 1, 8).payload("m", sampling=plain.sampling).keys()

@@ -25,6 +25,7 @@ def asking(**fields) -> ChatRequest:
     {"tool_choice": "required"}, {"prefix_token_ids": [0, 5]}, {"logprobs": True},
     {"logprobs": True, "top_logprobs": 20}, {"logit_bias": {"0": -100.0, "4294967295": 100.0}},
     {"logit_bias": {str(i): 1.0 for i in range(300)}},
+    {"top_k": 1, "min_p": 1.0, "min_tokens": 8, "max_tokens": 8, "stop_token_ids": [0, *range(1, 256)]},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -59,6 +60,13 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"logit_bias": {"\u0663": 1.0}}, "logit_bias key '\u0663' is not a token id (a non-negative integer)"),
     ({"logit_bias": {"hello": 1.0}}, "logit_bias key 'hello' is not a token id (a non-negative integer)"),
     ({"logit_bias": {str(i): 1.0 for i in range(301)}}, "logit_bias names 301 tokens; at most 300 may be biased"),
+    ({"top_k": -1}, "top_k -1 is below 0"),
+    ({"min_p": 1.5}, "min_p 1.5 is not in [0, 1]"),
+    ({"min_p": math.nan}, "min_p nan is not in [0, 1]"),
+    ({"min_tokens": -2}, "min_tokens -2 is below 0"),
+    ({"min_tokens": 9, "max_tokens": 8}, "min_tokens 9 is more than max_tokens 8"),
+    ({"stop_token_ids": list(range(257))}, "stop_token_ids names 257 tokens; at most 256 may"),
+    ({"stop_token_ids": [4, -4]}, "stop_token_ids must not be negative"),
 ], ids=str)
 def test_a_field_out_of_range_is_named(fields, problem):
     assert request_problem(asking(**fields)) == problem

@@ -145,6 +145,25 @@ async def test_a_logit_bias_reaches_the_engine_and_an_id_it_lacks_is_a_bad_reque
     assert out_of_range.value.param == "logit_bias" and "not in [-100, 100]" in str(out_of_range.value)
 
 
+async def test_vllm_s_top_k_min_p_min_tokens_and_stop_token_ids_reach_the_engine(client):
+    """vLLM's sampling extensions, as its clients send them (``extra_body``), travel on the bus to the
+    engine, for chat and text completions: each answer is what the stack's engine gives the request
+    asking them (a word's id is its place in the simulated vocabulary)."""
+    messages = [{"role": "user", "content": "Keep to the likeliest."}]
+    asked = {"top_k": 3, "min_p": 0.1, "min_tokens": 12, "stop_token_ids": [4, 17]}
+    sampling = dict(top_k=3, min_p=0.1, min_tokens=12, stop_token_ids=(4, 17), logit_bias=((4, 1.0), (17, 1.0)))
+    expected = await expected_output(messages, seed=47, max_tokens=30, **sampling)
+    assert expected.completion_tokens >= 12 and expected.finish_reason == "stop"  # at a stop id, after 12
+    chat = await client.chat.completions.create(model=MODEL, messages=messages, seed=47, max_tokens=30,
+                                                logit_bias={"4": 1, "17": 1}, extra_body=asked)
+    assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == (expected.text, "stop")
+    assert chat.usage.completion_tokens == expected.completion_tokens
+    prompted = await expected_output(messages, seed=47, max_tokens=30, text_prompt=True, **sampling)
+    text = await client.completions.create(model=MODEL, prompt="Keep to the likeliest.", seed=47, max_tokens=30,
+                                           logit_bias={"4": 1, "17": 1}, extra_body=asked)
+    assert text.choices[0].text == prompted.text
+
+
 async def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client, stack):
     """A second prompt sharing a long system message is partly served from the engine's prefix
     cache: the client sees it as OpenAI shows it, in ``usage.prompt_tokens_details.cached_tokens``,

@@ -54,6 +54,10 @@ class SamplingParams:
     logprobs: int | None = None  # the sampled token's log probability and this many likeliest tokens'
     # Called with each step's logits ([1, 1, vocabulary] here) to change them in place: one or a list.
     logits_processor: Any = None
+    top_k: int | None = None  # the fake decodes greedily: the likeliest token is in any top k
+    min_p: float | None = None
+    min_tokens: int | None = None  # stop_token_ids are passed over until the output holds this many
+    stop_token_ids: list[int] | None = None  # end the output ("stop") as the end token would
 
 
 @dataclass
@@ -128,7 +132,8 @@ class RequestOutput:
             if self._abort_requested:
                 self.aqueue.put(("cancelled", []))
                 return
-            token = self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized(),
+            held = set(self._params.stop_token_ids or []) if len(self.generated) < (self._params.min_tokens or 0) else set()
+            token = self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized() | held,
                                         self._logits_processors())
             self.generated.append(token)
             pending.append(token)
@@ -136,7 +141,8 @@ class RequestOutput:
             # matches them as token sequences).
             text = tokenizer.decode(self.generated, skip_special_tokens=True)
             reason = None
-            if any(stop in text for stop in self._params.stop or []) or token == tokenizer.eos_token_id:
+            if (any(stop in text for stop in self._params.stop or []) or token == tokenizer.eos_token_id
+                    or token in (self._params.stop_token_ids or [])):
                 reason = "stop"
             elif len(self.generated) >= self._params.max_tokens:
                 reason = "length"
