@@ -86,12 +86,12 @@ def _token_id(token: Any) -> int:
 
 class TokenBias:
     """A request's logit bias as a TensorRT-LLM logits processor (the LLM API's
-    ``LogitsProcessor`` signature): it adds each bias to its token's logit, in place, on the CUDA
-    stream the engine names (its C++ runtime's; the PyTorch backend names none), before sampling."""
+    ``LogitsProcessor`` signature): it adds each bias to its token's logit, in place, before
+    sampling, on the CUDA stream the engine names where it names one."""
 
     def __init__(self, biases: tuple[tuple[int, float], ...]) -> None:
         self._ids, self._values = (list(x) for x in zip(*biases, strict=True))
-        self._tensors: tuple[Any, Any] | None = None  # on the logits' device, made at the first call
+        self._tensors: tuple[Any, Any] | None = None  # on the logits' device, in their dtype: made at the first call
 
     def __call__(self, req_id: int, logits: Any, token_ids: list[list[int]], stream_ptr: int | None,
                  client_id: int | None) -> None:
@@ -99,7 +99,7 @@ class TokenBias:
 
         on_stream = torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)) if stream_ptr else contextlib.nullcontext()
         with on_stream:
-            if self._tensors is None or self._tensors[0].device != logits.device:
+            if self._tensors is None or self._tensors[1].device != logits.device or self._tensors[1].dtype != logits.dtype:
                 self._tensors = (torch.tensor(self._ids, device=logits.device),
                                  torch.tensor(self._values, device=logits.device, dtype=logits.dtype))
             ids, values = self._tensors
