@@ -198,10 +198,13 @@ class ChatRequest:
     # (the keys of OpenAI's JSON object, and of an Avro map); ``token_biases`` reads it.
     logit_bias: dict[str, float] = field(default_factory=dict)
     # vLLM's sampling extensions: sample from the ``top_k`` likeliest tokens (0: all) that are at
-    # least ``min_p`` of the likeliest's probability; ``stop_token_ids`` end the output as the
-    # end-of-sequence token does, and neither ends it before it holds ``min_tokens``.
+    # least ``min_p`` of the likeliest's probability; ``repetition_penalty`` divides the positive
+    # logits of tokens the prompt or output holds and multiplies the others (1: none);
+    # ``stop_token_ids`` end the output as the end-of-sequence token does, and neither ends it
+    # before it holds ``min_tokens``.
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
 

@@ -10,6 +10,7 @@ it sends, so a caller of the SDK learns at once.
 
 from __future__ import annotations
 
+import math
 import re
 
 from tokenbus.schemas.records import (
@@ -77,6 +78,8 @@ def request_problem(request: ChatRequest) -> str | None:
         return f"top_k {request.top_k} is below 0"
     if not 0 <= request.min_p <= 1:
         return f"min_p {request.min_p} is not in [0, 1]"
+    if not 0 < request.repetition_penalty < math.inf:
+        return f"repetition_penalty {request.repetition_penalty} is not a finite number above 0"
     if request.min_tokens < 0:
         return f"min_tokens {request.min_tokens} is below 0"
     if request.max_tokens is not None and request.min_tokens > request.max_tokens:

@@ -62,6 +62,9 @@ class SamplingParams:
     # the output as the end-of-sequence token does; neither ends it before ``min_tokens``.
     top_k: int = 0
     min_p: float = 0.0
+    # vLLM's (and transformers'): a token the prompt or the output holds has its logit divided by
+    # this where positive, multiplied where not, before the presence and frequency penalties. 1: none.
+    repetition_penalty: float = 1.0
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
 
@@ -121,6 +124,7 @@ class GenerationInput:
                 logit_bias=request.token_biases,
                 top_k=request.top_k,
                 min_p=request.min_p,
+                repetition_penalty=request.repetition_penalty,
                 min_tokens=request.min_tokens,
                 stop_token_ids=tuple(request.stop_token_ids),
             ),

@@ -82,6 +82,7 @@ class SlotRequest:
     ignore_eos: bool = False  # on past an end-of-sequence token, to max_new_tokens
     presence_penalty: float = 0.0  # OpenAI's penalties (hf_slot_penalties.py)
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's, over the prompt and the output (hf_slot_penalties.py)
     logprobs: int | None = None  # each token's log probability and this many likeliest (hf_slot_logprobs.py)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to its logit (hf_slot_bias.py)
     top_k: int = 0  # vLLM's: sampled from this many likeliest tokens (0: all)

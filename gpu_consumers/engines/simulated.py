@@ -7,10 +7,12 @@ vocabulary by a generator seeded from the engine seed and the request (its ``see
 request's output is reproducible, and a sequence resumed after a prefix continues exactly as the
 uninterrupted one would. A presence or frequency penalty makes the words the output holds already
 less likely, as off their logits, and a ``logit_bias`` (by word: a word's id is its place in the
-vocabulary) adds to a word's logit; vLLM's ``top_k`` and ``min_p`` keep the heaviest words alone,
-its ``stop_token_ids`` end the output as the natural end does, and ``min_tokens`` holds both ends
-off (``draw_word``). Asked for log probabilities, it gives each word's under the weights it was
-drawn from, and the likeliest words in its place (``word_logprob``).
+vocabulary) adds to a word's logit; vLLM's repetition penalty shrinks the logit of a word the prompt
+or output holds (which leaves an unbiased word's 0 as it is, as it would a model's), its ``top_k``
+and ``min_p`` keep the heaviest words alone, its ``stop_token_ids`` end the output as the natural
+end does, and ``min_tokens`` holds both ends off (``draw_word``). Asked for log probabilities, it
+gives each word's under the weights it was drawn from, and the likeliest words in its place
+(``word_logprob``).
 
 Offered tools, it calls them as a function-calling model would, in the ``hermes`` markup the
 worker parses (engines/tool_calls.py), a few characters a token: the named function when
@@ -56,7 +58,14 @@ from tokenbus.gpu_consumers.engines.detokenize import StopFilter
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 from tokenbus.gpu_consumers.engines.simulated_prompts import LastPrompt, PrefixCacheModel
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
-from tokenbus.schemas import TOOL_CHOICE_FUNCTION, TOOL_CHOICE_REQUIRED, TokenLogprob, ToolSpec, TopLogprob
+from tokenbus.schemas import (
+    TOOL_CHOICE_FUNCTION,
+    TOOL_CHOICE_REQUIRED,
+    TokenLogprob,
+    ToolSpec,
+    TopLogprob,
+    message_text,
+)
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
@@ -109,24 +118,48 @@ MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in
 def reweighted(sampling: SamplingParams) -> bool:
     """Whether words are drawn by ``drawn_weights`` rather than uniformly."""
     return (sampling.penalized or bool(sampling.logit_bias) or bool(sampling.top_k) or bool(sampling.min_p)
-            or bool(sampling.stop_token_ids and sampling.min_tokens))
+            or sampling.repetition_penalty != 1 or bool(sampling.stop_token_ids and sampling.min_tokens))
 
 
-def word_weights(sampling: SamplingParams, counts: dict[int, int]) -> list[float]:
-    """Each word's weight against an unbiased word the output does not hold yet: its logit gains its
-    ``logit_bias`` and, where the output holds it (``counts``), loses the penalties, so a word's is
-    ``exp(bias - (presence + frequency * count))``."""
-    presence, frequency = sampling.presence_penalty, sampling.frequency_penalty
-    bias = dict(sampling.logit_bias)
-    return [math.exp(bias.get(i, 0.0) - (presence + frequency * counts[i] if i in counts else 0.0))
-            for i in range(len(VOCABULARY))]
+@dataclass(slots=True)
+class Said:
+    """What a sequence's words are weighed against: how often its output holds each word (vLLM's
+    presence and frequency penalties count those), and the places of the vocabulary's words its
+    prompt holds (its repetition penalty counts both)."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    prompt_words: frozenset[int] = frozenset()
+
+    @classmethod
+    def of_prompt(cls, inp: GenerationInput) -> Said:
+        words = {word for m in inp.messages for word in message_text(m).split()}
+        return cls(prompt_words=frozenset(i for i, word in enumerate(VOCABULARY) if word in words))
+
+    def add(self, token_id: int) -> None:
+        self.counts[token_id] = self.counts.get(token_id, 0) + 1
 
 
-def drawn_weights(sampling: SamplingParams, counts: dict[int, int], generated: int) -> list[float]:
+def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
+    """Each word's weight against an unbiased word said nowhere yet: its logit (0) gains its
+    ``logit_bias``, is divided by the repetition penalty where positive (multiplied where not) if
+    the prompt or the output holds it, and loses the presence and frequency penalties where the
+    output holds it: ``exp(logit - (presence + frequency * count))``."""
+    presence, frequency, repetition = sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty
+    bias, counts = dict(sampling.logit_bias), said.counts
+    weights = []
+    for i in range(len(VOCABULARY)):
+        logit = bias.get(i, 0.0)
+        if repetition != 1 and (i in counts or i in said.prompt_words):
+            logit = logit / repetition if logit > 0 else logit * repetition
+        weights.append(math.exp(logit - (presence + frequency * counts[i] if i in counts else 0.0)))
+    return weights
+
+
+def drawn_weights(sampling: SamplingParams, said: Said, generated: int) -> list[float]:
     """``word_weights`` as a draw uses them: vLLM's ``stop_token_ids`` left out while the output
     holds fewer than ``min_tokens`` words, then its ``top_k`` heaviest words kept (the first in
     VOCABULARY among equals) and those under ``min_p`` of the heaviest's weight left out."""
-    weights = word_weights(sampling, counts)
+    weights = word_weights(sampling, said)
     if generated < sampling.min_tokens:
         for token_id in sampling.stop_token_ids:
             if token_id < len(weights):
@@ -140,25 +173,25 @@ def drawn_weights(sampling: SamplingParams, counts: dict[int, int], generated: i
     return weights
 
 
-def draw_word(rng: random.Random, sampling: SamplingParams, counts: dict[int, int], generated: int = 0) -> int:
+def draw_word(rng: random.Random, sampling: SamplingParams, said: Said, generated: int = 0) -> int:
     """The next word's place in VOCABULARY, after ``generated`` words: uniform, as from equal logits
     (biased, penalized or filtered: by ``drawn_weights``), one draw of ``rng``."""
     if not reweighted(sampling):
         return rng.randrange(len(VOCABULARY))
-    return rng.choices(range(len(VOCABULARY)), drawn_weights(sampling, counts, generated))[0]
+    return rng.choices(range(len(VOCABULARY)), drawn_weights(sampling, said, generated))[0]
 
 
-def word_logprob(sampling: SamplingParams, counts: dict[int, int] | None, token_id: int, space: str) -> TokenLogprob:
-    """The drawn word's log probability under the weights it was drawn with (``counts`` as they were
-    then; before ``top_k`` and ``min_p``, as the hf slots' are before temperature and top-p), and
+def word_logprob(sampling: SamplingParams, said: Said | None, token_id: int, space: str) -> TokenLogprob:
+    """The drawn word's log probability under the weights it was drawn with (``said`` as it was
+    then; None: uniform; before ``top_k`` and ``min_p``, as the hf slots' are before temperature and top-p), and
     the ``sampling.logprobs`` likeliest words (the first in VOCABULARY among equals).
     ``space``: what goes before each word where it is generated."""
     top = sampling.logprobs or 0
-    if counts is None:  # uniform
+    if said is None:
         logprob = -math.log(len(VOCABULARY))
         return TokenLogprob(space + VOCABULARY[token_id], logprob,
                             [TopLogprob(space + VOCABULARY[i], logprob) for i in range(top)])
-    weights = word_weights(sampling, counts)
+    weights = word_weights(sampling, said)
     log_total = math.log(math.fsum(weights))
     likeliest = sorted(range(len(VOCABULARY)), key=lambda i: -weights[i])[:top]
     return TokenLogprob(space + VOCABULARY[token_id], math.log(weights[token_id]) - log_total,
@@ -221,7 +254,7 @@ class _Sequence:
     prefilled: bool = False  # its first token is out: it advances with the decode steps from now on
     stops: StopFilter = field(init=False)
     unsent: str = ""  # text of prefix tokens a previous worker held back and never published
-    counts: dict[int, int] | None = None  # of each word generated, where words are reweighted
+    said: Said | None = None  # what its words are weighed against, where they are reweighted
 
     def __post_init__(self) -> None:
         self.stops = StopFilter(self.inp.sampling.stop)
@@ -282,16 +315,16 @@ class _Sequence:
             return self._emit(text, (), FINISH_LENGTH)
         if self.markup:
             return self._step_markup()
-        counts = self.counts
+        said = self.said
         space = "" if self.generated == 0 else " "
-        if counts is None:
+        if said is None:
             token_id = self.rng.randrange(len(VOCABULARY))
         else:
-            token_id = draw_word(self.rng, self.inp.sampling, counts, self.generated)
+            token_id = draw_word(self.rng, self.inp.sampling, said, self.generated)
         logprobs = (() if self.inp.sampling.logprobs is None
-                    else (word_logprob(self.inp.sampling, counts, token_id, space),))
-        if counts is not None:
-            counts[token_id] = counts.get(token_id, 0) + 1
+                    else (word_logprob(self.inp.sampling, said, token_id, space),))
+        if said is not None:
+            said.add(token_id)
         piece = space + VOCABULARY[token_id]
         self.generated += 1
         text, stopped = self.stops.feed(self.unsent + piece)
@@ -369,10 +402,10 @@ class SimulatedEngine:
         if not markup:  # a tool-calling turn's ids are its markup's pieces
             check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
         check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), len(VOCABULARY))
-        counts: dict[int, int] = {}
+        said = Said.of_prompt(inp) if inp.sampling.repetition_penalty != 1 else Said()
         for generated, token_id in enumerate(inp.prefix_token_ids):  # replay the draws that produced the prefix
-            draw_word(rng, inp.sampling, counts, generated)
-            counts[token_id] = counts.get(token_id, 0) + 1
+            draw_word(rng, inp.sampling, said, generated)
+            said.add(token_id)
         prompt_ids, _ = self._prompt(inp)
         cached = 0
         if self.prefix_cache is not None:
@@ -388,7 +421,7 @@ class SimulatedEngine:
             cached_tokens=cached,
             markup=markup,
             pushes=s.push_steps,
-            counts=counts if reweighted(inp.sampling) else None,
+            said=said if reweighted(inp.sampling) else None,
         )
         self._running.append(sequence)
         self._wakeup.set()

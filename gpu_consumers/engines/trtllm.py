@@ -347,6 +347,7 @@ class TrtLlmEngine:
             logits_processor=TokenBias(s.logit_bias) if s.logit_bias else None,
             top_k=s.top_k or None,  # vLLM's extensions, TensorRT-LLM's own parameters (None: its defaults)
             min_p=s.min_p or None,
+            repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1 else None,
             min_tokens=s.min_tokens - len(inp.prefix_token_ids) if s.min_tokens > len(inp.prefix_token_ids) else None,
             stop_token_ids=list(s.stop_token_ids) or None,
             **penalties,

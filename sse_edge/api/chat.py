@@ -227,7 +227,8 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 presence_penalty=asked.presence_penalty or 0.0, frequency_penalty=asked.frequency_penalty or 0.0,
                 logprobs=asked.logprobs_asked[0], top_logprobs=asked.logprobs_asked[1],
                 logit_bias=asked.logit_bias or {}, top_k=max(asked.top_k or 0, 0), min_p=asked.min_p or 0.0,
-                min_tokens=asked.min_tokens, stop_token_ids=asked.stop_token_ids or [],
+                repetition_penalty=asked.repetition_penalty or 1.0, min_tokens=asked.min_tokens,
+                stop_token_ids=asked.stop_token_ids or [],
                 reply_topic=edge.bus.router.reply_topic,
                 reply_partition=edge.bus.router.reply_partition)
 

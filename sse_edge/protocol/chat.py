@@ -95,10 +95,10 @@ UNSUPPORTED = {
 }
 # vLLM's sampling extensions that tokenbus does not serve (clients send them in ``extra_body``),
 # with the values that change nothing (and None): a request that sets one to anything else gets a
-# 400 naming it, not an answer sampled as if it had not. (``top_k``, ``min_p``, ``min_tokens`` and
-# ``stop_token_ids`` are served: GenerationRequest.)
+# 400 naming it, not an answer sampled as if it had not. (``top_k``, ``min_p``, ``repetition_penalty``,
+# ``min_tokens`` and ``stop_token_ids`` are served: GenerationRequest.)
 VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "repetition_penalty": (1,), "length_penalty": (1,),
+    "length_penalty": (1,),
     "use_beam_search": (False,), "bad_words": ([],), "allowed_token_ids": (),
     "include_stop_str_in_output": (False,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
@@ -134,10 +134,12 @@ class GenerationRequest(BaseModel):
     # decimal strings). Whether an id is in the model's vocabulary is the engine's to say.
     logit_bias: dict[str, float] | None = None
     # vLLM's sampling extensions: sample from the ``top_k`` likeliest tokens (-1 or 0: all) that are
-    # at least ``min_p`` of the likeliest's probability; ``stop_token_ids`` end the output as the
+    # at least ``min_p`` of the likeliest's probability; ``repetition_penalty`` shrinks the logits of
+    # tokens the prompt or output holds (1: none); ``stop_token_ids`` end the output as the
     # end-of-sequence token does, and neither ends it before ``min_tokens``.
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=STOP_TOKEN_IDS_MAX)
 

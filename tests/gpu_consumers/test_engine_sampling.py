@@ -1,8 +1,9 @@
-"""What a request asks of the sampling, every engine (the contract's engines, engine_contract.py):
-stop sequences, vLLM's ``ignore_eos``, ``stop_token_ids``, ``min_tokens``, ``top_k`` and ``min_p``,
-OpenAI's presence and frequency penalties, logit bias and log probabilities, each honoured as
-asked or refused as an engine cannot (transformers' manager batching takes no per-request
-penalty, bias or ``min_tokens``, and scores the sampled token alone)."""
+"""What a request asks of the sampling, every engine (the contract's engines, engine_contract.py): stop
+sequences, vLLM's ``ignore_eos``, ``stop_token_ids``, ``min_tokens``, ``top_k``, ``min_p`` and
+``repetition_penalty``, OpenAI's presence and frequency penalties, logit bias and log probabilities,
+each honoured as asked or refused as an engine cannot (transformers' manager batching takes no
+per-request penalty, bias, repetition penalty or ``min_tokens``, and scores the sampled token
+alone)."""
 
 import contextlib
 import dataclasses
@@ -19,6 +20,7 @@ from tokenbus.gpu_consumers.engines import (
     SamplingParams,
     SimulatedEngine,
 )
+from tokenbus.gpu_consumers.engines.simulated import VOCABULARY
 from tokenbus.schemas import ChatMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -135,6 +137,31 @@ async def test_penalties_make_the_output_repeat_itself_less_and_survive_a_takeov
         assert [t for o in penalized for t in o.token_ids_diff] == [t for o in plain for t in o.token_ids_diff]
         assert "does not apply presence or frequency penalties" in caplog.text
         return
+    if engine.name != "trtllm":
+        assert repeats(plain) > 0
+    assert repeats(penalized) < max(repeats(plain), 1)
+    prefix_ids, prefix_text = published(penalized, 10)
+    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
+    assert prefix_text + text_of(rest) == text_of(penalized)
+    assert [t for o in rest for t in o.token_ids_diff] == [t for o in penalized for t in o.token_ids_diff][len(prefix_ids):]
+
+
+async def test_a_repetition_penalty_makes_the_output_repeat_itself_less_and_survives_a_takeover(engine):
+    """vLLM's ``repetition_penalty`` shrinks the logits of the tokens the prompt or the output
+    holds (divided where positive, multiplied where not), so the output repeats itself less. The
+    simulated engine's words all have logits of 0, which the penalty leaves as they are (as it
+    would a model's): there, every word is lifted by a bias of 1 first. A taken-over sequence
+    continues as the uninterrupted one would have. Transformers' manager batching refuses it."""
+    messages = (ChatMessage("user", "say it again and again"),)
+    lifted = tuple((i, 1.0) for i in range(len(VOCABULARY))) if isinstance(engine, SimulatedEngine) else ()
+    base = SamplingParams(max_tokens=32, logit_bias=lifted)
+    inp = GenerationInput("contract-53", messages, dataclasses.replace(base, repetition_penalty=10.0))
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="takes no repetition_penalty"):
+            engine.generate(inp)
+        return
+    plain = await collect(engine, GenerationInput("contract-53", messages, base))
+    penalized = await collect(engine, inp)
     if engine.name != "trtllm":
         assert repeats(plain) > 0
     assert repeats(penalized) < max(repeats(plain), 1)

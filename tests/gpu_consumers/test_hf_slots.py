@@ -103,6 +103,34 @@ async def test_a_logit_bias_is_added_to_its_own_rows_logits_alone(sharp_model):
         await engine.close()
 
 
+async def test_a_repetition_penalty_is_transformers_own_over_the_prompt_and_the_output(sharp_model):
+    """Batched with requests that have none, a request's ``repetition_penalty`` decodes what
+    transformers' ``generate`` decodes with that ``repetition_penalty`` (its processor over the
+    prompt's tokens and the output's), scored as that penalty leaves the logits."""
+    import torch
+
+    engine = await started(sharp_model)
+    try:
+        inputs = [request(i, text, 10, logprobs=1, repetition_penalty=1.5 if i % 2 == 0 else 1.0)
+                  for i, text in enumerate(PROMPTS)]
+        served = await asyncio.gather(*(collect_outs(engine, inp) for inp in inputs))
+        changed = 0
+        for inp, outs in zip(inputs, served, strict=True):
+            ids = [t for o in outs for t in o.token_ids_diff]
+            prompt = torch.tensor([engine.prompt_ids(inp)])
+            out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True,
+                                        repetition_penalty=inp.sampling.repetition_penalty)
+            assert ids == out.sequences[0, prompt.shape[1]:].tolist()
+            changed += inp.sampling.repetition_penalty != 1 and ids != plain_greedy(engine, inp, 10)
+            for step, (token_id, token) in enumerate(zip(ids, [t for o in outs for t in o.logprobs], strict=True)):
+                expected = torch.log_softmax(out.scores[step][0].float(), -1)
+                assert token.logprob == pytest.approx(expected[token_id].item(), abs=1e-4)
+        assert changed  # the penalty did change an output
+    finally:
+        await engine.close()
+
+
 async def collect_outs(engine: HfEngine, inp: GenerationInput) -> list:
     return [out async for out in engine.generate(inp)]
 

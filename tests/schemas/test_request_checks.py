@@ -26,6 +26,7 @@ def asking(**fields) -> ChatRequest:
     {"logprobs": True, "top_logprobs": 20}, {"logit_bias": {"0": -100.0, "4294967295": 100.0}},
     {"logit_bias": {str(i): 1.0 for i in range(300)}},
     {"top_k": 1, "min_p": 1.0, "min_tokens": 8, "max_tokens": 8, "stop_token_ids": [0, *range(1, 256)]},
+    {"repetition_penalty": 1e-3}, {"repetition_penalty": 5.0},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -64,6 +65,9 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"min_p": 1.5}, "min_p 1.5 is not in [0, 1]"),
     ({"min_p": math.nan}, "min_p nan is not in [0, 1]"),
     ({"min_tokens": -2}, "min_tokens -2 is below 0"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty 0.0 is not a finite number above 0"),
+    ({"repetition_penalty": math.inf}, "repetition_penalty inf is not a finite number above 0"),
+    ({"repetition_penalty": math.nan}, "repetition_penalty nan is not a finite number above 0"),
     ({"min_tokens": 9, "max_tokens": 8}, "min_tokens 9 is more than max_tokens 8"),
     ({"stop_token_ids": list(range(257))}, "stop_token_ids names 257 tokens; at most 256 may"),
     ({"stop_token_ids": [4, -4]}, "stop_token_ids must not be negative"),

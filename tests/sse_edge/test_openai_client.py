@@ -145,13 +145,15 @@ async def test_a_logit_bias_reaches_the_engine_and_an_id_it_lacks_is_a_bad_reque
     assert out_of_range.value.param == "logit_bias" and "not in [-100, 100]" in str(out_of_range.value)
 
 
-async def test_vllm_s_top_k_min_p_min_tokens_and_stop_token_ids_reach_the_engine(client):
-    """vLLM's sampling extensions, as its clients send them (``extra_body``), travel on the bus to the
+async def test_vllm_s_sampling_extensions_reach_the_engine(client):
+    """vLLM's sampling extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+    ``stop_token_ids``), as its clients send them (``extra_body``), travel on the bus to the
     engine, for chat and text completions: each answer is what the stack's engine gives the request
     asking them (a word's id is its place in the simulated vocabulary)."""
     messages = [{"role": "user", "content": "Keep to the likeliest."}]
-    asked = {"top_k": 3, "min_p": 0.1, "min_tokens": 12, "stop_token_ids": [4, 17]}
-    sampling = dict(top_k=3, min_p=0.1, min_tokens=12, stop_token_ids=(4, 17), logit_bias=((4, 1.0), (17, 1.0)))
+    asked = {"top_k": 3, "min_p": 0.1, "repetition_penalty": 1.5, "min_tokens": 12, "stop_token_ids": [4, 17]}
+    sampling = dict(top_k=3, min_p=0.1, repetition_penalty=1.5, min_tokens=12, stop_token_ids=(4, 17),
+                    logit_bias=((4, 1.0), (17, 1.0)))
     expected = await expected_output(messages, seed=47, max_tokens=30, **sampling)
     assert expected.completion_tokens >= 12 and expected.finish_reason == "stop"  # at a stop id, after 12
     chat = await client.chat.completions.create(model=MODEL, messages=messages, seed=47, max_tokens=30,

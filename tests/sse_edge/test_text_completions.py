@@ -82,7 +82,7 @@ async def test_stop_sequences_end_the_text_before_them(client):
     ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias", "invalid_value"),
     ({"prompt": "x", "suffix": "y"}, "suffix", "unsupported_parameter"),
     ({"prompt": "x", "min_tokens": 17}, "min_tokens", "invalid_value"),  # the default max_tokens is 16
-    ({"prompt": "x", "repetition_penalty": 1.2}, "repetition_penalty", "unsupported_parameter"),
+    ({"prompt": "x", "use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
     ({"prompt": "x", "best_of": 2}, "best_of", "invalid_value"),
     ({"prompt": "x", "n": 2}, "n", "invalid_value"),
     ({"prompt": "x", "max_tokens": 10**6}, "max_tokens", "invalid_value"),

@@ -56,6 +56,7 @@ class SamplingParams:
     logits_processor: Any = None
     top_k: int | None = None  # the fake decodes greedily: the likeliest token is in any top k
     min_p: float | None = None
+    repetition_penalty: float | None = None  # the fake: above 1 moves on past tokens the input or output holds
     min_tokens: int | None = None  # stop_token_ids are passed over until the output holds this many
     stop_token_ids: list[int] | None = None  # end the output ("stop") as the end token would
 
@@ -153,8 +154,12 @@ class RequestOutput:
                 return
 
     def _penalized(self) -> set[int]:
-        """The tokens the penalties count: the input's after ``prompt_ignore_length`` and the output's."""
+        """The tokens the penalties count: the input's after ``prompt_ignore_length`` and the output's
+        (a repetition penalty: the whole input's, as TensorRT-LLM's ``prompt_ignore_length`` is for the
+        presence and frequency penalties alone)."""
         params = self._params
+        if (params.repetition_penalty or 1) > 1:
+            return set(self.prompt_token_ids + self.generated)
         if not (params.presence_penalty or params.frequency_penalty):
             return set()
         return set(self.prompt_token_ids[params.prompt_ignore_length:] + self.generated)
