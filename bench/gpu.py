@@ -9,8 +9,8 @@ decoding never stops early: every request runs to its ``max_tokens``. Then, in o
   default batching on CUDA (slots: decode steps replayed as CUDA graphs), and at 64 with OpenAI's
   presence and frequency penalties on every request (what the slots' counts cost), with log
   probabilities and five likeliest tokens asked by every request (what scoring costs a step), with
-  a logit bias on 300 tokens in every request, and with transformers' continuous-batching manager
-  for comparison;
+  a logit bias on 300 tokens in every request, with vLLM's repetition penalty on every request, and
+  with transformers' continuous-batching manager for comparison;
 - greedy agreement: the engine's first tokens for a few prompts against plain ``generate`` run on
   each prompt alone, both in float32 (in bf16, kernels for different batch shapes round
   differently and a random model's near-tied tokens part: reported, not asserted);
@@ -34,6 +34,7 @@ runs fewer requests.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import statistics
@@ -187,8 +188,9 @@ def hf_engine(model_dir: Path, max_num_seqs: int, **overrides: Any) -> Any:
 
 
 async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching: str = "",
-                       asked: str = "") -> list[dict[str, Any]]:
-    """The engine's tokens/s at each concurrency; ``asked``: every request asking that (ASKED)."""
+                       asked: tuple[str, ...] = ("",)) -> list[dict[str, Any]]:
+    """The engine's tokens/s at each concurrency, for each of ``asked`` (every request asking that
+    option of ASKED; "": nothing), one engine started for them all."""
     import torch
 
     engine = hf_engine(model_dir, max(concurrencies), **({"batching": batching} if batching else {}))
@@ -197,13 +199,13 @@ async def engine_alone(model_dir: Path, concurrencies: tuple[int, ...], batching
     try:
         for warm_up in sorted({1, *concurrencies}):  # graphs captured, caches made, before anything is timed
             await run_load(engine_sender(engine), prompts(warm_up), max_concurrency=warm_up)
-        for concurrency in concurrencies:
+        for option, concurrency in itertools.product(asked, concurrencies):
             torch.cuda.reset_peak_memory_stats()
             with GpuSampler() as gpu:
-                results, duration = await run_load(engine_sender(engine, **ASKED.get(asked, {})),
+                results, duration = await run_load(engine_sender(engine, **ASKED.get(option, {})),
                                                    prompts(requests_for(concurrency)), max_concurrency=concurrency)
             s = summarize(results, duration, (50.0, 99.0))
-            batched = f"{engine.batching}, {asked}" if asked else engine.batching
+            batched = f"{engine.batching}, {option}" if option else engine.batching
             rows.append({"batching": batched, "concurrency": concurrency, "requests": s.completed, "failed": s.failed,
                          "prompt_tokens_mean": round(s.total_input_tokens / max(s.completed, 1), 1),
                          "tokens_per_s": round(s.output_throughput, 1), "ttft_ms": s.ttft_ms, "itl_ms": s.itl_ms,
@@ -323,11 +325,11 @@ def run() -> dict[str, Any]:
         model = build_model(model_dir)
         alone = asyncio.run(engine_alone(model_dir, CONCURRENCIES))
         agreement = asyncio.run(greedy_agreement(model_dir))
-        alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="penalties"))
-        if alone[0]["batching"] != "manager":  # (the manager scores no request alone: it refuses them)
-            alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="logprobs (top 5)"))
-            alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked="logit bias (300 tokens)"))
+        if alone[0]["batching"] != "manager":  # (the manager refuses every option but the penalties)
+            alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked=tuple(ASKED)))
             alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), "manager"))
+        else:
+            alone += asyncio.run(engine_alone(model_dir, (CONSUMER_SEQS,), asked=("penalties",)))
         cached = asyncio.run(slots_prefix_cache(model_dir))
         sim = SimulatedEngineSettings()  # the stack starts no worker; only the bus is used
         with bench_stack(sim, start_services=False, redis=False) as stack:

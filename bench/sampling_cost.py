@@ -3,7 +3,8 @@ in this process (`python -m bench sampling_cost`).
 
 The same requests (a short question each, ``OUTPUT_TOKENS`` tokens generated past any end token)
 ``CONCURRENCY`` at once, plain and with each of ``ASKED`` on every request: OpenAI's presence and
-frequency penalties (the slots' counts, taken off the logits), log probabilities with five
+frequency penalties (the slots' counts, taken off the logits), vLLM's repetition penalty (a mark of
+the tokens the prompt and output hold, a select over the logits), log probabilities with five
 likeliest tokens (a log-softmax and a top-k a step) and a logit bias on OpenAI's most tokens (300:
 a bias row a slot, added to the logits). Rounds alternate between them, so each option is
 measured beside plain decoding on a machine whose speed drifts; output tokens/s and the ratio to
@@ -25,9 +26,11 @@ from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 from tokenbus.schemas import ChatMessage
 
 # What a request may ask beyond plain greedy decoding, as a request sets it, for the rows that
-# measure what each costs the engine: OpenAI's penalties, log probabilities with five likeliest,
-# and a logit bias on OpenAI's most tokens (300; small, so that outputs keep their lengths).
+# measure what each costs the engine: OpenAI's penalties, vLLM's repetition penalty, log
+# probabilities with five likeliest, and a logit bias on OpenAI's most tokens (300; small, so that
+# outputs keep their lengths).
 ASKED: dict[str, dict[str, Any]] = {"penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
+                                    "repetition penalty": {"repetition_penalty": 1.2},
                                     "logprobs (top 5)": {"logprobs": 5},
                                     "logit bias (300 tokens)": {"logit_bias": tuple((1000 + i, -1.0) for i in range(300))}}
 PLAIN = "plain"

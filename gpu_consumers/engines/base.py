@@ -72,6 +72,12 @@ class SamplingParams:
     def penalized(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty)
 
+    @property
+    def named_token_ids(self) -> tuple[int, ...]:
+        """The token ids the sampling names (its logit bias's, its stop token ids): each must be one
+        the model has (``check_token_ids``), or indexing the logits by it would fail the whole step."""
+        return tuple(token_id for token_id, _ in self.logit_bias) + self.stop_token_ids
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationInput:

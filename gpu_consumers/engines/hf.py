@@ -373,7 +373,7 @@ class HfEngine:
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
         check_token_ids(inp.prefix_token_ids, self._vocabulary_size)
-        check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), self._vocabulary_size)
+        check_token_ids(inp.sampling.named_token_ids, self._vocabulary_size)
         if self._slots is None and inp.sampling.logprobs is not None:
             self._manager_scores(inp.sampling.logprobs)
         if self._slots is None:

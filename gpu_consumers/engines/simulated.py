@@ -401,7 +401,7 @@ class SimulatedEngine:
         markup = tool_markup(inp, seed_material)
         if not markup:  # a tool-calling turn's ids are its markup's pieces
             check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
-        check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), len(VOCABULARY))
+        check_token_ids(inp.sampling.named_token_ids, len(VOCABULARY))
         said = Said.of_prompt(inp) if inp.sampling.repetition_penalty != 1 else Said()
         for generated, token_id in enumerate(inp.prefix_token_ids):  # replay the draws that produced the prefix
             draw_word(rng, inp.sampling, said, generated)

@@ -323,7 +323,7 @@ class TrtLlmEngine:
         tokenizer = self._llm.tokenizer  # the LLM API's wraps a Hugging Face one as .tokenizer
         vocabulary = len(getattr(tokenizer, "tokenizer", tokenizer))
         check_token_ids(inp.prefix_token_ids, vocabulary)
-        check_token_ids((token_id for token_id, _ in inp.sampling.logit_bias), vocabulary)
+        check_token_ids(inp.sampling.named_token_ids, vocabulary)
         made = self._prompt_tokens.prompt(inp)
         prompt = made.ids
         s = inp.sampling
