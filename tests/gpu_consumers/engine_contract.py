@@ -6,6 +6,7 @@ names a model on a GPU host with tensorrt_llm), and the inputs and readings the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -49,6 +50,12 @@ def text_of(outs) -> str:
     return "".join(o.text_diff for o in outs)
 
 
+def ids_of(outs) -> list[int]:
+    """The token ids the outputs carry, however the steps were grouped (a reader that fell behind
+    takes two as one)."""
+    return [t for o in outs for t in o.token_ids_diff]
+
+
 def published(outs, count: int) -> tuple[tuple[int, ...], str]:
     """The token ids and text a worker had published once its outputs carried ``count`` tokens:
     whole outputs, so more than ``count`` ids where an output carried several."""
@@ -60,3 +67,12 @@ def published(outs, count: int) -> tuple[tuple[int, ...], str]:
         ids += out.token_ids_diff
         text += out.text_diff
     return tuple(ids), text
+
+
+async def continues_after_takeover(engine, inp: GenerationInput, outs, count: int) -> None:
+    """A sequence taken over once its outputs (``outs``) carried ``count`` tokens, the published
+    ones its prefix, gives the rest of ``outs``: the text and the tokens the uninterrupted one gave."""
+    prefix_ids, prefix_text = published(outs, count)
+    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
+    assert prefix_text + text_of(rest) == text_of(outs)
+    assert ids_of(rest) == ids_of(outs)[len(prefix_ids):]

@@ -6,6 +6,7 @@ batching over it on the CPU, and transformers' own greedy decoding to hold it to
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 from tokenbus.gpu_consumers.engines.hf import HfEngine
@@ -52,9 +53,18 @@ async def ids_and_finish(engine: HfEngine, inp: GenerationInput) -> tuple[list[i
 
 
 def plain_greedy(engine: HfEngine, inp: GenerationInput, tokens: int) -> list[int]:
+    return transformers_own(engine, inp, tokens)[0]
+
+
+def transformers_own(engine: HfEngine, inp: GenerationInput, tokens: int, **processors: Any) -> tuple[list[int], list]:
+    """What transformers' own greedy ``generate`` gives ``inp``'s prompt alone, with ``processors``
+    (more of its arguments: ``sequence_bias``, ``repetition_penalty``): the tokens, and each step's
+    log-softmax of its logits past them."""
     import torch
 
     prompt = torch.tensor([engine.prompt_ids(inp)])
     out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
-                                do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, prompt.shape[1]:].tolist()
+                                do_sample=False, eos_token_id=None, pad_token_id=0, output_scores=True,
+                                return_dict_in_generate=True, **processors)
+    return (out.sequences[0, prompt.shape[1]:].tolist(),
+            [torch.log_softmax(scores[0].float(), -1) for scores in out.scores])

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from tests.gpu_consumers.engine_contract import collect, published, request, text_of
+from tests.gpu_consumers.engine_contract import collect, continues_after_takeover, ids_of, request, text_of
 from tokenbus.gpu_consumers.engines import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -71,12 +71,12 @@ async def test_ignore_eos_generates_on_past_the_end_token_to_max_tokens(engine):
 async def test_stop_token_ids_end_the_output_where_they_come_as_an_end_token_would(engine):
     """vLLM's ``stop_token_ids``: the output is the plain one up to and with the first of them,
     finished ``stop``; nothing else changes. An id outside the model's vocabulary is refused."""
-    plain = [t for o in await collect(engine, request(29, "stop at a token", max_tokens=24)) for t in o.token_ids_diff]
+    plain = ids_of(await collect(engine, request(29, "stop at a token", max_tokens=24)))
     stop = plain[6]
     with pytest.raises(InvalidInput, match="token id 1000000000 is not in the model's vocabulary"):
         engine.generate(request(29, "stop at a token", max_tokens=24, stop_token_ids=(stop, 10**9)))
     outs = await collect(engine, request(29, "stop at a token", max_tokens=24, stop_token_ids=(stop,)))
-    assert [t for o in outs for t in o.token_ids_diff] == plain[: plain.index(stop) + 1]
+    assert ids_of(outs) == plain[: plain.index(stop) + 1]
     assert outs[-1].finish_reason == FINISH_STOP
 
 
@@ -95,10 +95,10 @@ async def test_min_tokens_holds_off_the_end_token_and_the_stop_token_ids(engine)
     if ends:
         assert stopped[-1].completion_tokens < 44
         assert held[-1].completion_tokens >= 44
-    plain_ids = [t for o in stopped for t in o.token_ids_diff]
+    plain_ids = ids_of(stopped)
     first = plain_ids[0]
     outs = await collect(engine, request(37, "hold the end off", max_tokens=48, min_tokens=4, stop_token_ids=(first,)))
-    ids = [t for o in outs for t in o.token_ids_diff]
+    ids = ids_of(outs)
     assert first not in ids[:4] and len(ids) >= 4
     assert outs[-1].finish_reason == FINISH_STOP if first in ids else outs[-1].finish_reason in (FINISH_STOP, FINISH_LENGTH)
     assert first not in ids[:-1]  # once allowed, the first stop id ends it
@@ -108,9 +108,9 @@ async def test_top_k_and_min_p_keep_the_likeliest_tokens_alone(engine):
     """vLLM's ``top_k`` and ``min_p`` leave greedy decoding as it is (the likeliest token passes
     both); the simulated engine samples, and with ``top_k`` 1 draws its heaviest word alone, the
     first of its equally weighted vocabulary, every time."""
-    plain = [t for o in await collect(engine, request(47, "keep the best", max_tokens=12)) for t in o.token_ids_diff]
+    plain = ids_of(await collect(engine, request(47, "keep the best", max_tokens=12)))
     kept = await collect(engine, request(47, "keep the best", max_tokens=12, top_k=1, min_p=0.5))
-    ids = [t for o in kept for t in o.token_ids_diff]
+    ids = ids_of(kept)
     if isinstance(engine, SimulatedEngine):
         assert ids == [0] * len(ids) and plain != ids
     else:
@@ -119,7 +119,7 @@ async def test_top_k_and_min_p_keep_the_likeliest_tokens_alone(engine):
 
 def repeats(outs) -> int:
     """How many of the output's tokens it held already."""
-    ids = [t for o in outs for t in o.token_ids_diff]
+    ids = ids_of(outs)
     return len(ids) - len(set(ids))
 
 
@@ -136,16 +136,13 @@ async def test_penalties_make_the_output_repeat_itself_less_and_survive_a_takeov
     with caplog.at_level(logging.WARNING, logger="tokenbus.gpu_consumers.engines.hf"):
         penalized = await collect(engine, inp)
     if getattr(engine, "batching", None) == "manager":
-        assert [t for o in penalized for t in o.token_ids_diff] == [t for o in plain for t in o.token_ids_diff]
+        assert ids_of(penalized) == ids_of(plain)
         assert "does not apply presence or frequency penalties" in caplog.text
         return
     if engine.name != "trtllm":
         assert repeats(plain) > 0
     assert repeats(penalized) < max(repeats(plain), 1)
-    prefix_ids, prefix_text = published(penalized, 10)
-    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
-    assert prefix_text + text_of(rest) == text_of(penalized)
-    assert [t for o in rest for t in o.token_ids_diff] == [t for o in penalized for t in o.token_ids_diff][len(prefix_ids):]
+    await continues_after_takeover(engine, inp, penalized, 10)
 
 
 async def test_a_repetition_penalty_makes_the_output_repeat_itself_less_and_survives_a_takeover(engine):
@@ -167,10 +164,7 @@ async def test_a_repetition_penalty_makes_the_output_repeat_itself_less_and_surv
     if engine.name != "trtllm":
         assert repeats(plain) > 0
     assert repeats(penalized) < max(repeats(plain), 1)
-    prefix_ids, prefix_text = published(penalized, 10)
-    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
-    assert prefix_text + text_of(rest) == text_of(penalized)
-    assert [t for o in rest for t in o.token_ids_diff] == [t for o in penalized for t in o.token_ids_diff][len(prefix_ids):]
+    await continues_after_takeover(engine, inp, penalized, 10)
 
 
 async def test_logit_bias_forces_or_bans_the_tokens_it_names_and_survives_a_takeover(engine):
@@ -179,7 +173,7 @@ async def test_logit_bias_forces_or_bans_the_tokens_it_names_and_survives_a_take
     it. A biased sequence taken over continues as the uninterrupted one would have. An id outside
     the model's vocabulary is refused; so is any bias by transformers' manager batching, which
     cannot apply one (engines/hf.py)."""
-    plain = [t for o in await collect(engine, request(41, "bias me", max_tokens=12)) for t in o.token_ids_diff]
+    plain = ids_of(await collect(engine, request(41, "bias me", max_tokens=12)))
     target = next(t for t in reversed(plain) if t != plain[0])
     with pytest.raises(InvalidInput, match="not in the model's vocabulary"):
         engine.generate(request(41, "bias me", max_tokens=12, logit_bias=((10**9, 1.0),)))
@@ -188,16 +182,13 @@ async def test_logit_bias_forces_or_bans_the_tokens_it_names_and_survives_a_take
             engine.generate(request(41, "bias me", max_tokens=12, logit_bias=((target, 100.0),)))
         return
     forced = await collect(engine, request(41, "bias me", max_tokens=12, logit_bias=((target, 100.0),)))
-    assert [t for o in forced for t in o.token_ids_diff] == [target] * 12
+    assert ids_of(forced) == [target] * 12
     ban = tuple((t, -100.0) for t in sorted(set(plain)))
     inp = request(41, "bias me", max_tokens=12, logit_bias=ban)
     banned = await collect(engine, inp)
-    banned_ids = [t for o in banned for t in o.token_ids_diff]
+    banned_ids = ids_of(banned)
     assert len(banned_ids) == 12 and not set(banned_ids) & set(plain)
-    prefix_ids, prefix_text = published(banned, 5)
-    rest = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
-    assert prefix_text + text_of(rest) == text_of(banned)
-    assert [t for o in rest for t in o.token_ids_diff] == banned_ids[len(prefix_ids):]
+    await continues_after_takeover(engine, inp, banned, 5)
 
 
 async def test_asked_for_logprobs_each_token_is_scored_with_the_likeliest_first(engine):
@@ -216,7 +207,7 @@ async def test_asked_for_logprobs_each_token_is_scored_with_the_likeliest_first(
     outs = await collect(engine, inp)
     plain = await collect(engine, request(17, "tell me a story", max_tokens=8))
     # (the tokens, not how they were grouped: a reader that falls behind takes two steps as one)
-    assert [t for o in outs for t in o.token_ids_diff] == [t for o in plain for t in o.token_ids_diff]
+    assert ids_of(outs) == ids_of(plain)
     assert [len(o.logprobs) for o in outs] == [len(o.token_ids_diff) for o in outs]
     scored = [t for o in outs for t in o.logprobs]
     assert len(scored) == 8
@@ -232,7 +223,7 @@ async def manager_scores_are_the_model_s(engine, inp: GenerationInput) -> None:
     import torch
 
     outs = await collect(engine, inp)
-    ids = [t for o in outs for t in o.token_ids_diff]
+    ids = ids_of(outs)
     scored = [t for o in outs for t in o.logprobs]
     assert len(scored) == len(ids) == 8 and all(t.top == [] for t in scored)
     prompt = torch.tensor([engine.prompt_ids(inp)])

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from tests.gpu_consumers.slot_engines import ids_and_finish, plain_greedy, request, started
+from tests.gpu_consumers.slot_engines import ids_and_finish, plain_greedy, request, started, transformers_own
 from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput
 from tokenbus.gpu_consumers.engines.hf import HfEngine
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, uses_slots
@@ -40,7 +40,6 @@ async def test_log_probabilities_are_those_of_the_model_s_own_logits(sharp_model
     """Batched with requests that do not ask (and one that asks for fewer), each token's log
     probability and its likeliest tokens are the log-softmax of the logits transformers' own
     ``generate`` scores that prompt with alone, step for step (the prefill's token and the decode steps')."""
-    import torch
 
     engine = await started(sharp_model)
     try:
@@ -52,13 +51,10 @@ async def test_log_probabilities_are_those_of_the_model_s_own_logits(sharp_model
             if inp.sampling.logprobs is None:
                 assert scored == []
                 continue
-            prompt = torch.tensor([engine.prompt_ids(inp)])
-            out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False,
-                                        eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+            _, steps = transformers_own(engine, inp, 6)
             ids = [t for o in outs for t in o.token_ids_diff]
             assert len(scored) == len(ids) == 6
-            for step, (token_id, token) in enumerate(zip(ids, scored, strict=True)):
-                expected = torch.log_softmax(out.scores[step][0].float(), -1)
+            for token_id, token, expected in zip(ids, scored, steps, strict=True):
                 assert token.logprob == pytest.approx(expected[token_id].item(), abs=1e-4)
                 top = expected.topk(inp.sampling.logprobs)
                 assert [a.logprob for a in token.top] == pytest.approx(top.values.tolist(), abs=1e-4)
@@ -73,7 +69,6 @@ async def test_a_logit_bias_is_added_to_its_own_rows_logits_alone(sharp_model):
     alone: each biased request decodes what transformers' ``generate`` decodes with that bias
     (its ``sequence_bias``), scored as that bias leaves the logits; the others decode as plain
     ``generate`` does. Biases small enough that the model still chooses, on tokens it chooses."""
-    import torch
 
     engine = await started(sharp_model)
     try:
@@ -89,14 +84,10 @@ async def test_a_logit_bias_is_added_to_its_own_rows_logits_alone(sharp_model):
             if not inp.sampling.logit_bias:
                 assert ids == plain
                 continue
-            prompt = torch.tensor([engine.prompt_ids(inp)])
-            out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
-                                        eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True,
-                                        sequence_bias={(token_id,): bias for token_id, bias in inp.sampling.logit_bias})
-            assert ids == out.sequences[0, prompt.shape[1]:].tolist()
+            own, steps = transformers_own(engine, inp, 8, sequence_bias={(t,): b for t, b in inp.sampling.logit_bias})
+            assert ids == own
             changed += ids != plain
-            for step, (token_id, token) in enumerate(zip(ids, [t for o in outs for t in o.logprobs], strict=True)):
-                expected = torch.log_softmax(out.scores[step][0].float(), -1)
+            for token_id, token, expected in zip(ids, [t for o in outs for t in o.logprobs], steps, strict=True):
                 assert token.logprob == pytest.approx(expected[token_id].item(), abs=1e-4)
         assert changed  # the biases did change an output
     finally:
@@ -107,7 +98,6 @@ async def test_a_repetition_penalty_is_transformers_own_over_the_prompt_and_the_
     """Batched with requests that have none, a request's ``repetition_penalty`` decodes what
     transformers' ``generate`` decodes with that ``repetition_penalty`` (its processor over the
     prompt's tokens and the output's), scored as that penalty leaves the logits."""
-    import torch
 
     engine = await started(sharp_model)
     try:
@@ -117,14 +107,10 @@ async def test_a_repetition_penalty_is_transformers_own_over_the_prompt_and_the_
         changed = 0
         for inp, outs in zip(inputs, served, strict=True):
             ids = [t for o in outs for t in o.token_ids_diff]
-            prompt = torch.tensor([engine.prompt_ids(inp)])
-            out = engine.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False,
-                                        eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True,
-                                        repetition_penalty=inp.sampling.repetition_penalty)
-            assert ids == out.sequences[0, prompt.shape[1]:].tolist()
+            own, steps = transformers_own(engine, inp, 10, repetition_penalty=inp.sampling.repetition_penalty)
+            assert ids == own
             changed += inp.sampling.repetition_penalty != 1 and ids != plain_greedy(engine, inp, 10)
-            for step, (token_id, token) in enumerate(zip(ids, [t for o in outs for t in o.logprobs], strict=True)):
-                expected = torch.log_softmax(out.scores[step][0].float(), -1)
+            for token_id, token, expected in zip(ids, [t for o in outs for t in o.logprobs], steps, strict=True):
                 assert token.logprob == pytest.approx(expected[token_id].item(), abs=1e-4)
         assert changed  # the penalty did change an output
     finally:
