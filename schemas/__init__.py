@@ -5,6 +5,9 @@ from tokenbus.schemas.completion_builder import CompletionBuilder, whole_tool_ca
 from tokenbus.schemas.records import (
     FINISH_INCOMPLETE,
     INCOMPLETE_FINISH_REASONS,
+    RESPONSE_JSON_OBJECT,
+    RESPONSE_JSON_SCHEMA,
+    RESPONSE_TEXT,
     TOOL_CHOICE_AUTO,
     TOOL_CHOICE_FUNCTION,
     TOOL_CHOICE_NONE,
@@ -35,6 +38,9 @@ from tokenbus.schemas.request_checks import RequestOutOfRange, check_request, re
 __all__ = [
     "FINISH_INCOMPLETE",
     "INCOMPLETE_FINISH_REASONS",
+    "RESPONSE_JSON_OBJECT",
+    "RESPONSE_JSON_SCHEMA",
+    "RESPONSE_TEXT",
     "TOOL_CHOICE_AUTO",
     "TOOL_CHOICE_FUNCTION",
     "TOOL_CHOICE_NONE",

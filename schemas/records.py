@@ -25,6 +25,12 @@ TOOL_CHOICE_AUTO = "auto"
 TOOL_CHOICE_REQUIRED = "required"
 TOOL_CHOICE_FUNCTION = "function"  # the function named by tool_choice_name
 
+# OpenAI's response_format types: the answer as the model writes it, a JSON object, or JSON that a
+# request's json_schema describes (an engine constrains its decoding to it, or refuses the request).
+RESPONSE_TEXT = "text"
+RESPONSE_JSON_OBJECT = "json_object"
+RESPONSE_JSON_SCHEMA = "json_schema"
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -207,6 +213,10 @@ class ChatRequest:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
+    # OpenAI's response_format: RESPONSE_TEXT, or a JSON answer (RESPONSE_JSON_OBJECT, or
+    # RESPONSE_JSON_SCHEMA following ``json_schema``, a JSON Schema as JSON text).
+    response_format: str = RESPONSE_TEXT
+    json_schema: str = ""
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:

@@ -10,10 +10,14 @@ it sends, so a caller of the SDK learns at once.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
 from tokenbus.schemas.records import (
+    RESPONSE_JSON_OBJECT,
+    RESPONSE_JSON_SCHEMA,
+    RESPONSE_TEXT,
     TOOL_CHOICE_AUTO,
     TOOL_CHOICE_FUNCTION,
     TOOL_CHOICE_NONE,
@@ -35,6 +39,7 @@ LOGIT_BIAS_MAX = 100.0  # OpenAI's: each bias in [-100, 100]
 LOGIT_BIAS_MAX_TOKENS = 300  # tokens one request may bias (OpenAI's limit)
 TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as a logit_bias key: decimal, no sign
 STOP_TOKEN_IDS_MAX = 256  # stop_token_ids one request may name
+RESPONSE_FORMATS = (RESPONSE_TEXT, RESPONSE_JSON_OBJECT, RESPONSE_JSON_SCHEMA)
 
 
 class RequestOutOfRange(ValueError):
@@ -88,6 +93,8 @@ def request_problem(request: ChatRequest) -> str | None:
         return f"stop_token_ids names {len(request.stop_token_ids)} tokens; at most {STOP_TOKEN_IDS_MAX} may"
     if any(token_id < 0 for token_id in request.stop_token_ids):
         return "stop_token_ids must not be negative"
+    if (format_problem := response_format_problem(request)) is not None:
+        return format_problem
     if request.tool_choice not in TOOL_CHOICES:
         return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
     if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:
@@ -107,4 +114,20 @@ def logit_bias_problem(logit_bias: dict[str, float]) -> str | None:
             return f"logit_bias key {token_id!r} is not a token id (a non-negative integer)"
         if not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:  # NaN is in no range
             return f"logit_bias of token {token_id} is {bias}, not in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}]"
+    return None
+
+
+def response_format_problem(request: ChatRequest) -> str | None:
+    """What is wrong with the response format asked; None when nothing is. (Whether ``json_schema``
+    is a valid JSON Schema is the edge's to check, where a client learns it at once.)"""
+    if request.response_format not in RESPONSE_FORMATS:
+        return f"response_format {request.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}"
+    if request.response_format != RESPONSE_JSON_SCHEMA:
+        return "json_schema is for response_format json_schema alone" if request.json_schema else None
+    try:
+        schema = json.loads(request.json_schema)
+    except ValueError:
+        schema = None
+    if not isinstance(schema, dict):
+        return "json_schema must be a JSON Schema object, as JSON text"
     return None

@@ -16,7 +16,15 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tokenbus.schemas import TOOL_CHOICE_AUTO, TOOL_CHOICE_NONE, ChatMessage, ChatRequest, TokenLogprob, ToolSpec
+from tokenbus.schemas import (
+    RESPONSE_TEXT,
+    TOOL_CHOICE_AUTO,
+    TOOL_CHOICE_NONE,
+    ChatMessage,
+    ChatRequest,
+    TokenLogprob,
+    ToolSpec,
+)
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -67,6 +75,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    # OpenAI's response_format (schemas.RESPONSE_*): a JSON answer, of ``json_schema`` (JSON text)
+    # where given, decoded under that constraint (vLLM's and TensorRT-LLM's guided decoding).
+    response_format: str = RESPONSE_TEXT
+    json_schema: str = ""
 
     @property
     def penalized(self) -> bool:
@@ -133,6 +145,8 @@ class GenerationInput:
                 repetition_penalty=request.repetition_penalty,
                 min_tokens=request.min_tokens,
                 stop_token_ids=tuple(request.stop_token_ids),
+                response_format=request.response_format,
+                json_schema=request.json_schema,
             ),
         )
 

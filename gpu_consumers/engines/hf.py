@@ -20,6 +20,8 @@ as are vLLM's ``min_tokens`` and repetition penalty (hf_slot_penalties.py), and 
 and ``min_p`` where requests are sampled: the
 manager refuses them (a bias is often a ban, which must not be dropped quietly). Both end a
 request at its ``stop_token_ids`` (the manager takes them as the request's own end tokens).
+Neither constrains its output to JSON: a JSON ``response_format`` is refused (TensorRT-LLM's guided
+decoding serves it).
 
 Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
 ``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
@@ -59,7 +61,7 @@ from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, batching
 from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken
 from tokenbus.gpu_consumers.engines.hf_slots import Delta, SlotBatcher, SlotRequest
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
-from tokenbus.schemas import TokenLogprob, TopLogprob
+from tokenbus.schemas import RESPONSE_TEXT, TokenLogprob, TopLogprob
 
 log = logging.getLogger(__name__)
 
@@ -374,6 +376,9 @@ class HfEngine:
     def generate(self, inp: GenerationInput) -> _HfSequence:
         check_token_ids(inp.prefix_token_ids, self._vocabulary_size)
         check_token_ids(inp.sampling.named_token_ids, self._vocabulary_size)
+        if inp.sampling.response_format != RESPONSE_TEXT:
+            raise InvalidInput(f"the hf engine cannot constrain its output to JSON (response_format "
+                               f"{inp.sampling.response_format}): TensorRT-LLM with a guided decoding backend can")
         if self._slots is None and inp.sampling.logprobs is not None:
             self._manager_scores(inp.sampling.logprobs)
         if self._slots is None:

@@ -19,7 +19,9 @@ worker parses (engines/tool_calls.py), a few characters a token: the named funct
 ``tool_choice`` names one; otherwise, unless the last message is a tool's result (then it
 answers in words) or ``tool_choice`` is ``none``, every offered function (at most
 ``MAX_CALLS``), or only the first without ``parallel_tool_calls``. Arguments are drawn from each
-function's JSON Schema by a generator seeded like the text.
+function's JSON Schema by a generator seeded like the text. Asked for a JSON answer
+(``response_format``), it answers with a value of the request's JSON Schema drawn the same way (a
+small object for ``json_object``), a few characters a token, as a decoder constrained to it would.
 
 Its prefix cache is modelled like a paged engine's (engines/simulated_prompts.py): a prompt is
 tokenized (a token per word, a few per message and function), cut into blocks of ``kv_block_tokens`` named by chain hashes, and
@@ -59,6 +61,8 @@ from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 from tokenbus.gpu_consumers.engines.simulated_prompts import LastPrompt, PrefixCacheModel
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import (
+    RESPONSE_JSON_SCHEMA,
+    RESPONSE_TEXT,
     TOOL_CHOICE_FUNCTION,
     TOOL_CHOICE_REQUIRED,
     TokenLogprob,
@@ -236,6 +240,20 @@ def tool_markup(inp: GenerationInput, seed_material: str) -> str:
     return "\n".join(render_call(t.name, sample_value(json.loads(t.parameters), rng) or {}) for t in calls)
 
 
+JSON_OBJECT_ANSWER = {"type": "object", "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}}}
+
+
+def json_answer(inp: GenerationInput, seed_material: str) -> str:
+    """A JSON answer's text where the response format asks for one, "" where it does not: a value
+    the request's ``json_schema`` describes (for ``json_object``, a small object), drawn by a
+    generator seeded like the text, as a constrained engine's output would be."""
+    sampling = inp.sampling
+    if sampling.response_format == RESPONSE_TEXT:
+        return ""
+    schema = json.loads(sampling.json_schema) if sampling.response_format == RESPONSE_JSON_SCHEMA else JSON_OBJECT_ANSWER
+    return json.dumps(sample_value(schema, random.Random(zlib.crc32(f"{seed_material}:json".encode()))))
+
+
 @dataclass(eq=False)
 class _Sequence:
     inp: GenerationInput
@@ -245,7 +263,7 @@ class _Sequence:
     fails_at: int | None
     prompt_tokens: int
     cached_tokens: int = 0
-    markup: str = ""  # a tool-calling turn's text, generated MARKUP_TOKEN_CHARS a token
+    markup: str = ""  # a tool-calling turn's text, or a JSON answer's: generated MARKUP_TOKEN_CHARS a token
     pushes: bool = True  # offers push_to to each_step
     outputs: Mailbox[StepOutput] = field(default_factory=Mailbox)
     generated: int = 0
@@ -340,7 +358,8 @@ class _Sequence:
         self._emit(text, (token_id,), logprobs=logprobs)
 
     def _step_markup(self) -> None:
-        """One token of a tool-calling turn; it ends with the markup (stop sequences do not apply)."""
+        """One token of a turn's fixed text (a tool call's markup, a JSON answer); it ends with the text
+        (stop sequences do not apply)."""
         start = self.generated * MARKUP_TOKEN_CHARS
         token = self.markup[start:start + MARKUP_TOKEN_CHARS]
         piece = self.unsent + token
@@ -398,7 +417,7 @@ class SimulatedEngine:
         if inp.sampling.ignore_eos:  # its natural end is its end-of-sequence token: on to the limit, or the longest
             natural_length = inp.sampling.max_tokens or s.max_tokens  # (after the draws: the same tokens)
         natural_length = max(natural_length, inp.sampling.min_tokens)  # that end token waits for min_tokens
-        markup = tool_markup(inp, seed_material)
+        markup = tool_markup(inp, seed_material) or json_answer(inp, seed_material)
         if not markup:  # a tool-calling turn's ids are its markup's pieces
             check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
         check_token_ids(inp.sampling.named_token_ids, len(VOCABULARY))

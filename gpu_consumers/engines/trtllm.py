@@ -11,7 +11,9 @@ routing and the ``cached_tokens`` of each request. A request's presence and freq
 count its output alone (``prompt_ignore_length``: TensorRT-LLM counts the prompt's tokens too
 unless told; its SamplingParams has taken it since 1.1). A request's logit bias is a logits
 processor of its own (``TokenBias``): it touches the ids it names alone, whatever the model's
-padded vocabulary, where ``embedding_bias`` wants a row of the engine's vocabulary size.
+padded vocabulary, where ``embedding_bias`` wants a row of the engine's vocabulary size. A JSON
+``response_format`` is its guided decoding (``GuidedDecodingParams``), where the LLM was given a
+``guided_decoding_backend`` (``TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND``).
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
+    InvalidInput,
     PromptLayout,
+    SamplingParams,
     StepOutput,
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, TokenTexts, held_back_text
-from tokenbus.schemas import TokenLogprob, TopLogprob
+from tokenbus.schemas import RESPONSE_JSON_SCHEMA, RESPONSE_TEXT, TokenLogprob, TopLogprob
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,9 @@ class TrtLlmEngineSettings(BaseSettings):
     # 1: every iteration, and the setting is not passed (other backends do not take it).
     stream_interval: int = Field(default=1, ge=1)
     default_max_tokens: int = 256
+    # The LLM API's ``guided_decoding_backend`` (``xgrammar`` or ``llguidance``), which a JSON
+    # ``response_format`` needs; "" (the default): none, and such requests are refused.
+    guided_decoding_backend: str = ""
 
 
 def _token_id(token: Any) -> int:
@@ -246,6 +253,7 @@ class TrtLlmEngine:
         self.settings = settings or TrtLlmEngineSettings()
         self._llm: Any = None
         self._sampling_params: Any = None
+        self._guided_decoding: Any = None
         self._kv_cache_usage: float | None = None
         self._stats: asyncio.Task[None] | None = None
         self._kv_events: asyncio.Task[None] | None = None
@@ -256,17 +264,20 @@ class TrtLlmEngine:
     async def start(self) -> None:
         try:
             from tensorrt_llm import LLM, SamplingParams
-            from tensorrt_llm.llmapi import KvCacheConfig
+            from tensorrt_llm.llmapi import GuidedDecodingParams, KvCacheConfig
         except ImportError as exc:
             raise RuntimeError("the trtllm engine needs NVIDIA's tensorrt_llm on a GPU host; see the README") from exc
         s = self.settings
         if not s.model:
             raise RuntimeError("set TOKENBUS_TRTLLM_MODEL to a model directory or name")
         self._sampling_params = SamplingParams
+        self._guided_decoding = GuidedDecodingParams
         kv_cache = KvCacheConfig(enable_block_reuse=s.enable_block_reuse,
                                  free_gpu_memory_fraction=s.kv_cache_free_gpu_memory_fraction,
                                  event_buffer_max_size=s.kv_event_buffer if s.enable_block_reuse else 0)
-        extra = {"stream_interval": s.stream_interval} if s.stream_interval > 1 else {}
+        extra: dict[str, Any] = {"stream_interval": s.stream_interval} if s.stream_interval > 1 else {}
+        if s.guided_decoding_backend:
+            extra["guided_decoding_backend"] = s.guided_decoding_backend
         self._llm = await asyncio.to_thread(
             LLM, model=s.model, tokenizer=s.tokenizer or None, max_batch_size=s.max_batch_size,
             max_num_tokens=s.max_num_tokens, kv_cache_config=kv_cache, **extra,
@@ -318,6 +329,18 @@ class TrtLlmEngine:
         if self._prompt_tokens is not None:
             await asyncio.to_thread(self._prompt_tokens.prepare, inp)
 
+    def _json_guide(self, sampling: SamplingParams) -> Any:
+        """The LLM API's ``GuidedDecodingParams`` for a JSON ``response_format`` (None for text);
+        ``InvalidInput`` where no guided decoding backend is configured."""
+        if sampling.response_format == RESPONSE_TEXT:
+            return None
+        if not self.settings.guided_decoding_backend:
+            raise InvalidInput(f"response_format {sampling.response_format} needs a guided decoding backend "
+                               "(TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND=xgrammar)")
+        if sampling.response_format == RESPONSE_JSON_SCHEMA:
+            return self._guided_decoding(json=sampling.json_schema)
+        return self._guided_decoding(json_object=True)
+
     def generate(self, inp: GenerationInput) -> _TrtStream:
         assert self._prompt_tokens is not None and self._token_texts is not None, "the engine is not started"
         tokenizer = self._llm.tokenizer  # the LLM API's wraps a Hugging Face one as .tokenizer
@@ -350,6 +373,7 @@ class TrtLlmEngine:
             repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1 else None,
             min_tokens=s.min_tokens - len(inp.prefix_token_ids) if s.min_tokens > len(inp.prefix_token_ids) else None,
             stop_token_ids=list(s.stop_token_ids) or None,
+            guided_decoding=self._json_guide(s),
             **penalties,
         )
         # A taken-over sequence continues after the tokens already published.

@@ -60,6 +60,22 @@ class ChatMessageParam(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: the schema a JSON answer follows (checked in validation.py)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema`` (with its schema)."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -133,6 +149,8 @@ class GenerationRequest(BaseModel):
     # OpenAI's: a bias from -100 to 100 added to the logit of each token named by its id (JSON keys:
     # decimal strings). Whether an id is in the model's vocabulary is the engine's to say.
     logit_bias: dict[str, float] | None = None
+    # OpenAI's structured outputs (and vLLM's, for text completions too): a JSON answer.
+    response_format: ResponseFormat | None = None
     # vLLM's sampling extensions: sample from the ``top_k`` likeliest tokens (-1 or 0: all) that are
     # at least ``min_p`` of the likeliest's probability; ``repetition_penalty`` shrinks the logits of
     # tokens the prompt or output holds (1: none); ``stop_token_ids`` end the output as the
@@ -186,7 +204,6 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: list[ChatMessageParam] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    response_format: dict | None = None
     modalities: list[str] | None = None
     # OpenAI's request metadata; tokenbus reads `conversation_id` from it to group transcripts.
     metadata: dict[str, str] | None = None

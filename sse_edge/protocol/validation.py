@@ -137,15 +137,13 @@ def check_generation_limits(request: GenerationRequest, settings: EdgeSettings) 
         param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
         raise InvalidRequest(f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
                              code="invalid_value")
+    check_response_format(request)
     if request.token_limit is not None and request.min_tokens > request.token_limit:
         raise InvalidRequest("'min_tokens' may be at most the token limit.", param="min_tokens", code="invalid_value")
 
 
 def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) -> None:
     check_generation_limits(chat, settings)
-    if chat.response_format and chat.response_format.get("type", "text") != "text":
-        raise InvalidRequest("Only response_format type 'text' is supported.", param="response_format.type",
-                             code="unsupported_value")
     if chat.modalities and chat.modalities != ["text"]:
         raise InvalidRequest("Only the 'text' modality is supported.", param="modalities", code="unsupported_value")
     if len(chat.messages) > settings.max_messages:
@@ -155,6 +153,21 @@ def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) ->
         raise InvalidRequest(f"The messages are longer than {settings.max_prompt_chars} characters in total.",
                              param="messages", code="context_length_exceeded")
 
+
+
+def check_response_format(request: GenerationRequest) -> None:
+    """A ``json_schema`` response format names a valid JSON Schema."""
+    answer = request.response_format
+    if answer is None or answer.type != "json_schema":
+        return
+    if answer.json_schema is None:
+        raise InvalidRequest("response_format type 'json_schema' needs its 'json_schema'.",
+                             param="response_format.json_schema", code="missing_required_parameter")
+    try:
+        Draft202012Validator.check_schema(answer.json_schema.json_schema)
+    except SchemaError as exc:
+        raise InvalidRequest(f"Invalid JSON Schema for the response format: {exc.message}.",
+                             param="response_format.json_schema.schema", code="invalid_value") from None
 
 
 def check_tools(chat: ChatCompletionRequest) -> None:

@@ -31,11 +31,12 @@ async def make_engine(name: str, tiny_model: Path):
     from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
 
     if name == "trtllm-fake":
-        return TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=40))
+        return TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=40,
+                                                 guided_decoding_backend="xgrammar"))
     model = os.environ.get("TOKENBUS_TRTLLM_MODEL")
     if not model:
         pytest.skip("trtllm-real runs where TOKENBUS_TRTLLM_MODEL names a model on a GPU host with tensorrt_llm")
-    return TrtLlmEngine(TrtLlmEngineSettings(model=model, default_max_tokens=40))
+    return TrtLlmEngine(TrtLlmEngineSettings(model=model, default_max_tokens=40, guided_decoding_backend="xgrammar"))
 
 
 def request(i: int = 0, content: str = "hello there", **sampling) -> GenerationInput:

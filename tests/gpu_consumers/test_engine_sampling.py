@@ -7,8 +7,10 @@ alone)."""
 
 import contextlib
 import dataclasses
+import json
 import logging
 
+import jsonschema
 import pytest
 
 from tests.gpu_consumers.engine_contract import collect, continues_after_takeover, ids_of, request, text_of
@@ -115,6 +117,27 @@ async def test_top_k_and_min_p_keep_the_likeliest_tokens_alone(engine):
         assert ids == [0] * len(ids) and plain != ids
     else:
         assert ids == plain
+
+
+TRIP = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                        "mode": {"enum": ["rail", "road"]}}, "required": ["city", "days", "mode"]}
+
+
+async def test_a_json_response_format_is_answered_in_json_of_its_schema_or_refused(engine):
+    """OpenAI's ``response_format``: ``json_schema`` answers with JSON its schema describes,
+    ``json_object`` with a JSON object, each to its end (``stop``): the simulated engine draws a
+    value of the schema, TensorRT-LLM decodes under it (guided decoding; its fake answers with one
+    fixed instance). The ``hf`` engine cannot constrain its decoding: it refuses."""
+    inp = request(59, "plan a trip", max_tokens=200, response_format="json_schema", json_schema=json.dumps(TRIP))
+    if engine.name == "hf":
+        with pytest.raises(InvalidInput, match="cannot constrain its output to JSON"):
+            engine.generate(inp)
+        return
+    outs = await collect(engine, inp)
+    jsonschema.validate(json.loads(text_of(outs)), TRIP)
+    assert outs[-1].finish_reason == FINISH_STOP
+    plain = await collect(engine, request(59, "plan a trip", max_tokens=200, response_format="json_object"))
+    assert isinstance(json.loads(text_of(plain)), dict) and plain[-1].finish_reason == FINISH_STOP
 
 
 def repeats(outs) -> int:

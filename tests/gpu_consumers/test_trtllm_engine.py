@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.gpu_consumers.helpers import fake_tensorrt_llm
-from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
+from tokenbus.gpu_consumers.engines import GenerationInput, InvalidInput, SamplingParams
 from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR
 from tokenbus.gpu_consumers.engines.trtllm import TokenBias, TrtLlmEngine, TrtLlmEngineSettings
 from tokenbus.schemas import ChatMessage
@@ -86,6 +86,36 @@ async def test_penalties_are_asked_for_on_the_output_alone(tiny_model):
     assert (plain.presence_penalty, plain.frequency_penalty, plain.prompt_ignore_length) == (0, 0, 0)
     assert (penalized.presence_penalty, penalized.frequency_penalty) == (0.5, -0.25)
     assert penalized.prompt_ignore_length == len(plain_ids) == len(continued_ids) - 2
+
+
+async def test_a_json_response_format_is_guided_decoding_where_a_backend_is_configured(tiny_model):
+    """A JSON ``response_format`` asks the LLM API's ``GuidedDecodingParams`` (the schema's JSON
+    text, or ``json_object``), and the LLM is made with ``guided_decoding_backend``; without one
+    configured, such a request is refused, and a plain one asks no guide."""
+    asked = []
+    schema = '{"type": "object", "properties": {"city": {"type": "string"}}}'
+    guided = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=8,
+                                               guided_decoding_backend="xgrammar"))
+    unguided = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=8))
+    await guided.start()
+    await unguided.start()
+    generate_async = guided._llm.generate_async
+    guided._llm.generate_async = lambda ids, params, **kw: asked.append(params) or generate_async(ids, params, **kw)
+    messages = (ChatMessage("user", "where to?"),)
+    try:
+        for sampling in (SamplingParams(response_format="json_schema", json_schema=schema),
+                         SamplingParams(response_format="json_object"), SamplingParams()):
+            [out async for out in guided.generate(GenerationInput("trt-json", messages, sampling))]
+        with pytest.raises(InvalidInput, match="TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND"):
+            unguided.generate(GenerationInput("trt-json", messages, SamplingParams(response_format="json_object")))
+    finally:
+        await guided.close()
+        await unguided.close()
+    assert guided._llm.kwargs["guided_decoding_backend"] == "xgrammar"
+    assert "guided_decoding_backend" not in unguided._llm.kwargs
+    schema_guide, object_guide, none = (params.guided_decoding for params in asked)
+    assert (schema_guide.json, schema_guide.json_object) == (schema, False)
+    assert (object_guide.json, object_guide.json_object) == (None, True) and none is None
 
 
 def test_a_logit_bias_is_a_logits_processor_that_adds_to_the_ids_it_names_alone():

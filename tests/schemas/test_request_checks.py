@@ -26,7 +26,8 @@ def asking(**fields) -> ChatRequest:
     {"logprobs": True, "top_logprobs": 20}, {"logit_bias": {"0": -100.0, "4294967295": 100.0}},
     {"logit_bias": {str(i): 1.0 for i in range(300)}},
     {"top_k": 1, "min_p": 1.0, "min_tokens": 8, "max_tokens": 8, "stop_token_ids": [0, *range(1, 256)]},
-    {"repetition_penalty": 1e-3}, {"repetition_penalty": 5.0},
+    {"repetition_penalty": 1e-3}, {"repetition_penalty": 5.0}, {"response_format": "json_object"},
+    {"response_format": "json_schema", "json_schema": '{"type": "object"}'},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -66,6 +67,10 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"min_p": math.nan}, "min_p nan is not in [0, 1]"),
     ({"min_tokens": -2}, "min_tokens -2 is below 0"),
     ({"repetition_penalty": 0.0}, "repetition_penalty 0.0 is not a finite number above 0"),
+    ({"response_format": "yaml"}, "response_format 'yaml' is not one of text, json_object, json_schema"),
+    ({"response_format": "json_schema"}, "json_schema must be a JSON Schema object, as JSON text"),
+    ({"response_format": "json_schema", "json_schema": "[1]"}, "json_schema must be a JSON Schema object, as JSON text"),
+    ({"response_format": "json_object", "json_schema": "{}"}, "json_schema is for response_format json_schema alone"),
     ({"repetition_penalty": math.inf}, "repetition_penalty inf is not a finite number above 0"),
     ({"repetition_penalty": math.nan}, "repetition_penalty nan is not a finite number above 0"),
     ({"min_tokens": 9, "max_tokens": 8}, "min_tokens 9 is more than max_tokens 8"),

@@ -2,9 +2,11 @@
 (edge -> tansu -> GPU consumer -> tansu -> edge)."""
 
 import asyncio
+import json
 
 import httpx
 import openai
+import pydantic
 import pytest
 
 from tests.conftest import MODEL, SLOW_MODEL, UNSERVED_MODEL
@@ -164,6 +166,35 @@ async def test_vllm_s_sampling_extensions_reach_the_engine(client):
     text = await client.completions.create(model=MODEL, prompt="Keep to the likeliest.", seed=47, max_tokens=30,
                                            logit_bias={"4": 1, "17": 1}, extra_body=asked)
     assert text.choices[0].text == prompted.text
+
+
+class Trip(pydantic.BaseModel):
+    city: str
+    days: int
+    rail: bool
+
+
+async def test_a_json_response_format_answers_in_json_of_its_schema(client):
+    """OpenAI's structured outputs through the official client: ``chat.completions.parse`` with a
+    pydantic model (``json_schema``, strict) gets an answer that parses into it, and a streamed
+    ``json_object`` request a JSON object; each is what the stack's engine answers the request with
+    that response format on the bus. A text completion asks it as vLLM's clients do."""
+    messages = [{"role": "user", "content": "Plan a trip."}]
+    parsed = await client.chat.completions.parse(model=MODEL, messages=messages, seed=61, response_format=Trip)
+    trip = parsed.choices[0].message.parsed
+    assert isinstance(trip, Trip) and parsed.choices[0].finish_reason == "stop"
+    # (the client sends the model's schema made strict; the simulated engine draws from its properties alone)
+    expected = await expected_output(messages, seed=61, response_format="json_schema",
+                                     json_schema=json.dumps(Trip.model_json_schema()))
+    assert parsed.choices[0].message.content == expected.text
+    stream = await client.chat.completions.create(model=MODEL, messages=messages, seed=61, stream=True,
+                                                  response_format={"type": "json_object"})
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert isinstance(json.loads(text), dict)
+    assert text == (await expected_output(messages, seed=61, response_format="json_object")).text
+    completion = await client.completions.create(model=MODEL, prompt="Plan a trip.", seed=61, max_tokens=100,
+                                                 extra_body={"response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(completion.choices[0].text), dict)  # (vLLM's extension of the legacy API)
 
 
 async def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client, stack):

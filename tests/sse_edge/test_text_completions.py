@@ -83,6 +83,7 @@ async def test_stop_sequences_end_the_text_before_them(client):
     ({"prompt": "x", "suffix": "y"}, "suffix", "unsupported_parameter"),
     ({"prompt": "x", "min_tokens": 17}, "min_tokens", "invalid_value"),  # the default max_tokens is 16
     ({"prompt": "x", "use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
+    ({"prompt": "x", "response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
     ({"prompt": "x", "best_of": 2}, "best_of", "invalid_value"),
     ({"prompt": "x", "n": 2}, "n", "invalid_value"),
     ({"prompt": "x", "max_tokens": 10**6}, "max_tokens", "invalid_value"),

@@ -59,6 +59,7 @@ class SamplingParams:
     repetition_penalty: float | None = None  # the fake: above 1 moves on past tokens the input or output holds
     min_tokens: int | None = None  # stop_token_ids are passed over until the output holds this many
     stop_token_ids: list[int] | None = None  # end the output ("stop") as the end token would
+    guided_decoding: Any = None  # llmapi.GuidedDecodingParams: the output is its answer's tokens, then "stop"
 
 
 @dataclass
@@ -120,6 +121,7 @@ class RequestOutput:
         self.generated: list[int] = []  # the engine's side: what its KV cache holds
         self.aqueue = ResponseQueue()
         self._abort_requested = False
+        self._guided = self._guided_tokens()
         self._engine = asyncio.get_running_loop().create_task(self._iterate())
 
     def abort(self) -> None:
@@ -127,15 +129,16 @@ class RequestOutput:
 
     async def _iterate(self) -> None:
         interval = self._llm.kwargs.get("stream_interval", 1)
-        tokenizer, pending = self._llm.tokenizer, []
+        tokenizer, pending, guided = self._llm.tokenizer, [], self._guided
         while True:
             await asyncio.sleep(STEP_SECONDS)
             if self._abort_requested:
                 self.aqueue.put(("cancelled", []))
                 return
             held = set(self._params.stop_token_ids or []) if len(self.generated) < (self._params.min_tokens or 0) else set()
-            token = self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized() | held,
-                                        self._logits_processors())
+            token = (guided[len(self.generated)] if guided is not None else
+                     self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized() | held,
+                                         self._logits_processors()))
             self.generated.append(token)
             pending.append(token)
             # Stop strings end generation whether or not outputs carry text (the real engine
@@ -143,7 +146,7 @@ class RequestOutput:
             text = tokenizer.decode(self.generated, skip_special_tokens=True)
             reason = None
             if (any(stop in text for stop in self._params.stop or []) or token == tokenizer.eos_token_id
-                    or token in (self._params.stop_token_ids or [])):
+                    or token in (self._params.stop_token_ids or []) or guided == self.generated):
                 reason = "stop"
             elif len(self.generated) >= self._params.max_tokens:
                 reason = "length"
@@ -163,6 +166,15 @@ class RequestOutput:
         if not (params.presence_penalty or params.frequency_penalty):
             return set()
         return set(self.prompt_token_ids[params.prompt_ignore_length:] + self.generated)
+
+    def _guided_tokens(self) -> list[int] | None:
+        """A guided request's whole output (its answer's tokens); None for an unguided one. The real
+        engine cannot guide without a backend: neither can the fake."""
+        if self._params.guided_decoding is None:
+            return None
+        if not self._llm.kwargs.get("guided_decoding_backend"):
+            raise ValueError("guided decoding needs the LLM's guided_decoding_backend")
+        return self._llm.tokenizer.encode(self._params.guided_decoding.answer(), add_special_tokens=False)
 
     def _logits_processors(self) -> list[Any]:
         processors = self._params.logits_processor
