@@ -21,7 +21,6 @@ from starlette.responses import Response
 from tokenbus.producers import new_request_id
 from tokenbus.schemas import (
     RESPONSE_JSON_SCHEMA,
-    RESPONSE_TEXT,
     TOOL_CHOICE_AUTO,
     TOOL_CHOICE_FUNCTION,
     ChatMessage,
@@ -231,8 +230,7 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 logit_bias=asked.logit_bias or {}, top_k=max(asked.top_k or 0, 0), min_p=asked.min_p or 0.0,
                 repetition_penalty=asked.repetition_penalty or 1.0, min_tokens=asked.min_tokens,
                 stop_token_ids=asked.stop_token_ids or [],
-                response_format=asked.response_format.type if asked.response_format else RESPONSE_TEXT,
-                json_schema=answer_schema(asked),
+                response_format=asked.answer_format[0], json_schema=answer_schema(asked),
                 reply_topic=edge.bus.router.reply_topic,
                 reply_partition=edge.bus.router.reply_partition)
 
@@ -253,10 +251,8 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
 
 def answer_schema(asked: GenerationRequest) -> str:
     """The JSON Schema a ``json_schema`` response format gives, as the bus request's JSON text ("": none)."""
-    answer = asked.response_format
-    if answer is None or answer.type != RESPONSE_JSON_SCHEMA or answer.json_schema is None:
-        return ""
-    return json.dumps(answer.json_schema.json_schema, separators=(",", ":"))
+    kind, schema = asked.answer_format
+    return json.dumps(schema, separators=(",", ":")) if kind == RESPONSE_JSON_SCHEMA else ""
 
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}

@@ -117,7 +117,7 @@ VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,),
     "use_beam_search": (False,), "bad_words": ([],), "allowed_token_ids": (),
     "include_stop_str_in_output": (False,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
-    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
+    "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
 INT64 = 2**63 - 1
 HISTORY_CLIENT, HISTORY_SERVER = "client", "server"
@@ -149,8 +149,12 @@ class GenerationRequest(BaseModel):
     # OpenAI's: a bias from -100 to 100 added to the logit of each token named by its id (JSON keys:
     # decimal strings). Whether an id is in the model's vocabulary is the engine's to say.
     logit_bias: dict[str, float] | None = None
-    # OpenAI's structured outputs (and vLLM's, for text completions too): a JSON answer.
+    # OpenAI's structured outputs (and vLLM's, for text completions too): a JSON answer. vLLM's
+    # clients may ask for it their ways: its older ``guided_json``, its newer ``structured_outputs``
+    # (``json`` or ``json_object``). ``answer_format`` reads whichever way was used.
     response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    structured_outputs: dict[str, Any] | None = None
     # vLLM's sampling extensions: sample from the ``top_k`` likeliest tokens (-1 or 0: all) that are
     # at least ``min_p`` of the likeliest's probability; ``repetition_penalty`` shrinks the logits of
     # tokens the prompt or output holds (1: none); ``stop_token_ids`` end the output as the
@@ -197,6 +201,19 @@ class GenerationRequest(BaseModel):
     def logprobs_asked(self) -> tuple[bool, int]:
         """Whether each token's log probability is asked for, and how many likeliest tokens' with it."""
         return False, 0
+
+    @property
+    def answer_format(self) -> tuple[str, Any]:
+        """The response format asked, whichever way (validation.py makes sure at most one was): its
+        type (``text``, ``json_object``, ``json_schema``) and, for ``json_schema``, the schema."""
+        if self.response_format is not None and self.response_format.type != "text":
+            schema = self.response_format.json_schema
+            return self.response_format.type, schema.json_schema if schema is not None else None
+        outputs = self.structured_outputs or {}
+        guide = self.guided_json if self.guided_json is not None else outputs.get("json")
+        if guide is not None:
+            return "json_schema", json.loads(guide) if isinstance(guide, str) else guide
+        return ("json_object", None) if outputs.get("json_object") else ("text", None)
 
 
 class ChatCompletionRequest(GenerationRequest):

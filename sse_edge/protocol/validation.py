@@ -155,19 +155,43 @@ def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) ->
 
 
 
+STRUCTURED_OUTPUTS_SERVED = ("json", "json_object")  # of vLLM's structured_outputs: a JSON answer
+
+
 def check_response_format(request: GenerationRequest) -> None:
-    """A ``json_schema`` response format names a valid JSON Schema."""
-    answer = request.response_format
-    if answer is None or answer.type != "json_schema":
-        return
-    if answer.json_schema is None:
+    """JSON is asked one way at most (OpenAI's ``response_format``, vLLM's ``guided_json`` or its
+    ``structured_outputs``), a schema given is a valid JSON Schema object, and no other structure
+    is asked of vLLM's ``structured_outputs``."""
+    answer, outputs = request.response_format, request.structured_outputs or {}
+    for key, value in outputs.items():
+        if key not in STRUCTURED_OUTPUTS_SERVED and value not in (None, False):
+            raise InvalidRequest(f"'structured_outputs.{key}' is not supported: tokenbus constrains answers to JSON "
+                                 "alone.", param=f"structured_outputs.{key}", code="unsupported_parameter")
+    ways = [name for name, asked in (("response_format", answer is not None and answer.type != "text"),
+                                     ("guided_json", request.guided_json is not None),
+                                     ("structured_outputs", any(outputs.get(k) for k in STRUCTURED_OUTPUTS_SERVED)))
+            if asked]
+    if len(ways) > 1:
+        raise InvalidRequest(f"Ask for a JSON answer one way, not with both '{ways[0]}' and '{ways[1]}'.",
+                             param=ways[1], code="invalid_value")
+    param = {"response_format": "response_format.json_schema.schema", "guided_json": "guided_json",
+             "structured_outputs": "structured_outputs.json"}.get(ways[0] if ways else "", "")
+    if answer is not None and answer.type == "json_schema" and answer.json_schema is None:
         raise InvalidRequest("response_format type 'json_schema' needs its 'json_schema'.",
                              param="response_format.json_schema", code="missing_required_parameter")
     try:
-        Draft202012Validator.check_schema(answer.json_schema.json_schema)
+        kind, schema = request.answer_format
+    except ValueError:  # a guide given as text that is not JSON
+        kind, schema = "json_schema", None
+    if kind != "json_schema":
+        return
+    if not isinstance(schema, dict):
+        raise InvalidRequest("The JSON Schema must be a JSON object.", param=param, code="invalid_value")
+    try:
+        Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        raise InvalidRequest(f"Invalid JSON Schema for the response format: {exc.message}.",
-                             param="response_format.json_schema.schema", code="invalid_value") from None
+        raise InvalidRequest(f"Invalid JSON Schema for the response format: {exc.message}.", param=param,
+                             code="invalid_value") from None
 
 
 def check_tools(chat: ChatCompletionRequest) -> None:

@@ -178,7 +178,8 @@ async def test_a_json_response_format_answers_in_json_of_its_schema(client):
     """OpenAI's structured outputs through the official client: ``chat.completions.parse`` with a
     pydantic model (``json_schema``, strict) gets an answer that parses into it, and a streamed
     ``json_object`` request a JSON object; each is what the stack's engine answers the request with
-    that response format on the bus. A text completion asks it as vLLM's clients do."""
+    that response format on the bus. A text completion asks it as vLLM's clients do, and so do
+    vLLM's own ways of asking (``guided_json``, ``structured_outputs``)."""
     messages = [{"role": "user", "content": "Plan a trip."}]
     parsed = await client.chat.completions.parse(model=MODEL, messages=messages, seed=61, response_format=Trip)
     trip = parsed.choices[0].message.parsed
@@ -195,6 +196,9 @@ async def test_a_json_response_format_answers_in_json_of_its_schema(client):
     completion = await client.completions.create(model=MODEL, prompt="Plan a trip.", seed=61, max_tokens=100,
                                                  extra_body={"response_format": {"type": "json_object"}})
     assert isinstance(json.loads(completion.choices[0].text), dict)  # (vLLM's extension of the legacy API)
+    for vllm_s in ({"guided_json": Trip.model_json_schema()}, {"structured_outputs": {"json": Trip.model_json_schema()}}):
+        guided = await client.chat.completions.create(model=MODEL, messages=messages, seed=61, extra_body=vllm_s)
+        assert guided.choices[0].message.content == expected.text
 
 
 async def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client, stack):
