@@ -10,9 +10,9 @@ less likely, as off their logits, and a ``logit_bias`` (by word: a word's id is 
 vocabulary) adds to a word's logit; vLLM's repetition penalty shrinks the logit of a word the prompt
 or output holds (which leaves an unbiased word's 0 as it is, as it would a model's), its ``top_k``
 and ``min_p`` keep the heaviest words alone, its ``stop_token_ids`` end the output as the natural
-end does, and ``min_tokens`` holds both ends off (``draw_word``). Asked for log probabilities, it
-gives each word's under the weights it was drawn from, and the likeliest words in its place
-(``word_logprob``).
+end does, and ``min_tokens`` holds both ends off. Asked for log probabilities, it gives each word's
+under the weights it was drawn from, and the likeliest words in its place (both:
+engines/simulated_words.py).
 
 Offered tools, it calls them as a function-calling model would, in the ``hermes`` markup the
 worker parses (engines/tool_calls.py), a few characters a token: the named function when
@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
 import zlib
 from collections.abc import AsyncIterator
@@ -51,7 +50,6 @@ from tokenbus.gpu_consumers.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationInput,
-    SamplingParams,
     StepOutput,
     StepSink,
     check_token_ids,
@@ -59,6 +57,14 @@ from tokenbus.gpu_consumers.engines.base import (
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
 from tokenbus.gpu_consumers.engines.simulated_prompts import LastPrompt, PrefixCacheModel
+from tokenbus.gpu_consumers.engines.simulated_words import (
+    VOCABULARY,
+    Said,
+    decode,
+    draw_word,
+    reweighted,
+    word_logprob,
+)
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import (
     RESPONSE_JSON_SCHEMA,
@@ -68,18 +74,10 @@ from tokenbus.schemas import (
     TokenLogprob,
     ToolSpec,
     TopLogprob,
-    message_text,
 )
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
-
-VOCABULARY = """
-the bus carries every token from the engine to the edge and each event can be replayed so a
-stream survives a crash without a gap or a duplicate while billing counts usage exactly once per
-request for every tenant model and tier
-""".split()
-
 
 class SimulatedEngineSettings(BaseSettings):
     """``TOKENBUS_SIM_*`` environment variables."""
@@ -117,93 +115,6 @@ class SimulatedEngineSettings(BaseSettings):
 MAX_CALLS = 3
 MARKUP_TOKEN_CHARS = 4  # a tool call's markup is generated this many characters a token
 MARKUP_TOKEN_BASE = 1_000  # token ids of markup: this plus the piece's place in the call text
-
-
-def reweighted(sampling: SamplingParams) -> bool:
-    """Whether words are drawn by ``drawn_weights`` rather than uniformly."""
-    return (sampling.penalized or bool(sampling.logit_bias) or bool(sampling.top_k) or bool(sampling.min_p)
-            or sampling.repetition_penalty != 1 or bool(sampling.stop_token_ids and sampling.min_tokens))
-
-
-@dataclass(slots=True)
-class Said:
-    """What a sequence's words are weighed against: how often its output holds each word (vLLM's
-    presence and frequency penalties count those), and the places of the vocabulary's words its
-    prompt holds (its repetition penalty counts both)."""
-
-    counts: dict[int, int] = field(default_factory=dict)
-    prompt_words: frozenset[int] = frozenset()
-
-    @classmethod
-    def of_prompt(cls, inp: GenerationInput) -> Said:
-        words = {word for m in inp.messages for word in message_text(m).split()}
-        return cls(prompt_words=frozenset(i for i, word in enumerate(VOCABULARY) if word in words))
-
-    def add(self, token_id: int) -> None:
-        self.counts[token_id] = self.counts.get(token_id, 0) + 1
-
-
-def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
-    """Each word's weight against an unbiased word said nowhere yet: its logit (0) gains its
-    ``logit_bias``, is divided by the repetition penalty where positive (multiplied where not) if
-    the prompt or the output holds it, and loses the presence and frequency penalties where the
-    output holds it: ``exp(logit - (presence + frequency * count))``."""
-    presence, frequency, repetition = sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty
-    bias, counts = dict(sampling.logit_bias), said.counts
-    weights = []
-    for i in range(len(VOCABULARY)):
-        logit = bias.get(i, 0.0)
-        if repetition != 1 and (i in counts or i in said.prompt_words):
-            logit = logit / repetition if logit > 0 else logit * repetition
-        weights.append(math.exp(logit - (presence + frequency * counts[i] if i in counts else 0.0)))
-    return weights
-
-
-def drawn_weights(sampling: SamplingParams, said: Said, generated: int) -> list[float]:
-    """``word_weights`` as a draw uses them: vLLM's ``stop_token_ids`` left out while the output
-    holds fewer than ``min_tokens`` words, then its ``top_k`` heaviest words kept (the first in
-    VOCABULARY among equals) and those under ``min_p`` of the heaviest's weight left out."""
-    weights = word_weights(sampling, said)
-    if generated < sampling.min_tokens:
-        for token_id in sampling.stop_token_ids:
-            if token_id < len(weights):
-                weights[token_id] = 0.0
-    if sampling.top_k and sampling.top_k < len(weights):
-        kept = set(sorted(range(len(weights)), key=lambda i: -weights[i])[:sampling.top_k])
-        weights = [w if i in kept else 0.0 for i, w in enumerate(weights)]
-    if sampling.min_p:
-        floor = sampling.min_p * max(weights)
-        weights = [w if w >= floor else 0.0 for w in weights]
-    return weights
-
-
-def draw_word(rng: random.Random, sampling: SamplingParams, said: Said, generated: int = 0) -> int:
-    """The next word's place in VOCABULARY, after ``generated`` words: uniform, as from equal logits
-    (biased, penalized or filtered: by ``drawn_weights``), one draw of ``rng``."""
-    if not reweighted(sampling):
-        return rng.randrange(len(VOCABULARY))
-    return rng.choices(range(len(VOCABULARY)), drawn_weights(sampling, said, generated))[0]
-
-
-def word_logprob(sampling: SamplingParams, said: Said | None, token_id: int, space: str) -> TokenLogprob:
-    """The drawn word's log probability under the weights it was drawn with (``said`` as it was
-    then; None: uniform; before ``top_k`` and ``min_p``, as the hf slots' are before temperature and top-p), and
-    the ``sampling.logprobs`` likeliest words (the first in VOCABULARY among equals).
-    ``space``: what goes before each word where it is generated."""
-    top = sampling.logprobs or 0
-    if said is None:
-        logprob = -math.log(len(VOCABULARY))
-        return TokenLogprob(space + VOCABULARY[token_id], logprob,
-                            [TopLogprob(space + VOCABULARY[i], logprob) for i in range(top)])
-    weights = word_weights(sampling, said)
-    log_total = math.log(math.fsum(weights))
-    likeliest = sorted(range(len(VOCABULARY)), key=lambda i: -weights[i])[:top]
-    return TokenLogprob(space + VOCABULARY[token_id], math.log(weights[token_id]) - log_total,
-                        [TopLogprob(space + VOCABULARY[i], math.log(weights[i]) - log_total) for i in likeliest])
-
-
-def decode(token_ids: tuple[int, ...] | list[int]) -> str:
-    return " ".join(VOCABULARY[t] for t in token_ids)
 
 
 def planned_calls(inp: GenerationInput) -> list[ToolSpec]:

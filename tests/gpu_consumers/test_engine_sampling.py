@@ -22,7 +22,7 @@ from tokenbus.gpu_consumers.engines import (
     SamplingParams,
     SimulatedEngine,
 )
-from tokenbus.gpu_consumers.engines.simulated import VOCABULARY
+from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
 from tokenbus.schemas import ChatMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

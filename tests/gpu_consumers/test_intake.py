@@ -14,7 +14,7 @@ from tests.conftest import MODEL
 from tests.gpu_consumers.helpers import read_all, read_written, running_worker
 from tests.waiting import wait_for
 from tokenbus.gpu_consumers.engines import GenerationInput, SimulatedEngine, SimulatedEngineSettings, StepOutput
-from tokenbus.gpu_consumers.engines.simulated import VOCABULARY
+from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
 from tokenbus.producers import TokenbusClient
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion
 from tokenbus.topics import ReplyEvent, TopicCatalog, make_producer

@@ -20,7 +20,7 @@ from tokenbus.gpu_consumers.engines import (
     simulated_prompts,
 )
 from tokenbus.gpu_consumers.engines.blocks import block_hashes
-from tokenbus.gpu_consumers.engines.simulated import VOCABULARY
+from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
 from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.token_log import Published

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import MODEL
 from tests.expected import expected_output
-from tokenbus.gpu_consumers.engines.simulated import VOCABULARY
+from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
 
 MESSAGES = [{"role": "user", "content": "Score every word you say."}]
 UNIFORM = -math.log(len(VOCABULARY))  # the simulated engine's words are equally likely, unpenalized
