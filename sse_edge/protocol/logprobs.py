@@ -10,6 +10,10 @@ tokens' and the sampled one's, as vLLM's) and ``text_offset``, where each token 
 Only content is scored: the tokens of an event whose text is not what the engine wrote (function
 call markup the worker read into ``tool_calls``) are left out, as OpenAI's ``content`` holds the
 message's content tokens alone.
+
+A token the logits rule out (a ban, an end token held off by ``min_tokens``) has a log probability
+of -inf, which JSON cannot hold (Python writes ``-Infinity``, which a browser's parser refuses):
+it is shown as OpenAI and vLLM show it, -9999.0 (``shown``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from typing import Any
 
 from tokenbus.schemas import TokenEvent, TokenLogprob
 from tokenbus.sse_edge.protocol.json_text import json_float, json_string
+
+LOGPROB_FLOOR = -9999.0  # OpenAI's and vLLM's for a token that cannot be picked
+
+
+def shown(logprob: float) -> float:
+    """A log probability as the API shows it: at least LOGPROB_FLOOR (NaN too)."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 def content_logprobs(event: TokenEvent) -> Sequence[TokenLogprob]:
@@ -34,7 +45,7 @@ def chat_logprobs(tokens: Iterable[TokenLogprob]) -> dict[str, Any]:
 
 
 def _chat_item(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {"token": token, "logprob": shown(logprob), "bytes": list(token.encode())}
 
 
 # A streamed chunk's are rendered as text, as its other parts are (protocol/chat.py's ChunkWriter):
@@ -49,7 +60,7 @@ def chat_logprobs_json(tokens: Iterable[TokenLogprob]) -> str:
 def _chat_item_json(token: str, logprob: float) -> str:
     """An item's fields before its close (the chosen token's go on with its likeliest)."""
     quoted, utf8 = _token_json(token)
-    return '{"token":' + quoted + ',"logprob":' + json_float(logprob) + ',"bytes":' + utf8
+    return '{"token":' + quoted + ',"logprob":' + json_float(shown(logprob)) + ',"bytes":' + utf8
 
 
 @functools.lru_cache(maxsize=65_536)
@@ -71,8 +82,8 @@ class TextLogprobs:
         body: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for t in tokens:
             body["tokens"].append(t.token)
-            body["token_logprobs"].append(t.logprob)
-            body["top_logprobs"].append({t.token: t.logprob} | {a.token: a.logprob for a in t.top})
+            body["token_logprobs"].append(shown(t.logprob))
+            body["top_logprobs"].append({t.token: shown(t.logprob)} | {a.token: shown(a.logprob) for a in t.top})
             body["text_offset"].append(self.offset)
             self.offset += len(t.token)
         return body

@@ -17,7 +17,7 @@ from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, frame, generation_error, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.protocol.chat import ChunkWriter
-from tokenbus.sse_edge.protocol.logprobs import chat_logprobs, chat_logprobs_json
+from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs, chat_logprobs_json
 from tokenbus.topics import BusSettings, ReplyEvent, ReplyStream
 
 
@@ -252,3 +252,17 @@ def test_a_chunk_s_scores_rendered_as_text_are_json_s_rendering_of_openai_s_shap
               TokenLogprob("\ufffd", 0.0)]
     assert chat_logprobs_json(scored) == json.dumps(chat_logprobs(scored), separators=(",", ":"), ensure_ascii=False)
     assert chat_logprobs_json(scored) == chat_logprobs_json(scored)  # and again, from the cache
+
+
+def test_a_token_the_logits_rule_out_is_shown_at_openai_s_floor_in_strict_json():
+    """-inf (a banned token, an end token held off) is not JSON: both shapes, streamed and whole,
+    show it as OpenAI and vLLM do, -9999.0, and a strict parser (a browser's) reads every one."""
+    scored = [TokenLogprob(" a", -0.5, [TopLogprob(" a", -0.5), TopLogprob(" b", -math.inf)]),
+              TokenLogprob(" c", -math.inf)]
+    strict = {"parse_constant": lambda name: pytest.fail(f"{name} is not JSON")}
+    streamed = json.loads(chat_logprobs_json(scored), **strict)
+    assert [[a["logprob"] for a in t["top_logprobs"]] for t in streamed["content"]] == [[-0.5, -9999.0], []]
+    assert [t["logprob"] for t in streamed["content"]] == [-0.5, -9999.0]
+    assert json.loads(json.dumps(chat_logprobs(scored)), **strict) == streamed
+    legacy = json.loads(json.dumps(TextLogprobs().of(scored)), **strict)
+    assert legacy["token_logprobs"] == [-0.5, -9999.0] and legacy["top_logprobs"][0] == {" a": -0.5, " b": -9999.0}
