@@ -213,6 +213,7 @@ class ChatRequest:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
+    allowed_token_ids: list[int] = field(default_factory=list)  # vLLM's: the only tokens it may pick (empty: any)
     # OpenAI's response_format: RESPONSE_TEXT, or a JSON answer (RESPONSE_JSON_OBJECT, or
     # RESPONSE_JSON_SCHEMA following ``json_schema``, a JSON Schema as JSON text).
     response_format: str = RESPONSE_TEXT

@@ -39,6 +39,7 @@ LOGIT_BIAS_MAX = 100.0  # OpenAI's: each bias in [-100, 100]
 LOGIT_BIAS_MAX_TOKENS = 300  # tokens one request may bias (OpenAI's limit)
 TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as a logit_bias key: decimal, no sign
 STOP_TOKEN_IDS_MAX = 256  # stop_token_ids one request may name
+ALLOWED_TOKEN_IDS_MAX = 4096  # allowed_token_ids one request may name
 RESPONSE_FORMATS = (RESPONSE_TEXT, RESPONSE_JSON_OBJECT, RESPONSE_JSON_SCHEMA)
 
 
@@ -93,6 +94,10 @@ def request_problem(request: ChatRequest) -> str | None:
         return f"stop_token_ids names {len(request.stop_token_ids)} tokens; at most {STOP_TOKEN_IDS_MAX} may"
     if any(token_id < 0 for token_id in request.stop_token_ids):
         return "stop_token_ids must not be negative"
+    if len(request.allowed_token_ids) > ALLOWED_TOKEN_IDS_MAX:
+        return f"allowed_token_ids names {len(request.allowed_token_ids)} tokens; at most {ALLOWED_TOKEN_IDS_MAX} may"
+    if any(token_id < 0 for token_id in request.allowed_token_ids):
+        return "allowed_token_ids must not be negative"
     if (format_problem := response_format_problem(request)) is not None:
         return format_problem
     if request.tool_choice not in TOOL_CHOICES:

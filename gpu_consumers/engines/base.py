@@ -75,6 +75,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    # vLLM's: the only tokens the output may hold, the others' logits ruled out with the bias (empty: any).
+    allowed_token_ids: tuple[int, ...] = ()
     # OpenAI's response_format (schemas.RESPONSE_*): a JSON answer, of ``json_schema`` (JSON text)
     # where given, decoded under that constraint (vLLM's and TensorRT-LLM's guided decoding).
     response_format: str = RESPONSE_TEXT
@@ -86,9 +88,10 @@ class SamplingParams:
 
     @property
     def named_token_ids(self) -> tuple[int, ...]:
-        """The token ids the sampling names (its logit bias's, its stop token ids): each must be one
-        the model has (``check_token_ids``), or indexing the logits by it would fail the whole step."""
-        return tuple(token_id for token_id, _ in self.logit_bias) + self.stop_token_ids
+        """The token ids the sampling names (its logit bias's, its stop and allowed token ids): each
+        must be one the model has (``check_token_ids``), or indexing the logits by it would fail the
+        whole step."""
+        return tuple(token_id for token_id, _ in self.logit_bias) + self.stop_token_ids + self.allowed_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,7 @@ class GenerationInput:
                 repetition_penalty=request.repetition_penalty,
                 min_tokens=request.min_tokens,
                 stop_token_ids=tuple(request.stop_token_ids),
+                allowed_token_ids=tuple(request.allowed_token_ids),
                 response_format=request.response_format,
                 json_schema=request.json_schema,
             ),

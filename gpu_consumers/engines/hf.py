@@ -16,7 +16,8 @@ tokens of the requests that ask for log probabilities, with their likeliest toke
 (hf_slot_logprobs.py); the manager computes the sampled token's alone, for every request
 (``TOKENBUS_HF_MANAGER_LOGPROBS``, on by default), so it answers ``logprobs`` but refuses
 ``top_logprobs`` with an error that says so. A ``logit_bias`` is the slots' too (hf_slot_bias.py),
-as are vLLM's ``min_tokens`` and repetition penalty (hf_slot_penalties.py), and its ``top_k``
+as are vLLM's ``allowed_token_ids`` (the bias row), ``min_tokens`` and repetition penalty
+(hf_slot_penalties.py), and its ``top_k``
 and ``min_p`` where requests are sampled: the
 manager refuses them (a bias is often a ban, which must not be dropped quietly). Both end a
 request at its ``stop_token_ids`` (the manager takes them as the request's own end tokens).
@@ -307,10 +308,11 @@ class HfEngine:
 
     def _manager_takes(self, sampling: SamplingParams) -> None:
         """``InvalidInput`` for what the manager cannot apply to one request alone: a logit bias (often a
-        ban, which must not be dropped quietly), vLLM's ``min_tokens`` and repetition penalty, and its
+        ban, which must not be dropped quietly), vLLM's ``min_tokens``, ``allowed_token_ids`` and repetition penalty, and its
         ``top_k`` and ``min_p`` where it samples (greedy decoding is the same with them)."""
         asked = [name for name, value in (("logit_bias", sampling.logit_bias), ("min_tokens", sampling.min_tokens),
-                                          ("repetition_penalty", sampling.repetition_penalty != 1)) if value]
+                                          ("repetition_penalty", sampling.repetition_penalty != 1),
+                                          ("allowed_token_ids", sampling.allowed_token_ids)) if value]
         if self.settings.do_sample:
             asked += [name for name, value in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if value]
         if asked:
@@ -408,6 +410,7 @@ class HfEngine:
                                         repetition_penalty=inp.sampling.repetition_penalty,
                                         logprobs=inp.sampling.logprobs, logit_bias=inp.sampling.logit_bias,
                                         top_k=inp.sampling.top_k, min_p=inp.sampling.min_p,
+                                        allowed_ids=inp.sampling.allowed_token_ids,
                                         stop_ids=frozenset(inp.sampling.stop_token_ids),
                                         min_new_tokens=max(inp.sampling.min_tokens - len(inp.prefix_token_ids), 0)))
             return sequence

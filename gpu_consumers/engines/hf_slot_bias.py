@@ -1,10 +1,11 @@
-"""OpenAI's logit bias for the slot batching (hf_slots.py).
+"""OpenAI's logit bias, and vLLM's ``allowed_token_ids``, for the slot batching (hf_slots.py).
 
 Each slot's bias over the vocabulary is a row kept on the device, added to the logits before the
 penalties and the pick, as vLLM adds it: a dense row, so a step adds every biased row's in one
 operation, with no host work while the set of biased slots stays the same. The rows are made at
 the first biased request (slots x vocabulary floats) and cost nothing while no running sequence
-is biased."""
+is biased. A request that allows some tokens alone has -inf in its row for every other one (the
+same row, so it costs nothing more)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 class Biased(Protocol):
     slot: int
     logit_bias: tuple[tuple[int, float], ...]  # (token id, bias), ids in the vocabulary
+    allowed_ids: tuple[int, ...]  # the only tokens it may pick (empty: any)
 
 
 class SlotBias:
@@ -26,16 +28,22 @@ class SlotBias:
         self._biased: set[int] = set()  # the slots whose sequence has a bias
 
     def admitted(self, request: Biased, vocabulary: int) -> None:
-        """``request`` takes its slot: its bias row written."""
+        """``request`` takes its slot: its bias row written (-inf for the tokens it does not allow)."""
         torch, slot = self._torch, request.slot
-        if not request.logit_bias:
+        if not request.logit_bias and not request.allowed_ids:
             self.released(slot)
             return
         if self._bias is None:
             self._bias = torch.zeros(self._slots, vocabulary, device=self._device)
-        ids, values = zip(*request.logit_bias, strict=True)
-        self._bias[slot].zero_()
-        self._bias[slot, torch.tensor(ids, device=self._device)] = torch.tensor(values, device=self._device)
+        row = self._bias[slot]
+        if request.allowed_ids:
+            row.fill_(float("-inf"))
+            row[torch.tensor(request.allowed_ids, device=self._device)] = 0.0
+        else:
+            row.zero_()
+        if request.logit_bias:
+            ids, values = zip(*request.logit_bias, strict=True)
+            row[torch.tensor(ids, device=self._device)] += torch.tensor(values, device=self._device)
         self._biased.add(slot)
 
     def released(self, slot: int) -> None:

@@ -85,6 +85,7 @@ class SlotRequest:
     repetition_penalty: float = 1.0  # vLLM's, over the prompt and the output (hf_slot_penalties.py)
     logprobs: int | None = None  # each token's log probability and this many likeliest (hf_slot_logprobs.py)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to its logit (hf_slot_bias.py)
+    allowed_ids: tuple[int, ...] = ()  # vLLM's allowed_token_ids: the only tokens it may pick (hf_slot_bias.py)
     top_k: int = 0  # vLLM's: sampled from this many likeliest tokens (0: all)
     min_p: float = 0.0  # vLLM's: sampled from tokens at least this share of the likeliest's probability
     stop_ids: frozenset[int] = frozenset()  # vLLM's stop_token_ids: each ends it as an end token does

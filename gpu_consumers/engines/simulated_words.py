@@ -1,7 +1,8 @@
 """The simulated engine's words (engines/simulated.py): its vocabulary (a word's id is its place in
 it), and how the next word is drawn: uniformly, as from equal logits, or, where a request asks for
 something that reweighs them (a logit bias, OpenAI's presence and frequency penalties, vLLM's
-repetition penalty, ``top_k``, ``min_p``, ``stop_token_ids`` held off by ``min_tokens``), by
+repetition penalty, ``top_k``, ``min_p``, ``allowed_token_ids``, ``stop_token_ids`` held off by
+``min_tokens``), by
 ``drawn_weights``; and a drawn word's log probability under the weights it was drawn from."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ request for every tenant model and tier
 def reweighted(sampling: SamplingParams) -> bool:
     """Whether words are drawn by ``drawn_weights`` rather than uniformly."""
     return (sampling.penalized or bool(sampling.logit_bias) or bool(sampling.top_k) or bool(sampling.min_p)
-            or sampling.repetition_penalty != 1 or bool(sampling.stop_token_ids and sampling.min_tokens))
+            or sampling.repetition_penalty != 1 or bool(sampling.stop_token_ids and sampling.min_tokens)
+            or bool(sampling.allowed_token_ids))
 
 
 @dataclass(slots=True)
@@ -48,11 +50,15 @@ def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
     """Each word's weight against an unbiased word said nowhere yet: its logit (0) gains its
     ``logit_bias``, is divided by the repetition penalty where positive (multiplied where not) if
     the prompt or the output holds it, and loses the presence and frequency penalties where the
-    output holds it: ``exp(logit - (presence + frequency * count))``."""
+    output holds it: ``exp(logit - (presence + frequency * count))``; a word vLLM's
+    ``allowed_token_ids`` leaves out weighs nothing."""
     presence, frequency, repetition = sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty
-    bias, counts = dict(sampling.logit_bias), said.counts
+    bias, counts, allowed = dict(sampling.logit_bias), said.counts, set(sampling.allowed_token_ids)
     weights = []
     for i in range(len(VOCABULARY)):
+        if allowed and i not in allowed:
+            weights.append(0.0)
+            continue
         logit = bias.get(i, 0.0)
         if repetition != 1 and (i in counts or i in said.prompt_words):
             logit = logit / repetition if logit > 0 else logit * repetition
@@ -98,9 +104,13 @@ def word_logprob(sampling: SamplingParams, said: Said | None, token_id: int, spa
                             [TopLogprob(space + VOCABULARY[i], logprob) for i in range(top)])
     weights = word_weights(sampling, said)
     log_total = math.log(math.fsum(weights))
+
+    def logprob_of(i: int) -> float:  # (-inf for a word ruled out)
+        return math.log(weights[i]) - log_total if weights[i] > 0 else -math.inf
+
     likeliest = sorted(range(len(VOCABULARY)), key=lambda i: -weights[i])[:top]
-    return TokenLogprob(space + VOCABULARY[token_id], math.log(weights[token_id]) - log_total,
-                        [TopLogprob(space + VOCABULARY[i], math.log(weights[i]) - log_total) for i in likeliest])
+    return TokenLogprob(space + VOCABULARY[token_id], logprob_of(token_id),
+                        [TopLogprob(space + VOCABULARY[i], logprob_of(i)) for i in likeliest])
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:

@@ -9,9 +9,9 @@ events it publishes (``KvCacheConfig(event_buffer_max_size=...)``, read with
 ``LLM.get_kv_cache_events``) tell ``TrtPrefixCache`` which blocks it holds, for KV-cache-aware
 routing and the ``cached_tokens`` of each request. A request's presence and frequency penalties
 count its output alone (``prompt_ignore_length``: TensorRT-LLM counts the prompt's tokens too
-unless told; its SamplingParams has taken it since 1.1). A request's logit bias is a logits
-processor of its own (``TokenBias``): it touches the ids it names alone, whatever the model's
-padded vocabulary, where ``embedding_bias`` wants a row of the engine's vocabulary size. A JSON
+unless told; its SamplingParams has taken it since 1.1). A request's logit bias and allowed tokens
+are a logits processor of its own (``TokenBias``), its row as long as the logits it is given (the
+model's padded vocabulary, which ``embedding_bias`` would need known beforehand). A JSON
 ``response_format`` is its guided decoding (``GuidedDecodingParams``), where the LLM was given a
 ``guided_decoding_backend`` (``TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND``).
 """
@@ -92,13 +92,15 @@ def _token_id(token: Any) -> int:
 
 
 class TokenBias:
-    """A request's logit bias as a TensorRT-LLM logits processor (the LLM API's
-    ``LogitsProcessor`` signature): it adds each bias to its token's logit, in place, before
-    sampling, on the CUDA stream the engine names where it names one."""
+    """A request's logit bias and vLLM's ``allowed_token_ids`` as a TensorRT-LLM logits processor
+    (the LLM API's ``LogitsProcessor`` signature): a row over the vocabulary (each bias where named,
+    -inf for every token not allowed), made at the first call from the logits' own size, device and
+    dtype, and added to them in place each step before sampling, on the CUDA stream the engine
+    names where it names one."""
 
-    def __init__(self, biases: tuple[tuple[int, float], ...]) -> None:
-        self._ids, self._values = (list(x) for x in zip(*biases, strict=True))
-        self._tensors: tuple[Any, Any] | None = None  # on the logits' device, in their dtype: made at the first call
+    def __init__(self, biases: tuple[tuple[int, float], ...], allowed: tuple[int, ...] = ()) -> None:
+        self._biases, self._allowed = biases, allowed
+        self._row: Any = None
 
     def __call__(self, req_id: int, logits: Any, token_ids: list[list[int]], stream_ptr: int | None,
                  client_id: int | None) -> None:
@@ -106,11 +108,20 @@ class TokenBias:
 
         on_stream = torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)) if stream_ptr else contextlib.nullcontext()
         with on_stream:
-            if self._tensors is None or self._tensors[1].device != logits.device or self._tensors[1].dtype != logits.dtype:
-                self._tensors = (torch.tensor(self._ids, device=logits.device),
-                                 torch.tensor(self._values, device=logits.device, dtype=logits.dtype))
-            ids, values = self._tensors
-            logits[..., ids] += values
+            row = self._row
+            if row is None or row.shape[-1] != logits.shape[-1] or row.device != logits.device or row.dtype != logits.dtype:
+                self._row = row = self._made_row(torch, logits)
+            logits += row
+
+    def _made_row(self, torch: Any, logits: Any) -> Any:
+        row = torch.zeros(logits.shape[-1], device=logits.device)
+        if self._allowed:
+            row.fill_(float("-inf"))
+            row[torch.tensor(self._allowed, device=logits.device)] = 0.0
+        if self._biases:
+            ids, values = zip(*self._biases, strict=True)
+            row[torch.tensor(ids, device=logits.device)] += torch.tensor(values, device=logits.device)
+        return row.to(logits.dtype)
 
 
 class TrtPrefixCache:
@@ -367,7 +378,7 @@ class TrtLlmEngine:
             ignore_eos=s.ignore_eos,
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
             logprobs=s.logprobs,
-            logits_processor=TokenBias(s.logit_bias) if s.logit_bias else None,
+            logits_processor=TokenBias(s.logit_bias, s.allowed_token_ids) if s.logit_bias or s.allowed_token_ids else None,
             top_k=s.top_k or None,  # vLLM's extensions, TensorRT-LLM's own parameters (None: its defaults)
             min_p=s.min_p or None,
             repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1 else None,

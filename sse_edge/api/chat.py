@@ -229,7 +229,7 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 logprobs=asked.logprobs_asked[0], top_logprobs=asked.logprobs_asked[1],
                 logit_bias=asked.logit_bias or {}, top_k=max(asked.top_k or 0, 0), min_p=asked.min_p or 0.0,
                 repetition_penalty=asked.repetition_penalty or 1.0, min_tokens=asked.min_tokens,
-                stop_token_ids=asked.stop_token_ids or [],
+                stop_token_ids=asked.stop_token_ids or [], allowed_token_ids=asked.allowed_token_ids or [],
                 response_format=asked.answer_format[0], json_schema=answer_schema(asked),
                 reply_topic=edge.bus.router.reply_topic,
                 reply_partition=edge.bus.router.reply_partition)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from tokenbus.schemas import TokenLogprob
 from tokenbus.schemas.request_checks import (
+    ALLOWED_TOKEN_IDS_MAX,
     PENALTY_MAX,
     STOP_TOKEN_IDS_MAX,
     TEMPERATURE_MAX,
@@ -112,10 +113,10 @@ UNSUPPORTED = {
 # vLLM's sampling extensions that tokenbus does not serve (clients send them in ``extra_body``),
 # with the values that change nothing (and None): a request that sets one to anything else gets a
 # 400 naming it, not an answer sampled as if it had not. (``top_k``, ``min_p``, ``repetition_penalty``,
-# ``min_tokens`` and ``stop_token_ids`` are served: GenerationRequest.)
+# ``min_tokens``, ``stop_token_ids`` and ``allowed_token_ids`` are served: GenerationRequest.)
 VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,),
-    "use_beam_search": (False,), "bad_words": ([],), "allowed_token_ids": (),
+    "use_beam_search": (False,), "bad_words": ([],),
     "include_stop_str_in_output": (False,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
@@ -164,6 +165,9 @@ class GenerationRequest(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=STOP_TOKEN_IDS_MAX)
+    # vLLM's: the only tokens the answer may hold.
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
+                                                                         max_length=ALLOWED_TOKEN_IDS_MAX)
 
     @field_validator("logit_bias")
     @classmethod

@@ -106,6 +106,21 @@ async def test_min_tokens_holds_off_the_end_token_and_the_stop_token_ids(engine)
     assert first not in ids[:-1]  # once allowed, the first stop id ends it
 
 
+async def test_allowed_token_ids_are_the_only_tokens_the_output_holds(engine):
+    """vLLM's ``allowed_token_ids``: every token of the output is one of them (three the plain
+    output never holds, here: ordinary tokens of every engine's vocabulary), with a logit bias on
+    top; transformers' manager batching refuses them."""
+    plain = ids_of(await collect(engine, request(67, "only these", max_tokens=16)))
+    allowed = tuple(i for i in range(3, 43) if i not in plain)[:3]
+    inp = request(67, "only these", max_tokens=16, allowed_token_ids=allowed, logit_bias=((allowed[0], 0.5),))
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="takes no logit_bias or allowed_token_ids"):
+            engine.generate(inp)
+        return
+    ids = ids_of(await collect(engine, inp))
+    assert len(ids) == 16 and set(ids) <= set(allowed)
+
+
 async def test_top_k_and_min_p_keep_the_likeliest_tokens_alone(engine):
     """vLLM's ``top_k`` and ``min_p`` leave greedy decoding as it is (the likeliest token passes
     both); the simulated engine samples, and with ``top_k`` 1 draws its heaviest word alone, the

@@ -5,6 +5,7 @@ the engine's stream interval when one is set."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -120,7 +121,8 @@ async def test_a_json_response_format_is_guided_decoding_where_a_backend_is_conf
 
 def test_a_logit_bias_is_a_logits_processor_that_adds_to_the_ids_it_names_alone():
     """``TokenBias`` (the request's ``logits_processor``) adds in place, whatever the logits' leading
-    dimensions (the PyTorch backend's [1, beam, vocabulary]) and dtype, to the named ids alone."""
+    dimensions (the PyTorch backend's [1, beam, vocabulary]) and dtype, to the named ids alone; with
+    allowed tokens, it rules out every other one."""
     import torch
 
     bias = TokenBias(((2, 100.0), (5, -1.5)))
@@ -128,6 +130,10 @@ def test_a_logit_bias_is_a_logits_processor_that_adds_to_the_ids_it_names_alone(
     logits[..., 2] = 0.5
     bias(7, logits, [[1, 2, 3]], None, None)
     assert logits[0, 0].tolist() == logits[0, 1].tolist() == [0, 0, 100.5, 0, 0, -1.5, 0, 0]
+    allowing = TokenBias(((5, 2.0),), allowed=(1, 5))  # vLLM's allowed_token_ids: -inf for the rest
+    logits = torch.zeros(1, 1, 8)
+    allowing(7, logits, [[1]], None, None)
+    assert logits[0, 0].tolist() == [-math.inf, 0, -math.inf, -math.inf, -math.inf, 2, -math.inf, -math.inf]
 
 
 async def test_log_probabilities_are_asked_for_and_read_in_either_form_a_build_gives(tiny_model):

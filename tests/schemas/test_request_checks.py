@@ -27,6 +27,7 @@ def asking(**fields) -> ChatRequest:
     {"logit_bias": {str(i): 1.0 for i in range(300)}},
     {"top_k": 1, "min_p": 1.0, "min_tokens": 8, "max_tokens": 8, "stop_token_ids": [0, *range(1, 256)]},
     {"repetition_penalty": 1e-3}, {"repetition_penalty": 5.0}, {"response_format": "json_object"},
+    {"allowed_token_ids": list(range(4096))},
     {"response_format": "json_schema", "json_schema": '{"type": "object"}'},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
@@ -76,6 +77,8 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"min_tokens": 9, "max_tokens": 8}, "min_tokens 9 is more than max_tokens 8"),
     ({"stop_token_ids": list(range(257))}, "stop_token_ids names 257 tokens; at most 256 may"),
     ({"stop_token_ids": [4, -4]}, "stop_token_ids must not be negative"),
+    ({"allowed_token_ids": list(range(4097))}, "allowed_token_ids names 4097 tokens; at most 4096 may"),
+    ({"allowed_token_ids": [-1]}, "allowed_token_ids must not be negative"),
 ], ids=str)
 def test_a_field_out_of_range_is_named(fields, problem):
     assert request_problem(asking(**fields)) == problem

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import MODEL, SLOW_MODEL, UNSERVED_MODEL
 from tests.expected import expected_output
+from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
 
 
 @pytest.fixture
@@ -149,7 +150,7 @@ async def test_a_logit_bias_reaches_the_engine_and_an_id_it_lacks_is_a_bad_reque
 
 async def test_vllm_s_sampling_extensions_reach_the_engine(client):
     """vLLM's sampling extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
-    ``stop_token_ids``), as its clients send them (``extra_body``), travel on the bus to the
+    ``stop_token_ids``, ``allowed_token_ids``), as its clients send them (``extra_body``), travel on the bus to the
     engine, for chat and text completions: each answer is what the stack's engine gives the request
     asking them (a word's id is its place in the simulated vocabulary)."""
     messages = [{"role": "user", "content": "Keep to the likeliest."}]
@@ -166,6 +167,11 @@ async def test_vllm_s_sampling_extensions_reach_the_engine(client):
     text = await client.completions.create(model=MODEL, prompt="Keep to the likeliest.", seed=47, max_tokens=30,
                                            logit_bias={"4": 1, "17": 1}, extra_body=asked)
     assert text.choices[0].text == prompted.text
+    allowed = await client.chat.completions.create(model=MODEL, messages=messages, seed=47, max_tokens=12,
+                                                   extra_body={"allowed_token_ids": [2, 3]})
+    expected = await expected_output(messages, seed=47, max_tokens=12, allowed_token_ids=(2, 3))
+    assert allowed.choices[0].message.content == expected.text
+    assert set(expected.text.split()) <= {VOCABULARY[2], VOCABULARY[3]}
 
 
 class Trip(pydantic.BaseModel):

@@ -67,6 +67,7 @@ async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
         ({"min_p": 1.5}, "min_p", "invalid_value"),
         ({"min_tokens": 50, "max_tokens": 10}, "min_tokens", "invalid_value"),
         ({"stop_token_ids": [3, -1]}, "stop_token_ids[1]", "invalid_value"),
+        ({"allowed_token_ids": []}, "allowed_token_ids", "invalid_value"),
         ({"repetition_penalty": 0}, "repetition_penalty", "invalid_value"),
         ({"length_penalty": 0.5}, "length_penalty", "unsupported_parameter"),
         ({"guided_json": "{not json"}, "guided_json", "invalid_value"),
