@@ -2,6 +2,7 @@
 
 from tokenbus.schemas.codec import AvroCodec, DecodeError
 from tokenbus.schemas.completion_builder import CompletionBuilder, whole_tool_calls
+from tokenbus.schemas.record_fields import now_ms, shallow_fields
 from tokenbus.schemas.records import (
     FINISH_INCOMPLETE,
     INCOMPLETE_FINISH_REASONS,
@@ -12,14 +13,9 @@ from tokenbus.schemas.records import (
     TOOL_CHOICE_FUNCTION,
     TOOL_CHOICE_NONE,
     TOOL_CHOICE_REQUIRED,
-    CachedPrefix,
-    CacheReport,
     ChatMessage,
     ChatRequest,
     Completion,
-    Control,
-    ControlAction,
-    ModerationDecision,
     Record,
     TokenEvent,
     TokenLogprob,
@@ -29,11 +25,10 @@ from tokenbus.schemas.records import (
     TopLogprob,
     estimate_prompt_tokens,
     message_text,
-    now_ms,
-    shallow_fields,
 )
 from tokenbus.schemas.registry import SchemaRegistry, SchemaRegistryError
 from tokenbus.schemas.request_checks import RequestOutOfRange, check_request, request_problem
+from tokenbus.schemas.signals import CachedPrefix, CacheReport, Control, ControlAction, ModerationDecision
 
 __all__ = [
     "FINISH_INCOMPLETE",

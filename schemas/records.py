@@ -1,4 +1,5 @@
-"""The records that travel on the bus, as dataclasses.
+"""The records of a turn that travel on the bus, as dataclasses: the request, its token events, its
+completion, and their parts (records about turns, such as a cancel: signals.py).
 
 Each class names the Avro schema (``schemas/avro/<name>.avsc``) it is written with.
 Field names and defaults mirror the schema, so ``to_avro`` / ``from_avro`` are plain
@@ -7,13 +8,12 @@ conversions; the codec does the bytes.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import functools
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from tokenbus.schemas.record_fields import now_ms, shallow_fields
+from tokenbus.schemas.signals import CacheReport, Control, ModerationDecision
 
 # Finish reasons of a turn that did not finish: its transcript says "incomplete", and it can be
 # continued. "incomplete" itself is written by an edge that closed a stream nothing answered.
@@ -30,10 +30,6 @@ TOOL_CHOICE_FUNCTION = "function"  # the function named by tool_choice_name
 RESPONSE_TEXT = "text"
 RESPONSE_JSON_OBJECT = "json_object"
 RESPONSE_JSON_SCHEMA = "json_schema"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def estimate_prompt_tokens(texts: Iterable[str]) -> int:
@@ -109,17 +105,6 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
-
-
-@functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def shallow_fields(record: object) -> dict[str, Any]:
-    """A dataclass's fields as a shallow dict: ``dataclasses.asdict`` deep-copies, and this is on hot paths."""
-    # mypy does not take a class for Hashable here; it is.
-    return {name: getattr(record, name) for name in _field_names(type(record))}  # type: ignore[arg-type]
 
 
 def _tool_calls_to_avro(calls: Iterable[ToolCall]) -> list[dict[str, str]]:
@@ -367,94 +352,6 @@ class Completion:
     def from_avro(cls, data: dict[str, Any]) -> Completion:
         return cls(**{**data, "messages": _messages_from_avro(data["messages"]),
                       "tool_calls": list(_tool_calls_from_avro(data["tool_calls"]))})
-
-
-class ControlAction(str, enum.Enum):
-    CANCEL = "CANCEL"
-    # Readers map symbols they do not know (from a newer writer) to UNKNOWN and ignore them.
-    UNKNOWN = "UNKNOWN"
-
-
-@dataclass(slots=True)
-class Control:
-    schema_name: ClassVar[str] = "tokenbus.Control"
-
-    request_id: str
-    action: ControlAction
-    reason: str = ""
-    created_at_ms: int = field(default_factory=now_ms)
-
-    def to_avro(self) -> dict[str, Any]:
-        return {**shallow_fields(self), "action": self.action.value}
-
-    @classmethod
-    def from_avro(cls, data: dict[str, Any]) -> Control:
-        return cls(**{**data, "action": ControlAction(data["action"])})
-
-
-@dataclass(slots=True)
-class ModerationDecision:
-    """What moderation decided about a prompt (``stage="input"``) or a token stream (``"output"``)."""
-
-    schema_name: ClassVar[str] = "tokenbus.ModerationDecision"
-
-    request_id: str
-    stage: str
-    action: str
-    tenant: str = ""
-    model: str = ""
-    tier: str = ""
-    categories: list[str] = field(default_factory=list)
-    scores: dict[str, float] = field(default_factory=dict)
-    seq: int | None = None
-    policy: str = ""
-    decided_at_ms: int = field(default_factory=now_ms)
-
-    def to_avro(self) -> dict[str, Any]:
-        return shallow_fields(self)
-
-    @classmethod
-    def from_avro(cls, data: dict[str, Any]) -> ModerationDecision:
-        return cls(**data)
-
-
-@dataclass(frozen=True, slots=True)
-class CachedPrefix:
-    """A prompt prefix an engine holds: its chain hash (schemas/prefixes.py) and how many of its
-    prompt tokens are cached."""
-
-    hash: int
-    tokens: int
-
-
-@dataclass(slots=True)
-class CacheReport:
-    """What one GPU consumer's engine holds in its prefix cache, the request partitions it owns and
-    its load; routers index these to send a request where its prefix is cached."""
-
-    schema_name: ClassVar[str] = "tokenbus.CacheReport"
-
-    worker_id: str
-    model: str
-    started_at_ms: int
-    seq: int
-    snapshot: bool = False  # ``stored`` is everything the worker holds
-    stored: list[CachedPrefix] = field(default_factory=list)
-    removed: list[int] = field(default_factory=list)
-    partitions: list[tuple[str, int]] = field(default_factory=list)  # (topic, partition), all it owns
-    running: int = 0
-    waiting: int = 0
-    leaving: bool = False
-    created_at_ms: int = field(default_factory=now_ms)
-
-    def to_avro(self) -> dict[str, Any]:
-        return {**shallow_fields(self), "stored": [{"hash": p.hash, "tokens": p.tokens} for p in self.stored],
-                "partitions": [{"topic": t, "partition": n} for t, n in self.partitions]}
-
-    @classmethod
-    def from_avro(cls, data: dict[str, Any]) -> CacheReport:
-        return cls(**{**data, "stored": [CachedPrefix(p["hash"], p["tokens"]) for p in data["stored"]],
-                      "partitions": [(p["topic"], p["partition"]) for p in data["partitions"]]})
 
 
 Record = ChatRequest | TokenEvent | Completion | Control | ModerationDecision | CacheReport
