@@ -222,6 +222,7 @@ async def claim_idempotency_key(edge: EdgeState, key: ApiKey, idempotency_key: s
 
 def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, request_id: str) -> dict[str, Any]:
     """The bus request's fields every request has: who asks, for what, sampled how, answered where."""
+    answer, schema = asked.answer_format
     return dict(request_id=request_id, model=asked.model, tier=key.tier, tenant=key.tenant, key_id=key.key_id,
                 max_tokens=asked.token_limit, temperature=asked.temperature, top_p=asked.top_p, seed=asked.seed,
                 stop=asked.stop_sequences, ignore_eos=asked.ignore_eos,
@@ -230,7 +231,8 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 logit_bias=asked.logit_bias or {}, top_k=max(asked.top_k or 0, 0), min_p=asked.min_p or 0.0,
                 repetition_penalty=asked.repetition_penalty or 1.0, min_tokens=asked.min_tokens,
                 stop_token_ids=asked.stop_token_ids or [], allowed_token_ids=asked.allowed_token_ids or [],
-                response_format=asked.answer_format[0], json_schema=answer_schema(asked),
+                response_format=answer,
+                json_schema=json.dumps(schema, separators=(",", ":")) if answer == RESPONSE_JSON_SCHEMA else "",
                 reply_topic=edge.bus.router.reply_topic,
                 reply_partition=edge.bus.router.reply_partition)
 
@@ -247,12 +249,6 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         tool_choice_name=None if isinstance(chat.tool_choice, str | None) else chat.tool_choice.function.name,
         parallel_tool_calls=chat.parallel_tool_calls is not False,
     )
-
-
-def answer_schema(asked: GenerationRequest) -> str:
-    """The JSON Schema a ``json_schema`` response format gives, as the bus request's JSON text ("": none)."""
-    kind, schema = asked.answer_format
-    return json.dumps(schema, separators=(",", ":")) if kind == RESPONSE_JSON_SCHEMA else ""
 
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}

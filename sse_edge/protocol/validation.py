@@ -187,11 +187,18 @@ def check_response_format(request: GenerationRequest) -> None:
         return
     if not isinstance(schema, dict):
         raise InvalidRequest("The JSON Schema must be a JSON object.", param=param, code="invalid_value")
+    if (problem := schema_problem(schema)) is not None:
+        raise InvalidRequest(f"Invalid JSON Schema for the response format: {problem}.", param=param,
+                             code="invalid_value")
+
+
+def schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` is not a valid JSON Schema (Draft 2020-12, as OpenAI's); None when it is."""
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        raise InvalidRequest(f"Invalid JSON Schema for the response format: {exc.message}.", param=param,
-                             code="invalid_value") from None
+        return str(exc.message)
+    return None
 
 
 def check_tools(chat: ChatCompletionRequest) -> None:
@@ -209,11 +216,9 @@ def check_tools(chat: ChatCompletionRequest) -> None:
         if parameters is None:
             continue
         param = f"tools[{i}].function.parameters"
-        try:
-            Draft202012Validator.check_schema(parameters)
-        except SchemaError as exc:
-            raise InvalidRequest(f"Invalid schema for function '{function.name}': {exc.message}.", param=param,
-                                 code="invalid_function_parameters") from None
+        if (problem := schema_problem(parameters)) is not None:
+            raise InvalidRequest(f"Invalid schema for function '{function.name}': {problem}.", param=param,
+                                 code="invalid_function_parameters")
         if parameters.get("type", "object") != "object":
             raise InvalidRequest(f"Invalid schema for function '{function.name}': the parameters must be a JSON "
                                  f"Schema of type 'object', not '{parameters.get('type')}'.", param=param,
