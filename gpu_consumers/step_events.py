@@ -61,4 +61,6 @@ class StepEvents:
             tier=request.tier if seq == 0 else None,
             admitted_at_ms=self._admitted_at_ms if seq == 0 else None,
             logprobs=list(out.logprobs),
+            echo=request.messages[0].content if seq == 0 and request.echo else None,
+            prompt_logprobs=list(out.prompt_logprobs),
         )

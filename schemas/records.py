@@ -203,6 +203,9 @@ class ChatRequest:
     # RESPONSE_JSON_SCHEMA following ``json_schema``, a JSON Schema as JSON text).
     response_format: str = RESPONSE_TEXT
     json_schema: str = ""
+    # A text completion's ``echo`` (OpenAI's legacy API): the prompt comes back before the output, on
+    # the first token event, with its tokens' log probabilities where ``logprobs`` is set.
+    echo: bool = False
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:
@@ -267,6 +270,11 @@ class TokenEvent:
     admitted_at_ms: int | None = None  # on the first event: when the GPU consumer admitted the request
     cached_tokens: int | None = None  # of prompt_tokens, served from the engine's prefix cache (set with them)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, where the request asked
+    # On the first event, where the request asked for its prompt back (ChatRequest.echo): the prompt
+    # as sent, and with logprobs its tokens' (the first token's is 0, with no top: nothing comes
+    # before it to score it by; the API shows null).
+    echo: str | None = None
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def is_final(self) -> bool:
@@ -276,18 +284,20 @@ class TokenEvent:
         fields = shallow_fields(self)
         if self.tool_calls:
             fields["tool_calls"] = [shallow_fields(d) for d in self.tool_calls]
-        if self.logprobs:
-            fields["logprobs"] = [{"token": t.token, "logprob": t.logprob, "top": [shallow_fields(a) for a in t.top]}
-                                  for t in self.logprobs]
+        for name in ("logprobs", "prompt_logprobs"):
+            if fields[name]:
+                fields[name] = [{"token": t.token, "logprob": t.logprob, "top": [shallow_fields(a) for a in t.top]}
+                                for t in fields[name]]
         return fields
 
     @classmethod
     def from_avro(cls, data: dict[str, Any]) -> TokenEvent:
         if data["tool_calls"]:
             data = {**data, "tool_calls": [ToolCallDelta(**d) for d in data["tool_calls"]]}
-        if data.get("logprobs"):
-            data = {**data, "logprobs": [TokenLogprob(t["token"], t["logprob"], [TopLogprob(**a) for a in t["top"]])
-                                         for t in data["logprobs"]]}
+        for name in ("logprobs", "prompt_logprobs"):
+            if data.get(name):
+                data = {**data, name: [TokenLogprob(t["token"], t["logprob"], [TopLogprob(**a) for a in t["top"]])
+                                       for t in data[name]]}
         return cls(**data)
 
 

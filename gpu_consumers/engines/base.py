@@ -81,6 +81,10 @@ class SamplingParams:
     # where given, decoded under that constraint (vLLM's and TensorRT-LLM's guided decoding).
     response_format: str = RESPONSE_TEXT
     json_schema: str = ""
+    # Each prompt token's log probability given the ones before it, and this many of the likeliest
+    # tokens at its place, under the model's own distribution (no sampling option changes it); None:
+    # none (vLLM's and TensorRT-LLM's ``prompt_logprobs``; a text completion's echo with logprobs).
+    prompt_logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:
@@ -151,6 +155,7 @@ class GenerationInput:
                 allowed_token_ids=tuple(request.allowed_token_ids),
                 response_format=request.response_format,
                 json_schema=request.json_schema,
+                prompt_logprobs=request.top_logprobs if request.echo and request.logprobs else None,
             ),
         )
 
@@ -167,6 +172,9 @@ class StepOutput:
     error: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, served from the engine's prefix cache
     logprobs: tuple[TokenLogprob, ...] = ()  # one for each of token_ids_diff, where the sampling asks
+    # On the first step of a sequence that asks (SamplingParams.prompt_logprobs) and was not taken
+    # over: one for each prompt token, the first with logprob 0 and no top (nothing scores it).
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -178,7 +186,8 @@ class StepOutput:
         collector merges a slow reader's deltas the same way). Counts and the finish are the later's."""
         return StepOutput(self.text_diff + later.text_diff, self.token_ids_diff + later.token_ids_diff,
                           later.prompt_tokens, later.completion_tokens, later.finish_reason, later.error,
-                          later.cached_tokens, self.logprobs + later.logprobs)
+                          later.cached_tokens, self.logprobs + later.logprobs,
+                          self.prompt_logprobs + later.prompt_logprobs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,9 @@ tokens of the requests that ask for log probabilities, with their likeliest toke
 (``TOKENBUS_HF_MANAGER_LOGPROBS``, on by default), so it answers ``logprobs`` but refuses
 ``top_logprobs`` with an error that says so. A ``logit_bias`` is the slots' too (hf_slot_bias.py),
 as are vLLM's ``allowed_token_ids`` (the bias row), ``min_tokens`` and repetition penalty
-(hf_slot_penalties.py), and its ``top_k``
-and ``min_p`` where requests are sampled: the
-manager refuses them (a bias is often a ban, which must not be dropped quietly). Both end a
+(hf_slot_penalties.py), its ``top_k`` and ``min_p`` where requests are sampled, and the prompt's
+log probabilities (a text completion's ``echo``: the prompt prefilled whole, its every position
+scored): the manager refuses them (a bias is often a ban, which must not be dropped quietly). Both end a
 request at its ``stop_token_ids`` (the manager takes them as the request's own end tokens).
 Neither constrains its output to JSON: a JSON ``response_format`` is refused (TensorRT-LLM's guided
 decoding serves it).
@@ -134,6 +134,9 @@ class _HfSequence:
         self._stop_ids = frozenset(inp.sampling.stop_token_ids)  # vLLM's: they end it as an end token does
         self._taken = 0  # tokens of the manager's cumulative output made into deltas so far
         self._scored = inp.sampling.logprobs is not None  # the manager's log probabilities passed on
+        # Where the prompt's log probabilities are asked (and not published already, by a worker this
+        # one took over from): its ids, till the first delta brings their scores.
+        self._scored_prompt = prompt_ids if inp.sampling.prompt_logprobs is not None and not inp.prefix_token_ids else None
         self.prompt_tokens = len(prompt_ids)
         self.cached_tokens = cached_tokens  # the slots' first delta says what they took
         self.finished = False
@@ -184,31 +187,39 @@ class _HfSequence:
             self.end(FINISH_CANCELLED)
 
     def _final(self, reason: str, text: str = "", ids: tuple[int, ...] = (), error: str | None = None,
-               logprobs: tuple[TokenLogprob, ...] = ()) -> StepOutput:
+               logprobs: tuple[TokenLogprob, ...] = (), prompt_logprobs: tuple[TokenLogprob, ...] = ()) -> StepOutput:
         self.finished = True
         return StepOutput(text, ids, self.prompt_tokens, self.completion_tokens, reason, error, self.cached_tokens,
-                          logprobs)
+                          logprobs, prompt_logprobs)
 
     def _step(self, delta: Delta) -> StepOutput:
         if delta.finish == FINISH_ERROR:
             return self._final(FINISH_ERROR, error=delta.error)
         new_ids = tuple(delta.ids)
         text, stopped = self._stops.feed(self._detokenizer.push(delta.ids))
-        logprobs = self._logprobs(delta) if delta.logprobs else ()
+        logprobs = self._logprobs(delta.logprobs) if delta.logprobs else ()
+        prompt_logprobs = self._prompt_logprobs(delta) if self._scored_prompt is not None else ()
         if stopped:
             if not self._generation_done:
                 self._engine.cancel(self._internal_id)
-            return self._final(FINISH_STOP, text, new_ids, logprobs=logprobs)
+            return self._final(FINISH_STOP, text, new_ids, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         if delta.finish is not None:
-            return self._final(delta.finish, text + self._stops.flush(), new_ids, logprobs=logprobs)
+            return self._final(delta.finish, text + self._stops.flush(), new_ids, logprobs=logprobs,
+                               prompt_logprobs=prompt_logprobs)
         return StepOutput(text, new_ids, self.prompt_tokens, self.completion_tokens, cached_tokens=self.cached_tokens,
-                          logprobs=logprobs)
+                          logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
-    def _logprobs(self, delta: Delta) -> tuple[TokenLogprob, ...]:
+    def _logprobs(self, scored: list[ScoredToken]) -> tuple[TokenLogprob, ...]:
         text = self._engine.token_texts
         assert text is not None  # a sequence is of a started engine
         return tuple(TokenLogprob(text(token_id), logprob, [TopLogprob(text(t), lp) for t, lp in top])
-                     for token_id, logprob, top in delta.logprobs)
+                     for token_id, logprob, top in scored)
+
+    def _prompt_logprobs(self, delta: Delta) -> tuple[TokenLogprob, ...]:
+        """The prompt's, from the first delta: its first token unscored, then the slots' scores."""
+        prompt, self._scored_prompt = self._scored_prompt, None
+        assert prompt and self._engine.token_texts is not None
+        return (TokenLogprob(self._engine.token_texts(prompt[0]), 0.0), *self._logprobs(delta.prompt_logprobs))
 
     def push_to(self, sink: StepSink) -> asyncio.Future[None]:
         """Each delta to ``sink`` as a step where it reaches the event loop (``each_step``); an
@@ -308,11 +319,13 @@ class HfEngine:
 
     def _manager_takes(self, sampling: SamplingParams) -> None:
         """``InvalidInput`` for what the manager cannot apply to one request alone: a logit bias (often a
-        ban, which must not be dropped quietly), vLLM's ``min_tokens``, ``allowed_token_ids`` and repetition penalty, and its
-        ``top_k`` and ``min_p`` where it samples (greedy decoding is the same with them)."""
+        ban, which must not be dropped quietly), vLLM's ``min_tokens``, ``allowed_token_ids`` and repetition penalty,
+        the prompt's log probabilities (an echo's), and its ``top_k`` and ``min_p`` where it samples (greedy decoding
+        is the same with them)."""
         asked = [name for name, value in (("logit_bias", sampling.logit_bias), ("min_tokens", sampling.min_tokens),
                                           ("repetition_penalty", sampling.repetition_penalty != 1),
-                                          ("allowed_token_ids", sampling.allowed_token_ids)) if value]
+                                          ("allowed_token_ids", sampling.allowed_token_ids),
+                                          ("prompt_logprobs", sampling.prompt_logprobs is not None)) if value]
         if self.settings.do_sample:
             asked += [name for name, value in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if value]
         if asked:
@@ -409,6 +422,7 @@ class HfEngine:
                                         frequency_penalty=inp.sampling.frequency_penalty,
                                         repetition_penalty=inp.sampling.repetition_penalty,
                                         logprobs=inp.sampling.logprobs, logit_bias=inp.sampling.logit_bias,
+                                        prompt_logprobs=None if inp.prefix_token_ids else inp.sampling.prompt_logprobs,
                                         top_k=inp.sampling.top_k, min_p=inp.sampling.min_p,
                                         allowed_ids=inp.sampling.allowed_token_ids,
                                         stop_ids=frozenset(inp.sampling.stop_token_ids),

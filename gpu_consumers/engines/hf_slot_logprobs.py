@@ -1,6 +1,8 @@
 """Log probabilities for the slot batching (hf_slots.py): where a running request asks for them
 (``SamplingParams.logprobs``), its token's log probability under the logits it was picked from
-(past the penalties, before temperature and top-p) and its ``logprobs`` likeliest tokens'.
+(past the penalties, before temperature and top-p) and its ``logprobs`` likeliest tokens'; and
+where one asks for its prompt's (``SamplingParams.prompt_logprobs``), each prompt token's under
+the model's logits after the tokens before it, from its prefill (``prompt_scores``).
 
 They are computed on the device with the step, for the rows that ask alone (a log-softmax and a
 top-k of those rows: nothing for a step where no request asks), and read on the host with the
@@ -55,3 +57,18 @@ def step_scores(logits: Any, picked: Any, rows: list[tuple[Scoring, int]]) -> St
     k = max(r.logprobs or 0 for r, _ in asking)
     top_values, top_ids = scores.topk(k, dim=-1) if k else (None, None)
     return StepScores([r for r, _ in asking], picked, chosen, top_values, top_ids)
+
+
+def prompt_scores(logits: Any, prompt: list[int], top: int) -> list[ScoredToken]:
+    """Each of ``prompt``'s tokens after the first scored under ``logits`` (the prefill's, after
+    every prompt token: length x vocabulary), with its ``top`` likeliest; read to the host here."""
+    import torch
+
+    scores = torch.log_softmax(logits[:-1].float(), dim=-1)
+    following = torch.tensor(prompt[1:], device=logits.device)
+    chosen = scores.gather(1, following[:, None])[:, 0].tolist()
+    if not top:
+        return [(token, logprob, []) for token, logprob in zip(prompt[1:], chosen, strict=True)]
+    values, ids = (t.tolist() for t in scores.topk(top, dim=-1))
+    return [(token, logprob, list(zip(row_ids, row_values, strict=True)))
+            for token, logprob, row_ids, row_values in zip(prompt[1:], chosen, ids, values, strict=True)]

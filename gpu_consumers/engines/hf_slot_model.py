@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -138,10 +138,12 @@ class SlotModel:
                 self._graph(rows, length)
         log.info("captured %d decode graphs in %.1f s", len(self._graphs), time.monotonic() - began)
 
-    def prefill(self, prompts: list[list[int]], slots: list[int], starts: list[int]) -> Any:
+    def prefill(self, prompts: list[list[int]], slots: list[int], starts: list[int],
+                whole: Sequence[int] = ()) -> tuple[Any, list[Any]]:
         """Write each prompt's keys and values to its slot's rows from position ``starts[i]`` on (the
         positions before it the slot holds already), in one padded batch; returns the logits after
-        each prompt's last token (count x vocabulary)."""
+        each prompt's last token (count x vocabulary), and for each of the prompts ``whole`` names
+        (by place; each starting at 0) the logits after every one of its tokens (length x vocabulary)."""
         torch = self._torch
         count, width = len(prompts), max(len(p) - start for p, start in zip(prompts, starts, strict=True))
         ids = torch.zeros(count, width, dtype=torch.long)
@@ -157,7 +159,8 @@ class SlotModel:
             attend = self._attend_new(rows, width)
         hidden = self._layers_over(self._embed(ids.to(self.device)), positions, attend)
         ends = torch.tensor([len(p) - start - 1 for p, start in zip(prompts, starts, strict=True)], device=self.device)
-        return self._head(self._norm(hidden[torch.arange(count, device=self.device), ends]))
+        every = [self._head(self._norm(hidden[row, : len(prompts[row])])) for row in whole]
+        return self._head(self._norm(hidden[torch.arange(count, device=self.device), ends])), every
 
     def _attend_new(self, rows: Any, width: int) -> Attend:
         """Attention for prompts that start at position 0: over their own keys and values alone,

@@ -40,7 +40,7 @@ from typing import Any
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.hf_slot_bias import SlotBias
-from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken, StepScores, step_scores
+from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken, StepScores, prompt_scores, step_scores
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
 from tokenbus.gpu_consumers.engines.hf_slot_penalties import SlotPenalties
 from tokenbus.gpu_consumers.engines.hf_slot_prefixes import SlotPrefixes
@@ -58,10 +58,12 @@ class Delta:
     error: str | None = None
     cached_tokens: int | None = None  # the first delta's: the prompt's tokens taken from the prefix cache
     logprobs: list[ScoredToken] = field(default_factory=list)  # each token's, where the request asks
+    prompt_logprobs: list[ScoredToken] = field(default_factory=list)  # the first delta's: the prompt's after its first token
 
     def followed_by(self, later: Delta) -> Delta:
         cached = self.cached_tokens if later.cached_tokens is None else later.cached_tokens
-        return Delta(self.ids + later.ids, later.finish, later.error, cached, self.logprobs + later.logprobs)
+        return Delta(self.ids + later.ids, later.finish, later.error, cached, self.logprobs + later.logprobs,
+                     self.prompt_logprobs + later.prompt_logprobs)
 
 
 Deliver = Callable[[Delta], None]
@@ -84,6 +86,7 @@ class SlotRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # vLLM's, over the prompt and the output (hf_slot_penalties.py)
     logprobs: int | None = None  # each token's log probability and this many likeliest (hf_slot_logprobs.py)
+    prompt_logprobs: int | None = None  # the prompt's tokens' too, with this many likeliest: prefilled whole
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to its logit (hf_slot_bias.py)
     allowed_ids: tuple[int, ...] = ()  # vLLM's allowed_token_ids: the only tokens it may pick (hf_slot_bias.py)
     top_k: int = 0  # vLLM's: sampled from this many likeliest tokens (0: all)
@@ -297,10 +300,12 @@ class SlotBatcher:
         their first tokens go to the host (time to first token) and to the decode inputs of their rows."""
         if self.prefixes is not None:
             requests = self._defer_followers(requests)
-            for request in requests:
-                request.start = self.prefixes.reuse(request.slot, request.wanted, self._free)
+            for request in requests:  # (a prompt to be scored reuses nothing: its every position's logits are needed)
+                wanted = request.wanted if request.prompt_logprobs is None else ()
+                request.start = self.prefixes.reuse(request.slot, wanted, self._free)
         slots = [r.slot for r in requests]
-        logits = self._model.prefill([r.prompt for r in requests], slots, [r.start for r in requests])
+        scored = [i for i, r in enumerate(requests) if r.prompt_logprobs is not None]
+        logits, every = self._model.prefill([r.prompt for r in requests], slots, [r.start for r in requests], scored)
         for request in requests:
             self._penalties.admitted(request, logits.shape[-1])
             self._bias.admitted(request, logits.shape[-1])
@@ -318,6 +323,9 @@ class SlotBatcher:
         deltas = self._advance(requests, first.cpu().tolist(), scores)
         for request, (_, delta) in zip(requests, deltas, strict=True):
             delta.cached_tokens = request.start
+        for place, prompt_logits in zip(scored, every, strict=True):
+            request = requests[place]
+            deltas[place][1].prompt_logprobs = prompt_scores(prompt_logits, request.prompt, request.prompt_logprobs or 0)
         return deltas
 
     def _launch(self) -> _Launched | None:

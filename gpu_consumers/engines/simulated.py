@@ -62,6 +62,7 @@ from tokenbus.gpu_consumers.engines.simulated_words import (
     Said,
     decode,
     draw_word,
+    prompt_logprobs,
     reweighted,
     word_logprob,
 )
@@ -184,6 +185,7 @@ class _Sequence:
     stops: StopFilter = field(init=False)
     unsent: str = ""  # text of prefix tokens a previous worker held back and never published
     said: Said | None = None  # what its words are weighed against, where they are reweighted
+    prompt_scores: tuple[TokenLogprob, ...] = ()  # its prompt's, where asked: they go with its first step
 
     def __post_init__(self) -> None:
         self.stops = StopFilter(self.inp.sampling.stop)
@@ -220,8 +222,9 @@ class _Sequence:
     def _emit(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None,
               logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         self.finished = reason is not None
+        prompt_scores, self.prompt_scores = self.prompt_scores, ()
         self.outputs.put(StepOutput(text, ids, self.prompt_tokens, self.generated, reason, error, self.cached_tokens,
-                                    logprobs))
+                                    logprobs, prompt_scores))
 
     def advance(self) -> None:
         """One step; a step that raises ends this sequence with an error, not the step loop (which
@@ -352,10 +355,20 @@ class SimulatedEngine:
             markup=markup,
             pushes=s.push_steps,
             said=said if reweighted(inp.sampling) else None,
+            prompt_scores=self._prompt_scores(inp),
         )
         self._running.append(sequence)
         self._wakeup.set()
         return sequence
+
+    @staticmethod
+    def _prompt_scores(inp: GenerationInput) -> tuple[TokenLogprob, ...]:
+        """The prompt's log probabilities where asked (a text prompt's: a chat's has no
+        tokens of its own to show), none for a sequence taken over (its first step is out already)."""
+        top = inp.sampling.prompt_logprobs
+        if top is None or inp.prefix_token_ids or not inp.text_prompt:
+            return ()
+        return prompt_logprobs(inp.messages[0].content, top)
 
     def _step_seconds(self, batch: int) -> float:
         s = self.settings

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 
 from tokenbus.gpu_consumers.engines.base import GenerationInput, SamplingParams
@@ -111,6 +112,19 @@ def word_logprob(sampling: SamplingParams, said: Said | None, token_id: int, spa
     likeliest = sorted(range(len(VOCABULARY)), key=lambda i: -weights[i])[:top]
     return TokenLogprob(space + VOCABULARY[token_id], logprob_of(token_id),
                         [TopLogprob(space + VOCABULARY[i], logprob_of(i)) for i in likeliest])
+
+
+def prompt_logprobs(prompt: str, top: int) -> tuple[TokenLogprob, ...]:
+    """A text prompt's tokens (a word each, with the space before it: the simulated tokenizer's,
+    simulated_prompts.py) scored as the simulated model sees them: the first unscored (0, no top),
+    each later one uniform among VOCABULARY's words where it is one and ruled out (-inf) where not,
+    with the first ``top`` words as the likeliest."""
+    uniform = -math.log(len(VOCABULARY))
+    likeliest = [TopLogprob(" " + word, uniform) for word in VOCABULARY[:top]]
+    tokens = re.findall(r"\s*\S+", prompt)
+    return tuple(TokenLogprob(token, 0.0) if i == 0 else
+                 TokenLogprob(token, uniform if token.strip() in VOCABULARY else -math.inf, likeliest)
+                 for i, token in enumerate(tokens))
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:

@@ -174,7 +174,7 @@ class _TrtStream:
     ``output`` is None for a sequence taken over at its token limit: it only ends."""
 
     def __init__(self, output: Any | None, inp: GenerationInput, tokenizer: Any, token_texts: TokenTexts,
-                 prompt_tokens: int, cached_tokens: int = 0) -> None:
+                 prompt_tokens: int, cached_tokens: int = 0, scored_prompt: list[int] | None = None) -> None:
         self._output = output
         self._prompt_tokens = prompt_tokens
         self._cached_tokens = cached_tokens
@@ -183,6 +183,8 @@ class _TrtStream:
         self._aborted = False
         self._top_logprobs = inp.sampling.logprobs
         self._token_texts = token_texts
+        self._scored_prompt = scored_prompt  # its ids, where its log probabilities are asked, till they come
+        self._top_prompt_logprobs = inp.sampling.prompt_logprobs or 0
 
     def abort(self) -> None:
         if not self._aborted and self._output is not None and not self._output.finished:
@@ -190,9 +192,9 @@ class _TrtStream:
             self._output.abort()
 
     def _step(self, text: str, ids: tuple[int, ...], reason: str | None = None, error: str | None = None,
-              logprobs: tuple[TokenLogprob, ...] = ()) -> StepOutput:
+              logprobs: tuple[TokenLogprob, ...] = (), prompt_logprobs: tuple[TokenLogprob, ...] = ()) -> StepOutput:
         return StepOutput(text, ids, self._prompt_tokens, len(self._detokenizer.token_ids), reason, error,
-                          self._cached_tokens, logprobs)
+                          self._cached_tokens, logprobs, prompt_logprobs)
 
     def _logprobs(self, completion: Any, start: int, ids: tuple[int, ...]) -> tuple[TokenLogprob, ...]:
         """The LLM API's ``logprobs`` of the tokens from ``start``: a dict of ``Logprob`` a token,
@@ -205,17 +207,35 @@ class _TrtStream:
         if len(entries) != len(ids):
             raise RuntimeError("TensorRT-LLM returned no log probabilities (a TensorRT engine needs "
                                "gather_generation_logits; the PyTorch backend computes them)")
-        out = []
-        for token_id, entry in zip(ids, entries, strict=True):
-            if isinstance(entry, float | int):
-                out.append(TokenLogprob(self._token_texts(token_id), float(entry)))
-                continue
-            ranked = sorted(entry.items(), key=lambda item: -item[1].logprob)
-            sampled = entry.get(token_id)
-            logprob = sampled.logprob if sampled is not None else ranked[-1][1].logprob
-            top = [TopLogprob(self._token_texts(t), lp.logprob) for t, lp in ranked[:self._top_logprobs]]
-            out.append(TokenLogprob(self._token_texts(token_id), logprob, top))
-        return tuple(out)
+        return tuple(self._scored(token_id, entry, self._top_logprobs) for token_id, entry in zip(ids, entries, strict=True))
+
+    def _prompt_logprobs(self, completion: Any) -> tuple[TokenLogprob, ...]:
+        """The prompt's, from the first response: its first token unscored, then the LLM API's
+        ``prompt_logprobs`` (an entry a later token; a build that gives the first an entry too, as
+        vLLM's None, has it passed over)."""
+        prompt, self._scored_prompt = self._scored_prompt, None
+        assert prompt
+        entries = list(getattr(completion, "prompt_logprobs", None) or [])
+        if len(entries) == len(prompt):
+            entries = entries[1:]
+        if len(entries) != len(prompt) - 1:
+            raise RuntimeError("TensorRT-LLM returned no log probabilities of the prompt (a TensorRT engine needs "
+                               "gather_context_logits; the PyTorch backend computes them)")
+        return (TokenLogprob(self._token_texts(prompt[0]), 0.0),
+                *(self._scored(token_id, entry, self._top_prompt_logprobs)
+                  for token_id, entry in zip(prompt[1:], entries, strict=True)))
+
+    def _scored(self, token_id: int, entry: Any, top: int) -> TokenLogprob:
+        """A token's entry: a dict of ``Logprob``, the token's own and the likeliest tokens' (a build
+        that leaves the token out where it is not among them gives it the least shown, an upper
+        bound), or a build's plain float (no likeliest then)."""
+        if isinstance(entry, float | int):
+            return TokenLogprob(self._token_texts(token_id), float(entry))
+        ranked = sorted(entry.items(), key=lambda item: -item[1].logprob)
+        own = entry.get(token_id)
+        logprob = own.logprob if own is not None else ranked[-1][1].logprob
+        return TokenLogprob(self._token_texts(token_id), logprob,
+                            [TopLogprob(self._token_texts(t), lp.logprob) for t, lp in ranked[:top]])
 
     async def __aiter__(self) -> AsyncIterator[StepOutput]:
         if self._output is None:  # taken over at its limit: nothing to generate
@@ -238,16 +258,18 @@ class _TrtStream:
                 start = read
                 ids, read = tuple(completion.token_ids[read:]), len(completion.token_ids)
                 logprobs = self._logprobs(completion, start, ids)
+                scored_prompt = self._prompt_logprobs(completion) if self._scored_prompt is not None else ()
                 text, stopped = self._stops.feed(self._detokenizer.push(ids))
                 if stopped:
                     self.abort()
-                    yield self._step(text, ids, FINISH_STOP, logprobs=logprobs)
+                    yield self._step(text, ids, FINISH_STOP, logprobs=logprobs, prompt_logprobs=scored_prompt)
                     return
                 if out.finished:
                     reason = KNOWN_FINISH_REASONS.get(completion.finish_reason or "stop", FINISH_STOP)
-                    yield self._step(text + self._stops.flush(), ids, reason, logprobs=logprobs)
+                    yield self._step(text + self._stops.flush(), ids, reason, logprobs=logprobs,
+                                     prompt_logprobs=scored_prompt)
                     return
-                yield self._step(text, ids, logprobs=logprobs)
+                yield self._step(text, ids, logprobs=logprobs, prompt_logprobs=scored_prompt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the engine failed this request
@@ -365,6 +387,7 @@ class TrtLlmEngine:
         cached = self.prefix_cache.cached_tokens(made) if self.prefix_cache is not None else 0
         if remaining <= 0:
             return _TrtStream(None, inp, self._llm.tokenizer, self._token_texts, len(prompt), cached)
+        scored = s.prompt_logprobs is not None and not inp.prefix_token_ids  # (a takeover's were published)
         penalties = {}
         if s.penalized:  # on the output alone, as OpenAI's: a takeover's prefix is output, the prompt is not
             penalties = dict(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
@@ -385,8 +408,11 @@ class TrtLlmEngine:
             min_tokens=s.min_tokens - len(inp.prefix_token_ids) if s.min_tokens > len(inp.prefix_token_ids) else None,
             stop_token_ids=list(s.stop_token_ids) or None,
             guided_decoding=self._json_guide(s),
+            # (at least one: a build may take 0 for none, as its ``logprobs`` does; the likeliest are cut to those asked)
+            prompt_logprobs=max(s.prompt_logprobs or 0, 1) if scored else None,
             **penalties,
         )
         # A taken-over sequence continues after the tokens already published.
         output = self._llm.generate_async(prompt + list(inp.prefix_token_ids), params, streaming=True)
-        return _TrtStream(output, inp, self._llm.tokenizer, self._token_texts, len(prompt), cached)
+        return _TrtStream(output, inp, self._llm.tokenizer, self._token_texts, len(prompt), cached,
+                          scored_prompt=prompt if scored else None)

@@ -32,4 +32,4 @@ async def text_bus_request(completion: CompletionRequest, edge: EdgeState, key: 
 def to_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
     return ChatRequest(**generation_fields(completion, edge, key, request_id),
                        messages=[ChatMessage("user", completion.prompt_text)], text_prompt=True,
-                       tool_choice=TOOL_CHOICE_NONE)
+                       tool_choice=TOOL_CHOICE_NONE, echo=completion.echo)

@@ -186,6 +186,8 @@ def event_chunks(event: TokenEvent, writer: ChunkWriter) -> list[str]:
     """The chunks one token event becomes: its text with the finish reason (and its tokens' log
     probabilities, where asked: a chunk for them even where a stop sequence holds the text back),
     as one chunk; where the event holds function calls, its text, a chunk per piece of a call, and the finish."""
+    if event.echo is not None:  # a text completion's first event, its prompt asked for back
+        return [writer.delta(event.echo + event.text, event.finish_reason, content_logprobs(event), event.prompt_logprobs)]
     if not event.tool_calls:
         scored = content_logprobs(event)
         return [writer.delta(event.text, event.finish_reason, scored)] if event.text or event.is_final or scored else []
@@ -211,7 +213,7 @@ async def collect_completion(
         hooks.on_abandoned()
         raise ClientClosed()
     try:
-        text, calls, final, scored = collecting.result()
+        text, calls, final, scored, first = collecting.result()
     except ReplyStreamError as exc:
         if exc.code == STREAM_IDLE:
             hooks.on_stalled()
@@ -220,13 +222,18 @@ async def collect_completion(
     error = generation_error(final)
     if error is not None:
         raise error
-    body = completion_body(request_id, model, text, final.finish_reason or "stop", final.prompt_tokens or 0,
-                           final.completion_tokens or 0, [(c.id, c.name, c.arguments) for c in calls],
-                           final.cached_tokens or 0, text_completion, scored)
+    body = completion_body(request_id, model, (first.echo or "") + text, final.finish_reason or "stop",
+                           final.prompt_tokens or 0, final.completion_tokens or 0,
+                           [(c.id, c.name, c.arguments) for c in calls], final.cached_tokens or 0, text_completion,
+                           scored, first.prompt_logprobs)
     return JSONResponse(body, headers=headers)
 
 
-async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[ToolCall], TokenEvent, list[TokenLogprob]]:
+async def _collect(
+    events: AsyncGenerator[ReplyEvent, None],
+) -> tuple[str, list[ToolCall], TokenEvent, list[TokenLogprob], TokenEvent]:
+    """The whole completion's text, calls and content tokens' scores, its final event and its first
+    (an echo's prompt and its scores are there)."""
     delivered: list[TokenEvent] = []
     try:
         async for reply in events:
@@ -235,7 +242,7 @@ async def _collect(events: AsyncGenerator[ReplyEvent, None]) -> tuple[str, list[
         await events.aclose()
     text = "".join(e.text for e in delivered)
     scored = [t for e in delivered for t in content_logprobs(e)]
-    return text, whole_tool_calls(d for e in delivered for d in e.tool_calls), delivered[-1], scored
+    return text, whole_tool_calls(d for e in delivered for d in e.tool_calls), delivered[-1], scored, delivered[0]
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -340,17 +340,20 @@ class ChunkWriter:
     def role(self) -> dict[str, Any]:
         return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
 
-    def delta(self, text: str, finish_reason: str | None, logprobs: Sequence[TokenLogprob] = ()) -> str:
+    def delta(self, text: str, finish_reason: str | None, logprobs: Sequence[TokenLogprob] = (),
+              prompt_logprobs: Sequence[TokenLogprob] = ()) -> str:
         """A content chunk as JSON text, rendered from the fixed parts; ``logprobs``, its tokens'
-        (protocol/logprobs.py), where the request asked for them."""
+        (protocol/logprobs.py), where the request asked for them, after an echoed prompt's
+        (``prompt_logprobs``: a text completion's first chunk, whose text begins with the prompt)."""
         if self.text:
             delta = json_string(text)
         else:
             delta = '{"content":' + json_string(text) + "}" if text else "{}"
         finish = "null" if finish_reason is None else json_string(finish_reason)
         scored = "null"
-        if logprobs and self._text_logprobs is not None:
-            scored = json.dumps(self._text_logprobs.of(logprobs), separators=(",", ":"), ensure_ascii=False)
+        if (logprobs or prompt_logprobs) and self._text_logprobs is not None:
+            scored = json.dumps(self._text_logprobs.of(logprobs, prompt_logprobs), separators=(",", ":"),
+                                ensure_ascii=False)
         elif logprobs:
             scored = chat_logprobs_json(logprobs)
         return f'{self._content_head}{delta},"logprobs":{scored},"finish_reason":{finish}}}{self._content_tail}'
@@ -378,16 +381,17 @@ def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
 def completion_body(
     request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
     tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0, text_completion: bool = False,
-    logprobs: Sequence[TokenLogprob] = (),
+    logprobs: Sequence[TokenLogprob] = (), prompt_logprobs: Sequence[TokenLogprob] = (),
 ) -> dict[str, Any]:
     """A ``chat.completion``; with ``text_completion``, the ``text_completion`` of OpenAI's legacy
-    ``/v1/completions`` (a choice's ``text`` in place of its message). ``logprobs``: its content
-    tokens', where the request asked for them (protocol/logprobs.py)."""
+    ``/v1/completions`` (a choice's ``text`` in place of its message: with ``echo``, the prompt and
+    then the completion). ``logprobs``: its content tokens', where the request asked for them, after
+    an echoed prompt's (``prompt_logprobs``, protocol/logprobs.py)."""
     if text_completion:
+        scored = TextLogprobs().of(logprobs, prompt_logprobs) if logprobs or prompt_logprobs else None
         return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
                 "system_fingerprint": None,
-                "choices": [{"index": 0, "text": text, "logprobs": TextLogprobs().of(logprobs) if logprobs else None,
-                             "finish_reason": finish_reason}],
+                "choices": [{"index": 0, "text": text, "logprobs": scored, "finish_reason": finish_reason}],
                 "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens)}
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if tool_calls:

@@ -13,7 +13,7 @@ from tokenbus.schemas.request_checks import TOP_LOGPROBS_MAX
 from tokenbus.sse_edge.protocol.chat import GenerationRequest
 
 # What the legacy API offers that tokenbus does not serve, with what a request may send for it.
-TEXT_UNSUPPORTED = {"echo": "echoing the prompt", "suffix": "a suffix (insertion)"}
+TEXT_UNSUPPORTED = {"suffix": "a suffix (insertion)"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's for text completions (and vLLM's)
 
 
@@ -27,6 +27,9 @@ class CompletionRequest(GenerationRequest):
     # The legacy API's one field: each token's log probability and this many likeliest tokens'
     # (OpenAI takes up to 5; vLLM, as here, up to 20).
     logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
+    # The prompt back before the completion (with ``logprobs``, its tokens scored as well, the first
+    # with none: what evaluation harnesses score a text by).
+    echo: bool = False
 
     @property
     def logprobs_asked(self) -> tuple[bool, int]:

@@ -5,7 +5,9 @@ A chat completion's ``logprobs`` is ``{"content": [...]}``, an item a token: its
 probability, its UTF-8 ``bytes`` (a token can hold part of a character) and ``top_logprobs``, the
 likeliest tokens in its place, each in the same form. A text completion's (the legacy API's) is
 four lists: ``tokens``, ``token_logprobs``, ``top_logprobs`` (a dict a place, the likeliest
-tokens' and the sampled one's, as vLLM's) and ``text_offset``, where each token starts in the text.
+tokens' and the sampled one's, as vLLM's) and ``text_offset``, where each token starts in the text;
+with ``echo``, the prompt's tokens come first (``TokenEvent.prompt_logprobs``), the very first with
+null for both, since nothing before it scores it.
 
 Only content is scored: the tokens of an event whose text is not what the engine wrote (function
 call markup the worker read into ``tool_calls``) are left out, as OpenAI's ``content`` holds the
@@ -78,12 +80,16 @@ class TextLogprobs:
     def __init__(self) -> None:
         self.offset = 0
 
-    def of(self, tokens: Iterable[TokenLogprob]) -> dict[str, Any]:
+    def of(self, tokens: Iterable[TokenLogprob], prompt: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+        """The lists of ``tokens``, after an echoed ``prompt``'s where given (its first token, which
+        nothing before it scores, with null for its log probability and likeliest, as OpenAI's)."""
         body: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for t in tokens:
+        for place, t in enumerate((*prompt, *tokens)):
+            unscored = place == 0 and bool(prompt)
             body["tokens"].append(t.token)
-            body["token_logprobs"].append(shown(t.logprob))
-            body["top_logprobs"].append({t.token: shown(t.logprob)} | {a.token: shown(a.logprob) for a in t.top})
+            body["token_logprobs"].append(None if unscored else shown(t.logprob))
+            body["top_logprobs"].append(None if unscored else
+                                        {t.token: shown(t.logprob)} | {a.token: shown(a.logprob) for a in t.top})
             body["text_offset"].append(self.offset)
             self.offset += len(t.token)
         return body

@@ -13,7 +13,7 @@ import logging
 import jsonschema
 import pytest
 
-from tests.gpu_consumers.engine_contract import collect, continues_after_takeover, ids_of, request, text_of
+from tests.gpu_consumers.engine_contract import collect, continues_after_takeover, ids_of, published, request, text_of
 from tokenbus.gpu_consumers.engines import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -279,3 +279,27 @@ async def test_stop_sequences_never_leak_into_the_text(engine):
     outs = await collect(engine, request(3, "stop me", max_tokens=30, stop=(stop,)))
     assert outs[-1].finish_reason == FINISH_STOP
     assert text_of(outs) == full_text[: full_text.index(stop)]
+
+
+async def test_a_prompt_s_log_probabilities_come_with_the_first_step_alone(engine):
+    """A text completion's echo with logprobs (``prompt_logprobs``): the first step carries one for
+    each prompt token, the first unscored (0, no likeliest) and each later one at most 0 with the
+    likeliest asked; later steps, a request that does not ask and a taken-over sequence (its first
+    step was published) carry none, and asking changes no token. Transformers' manager batching
+    cannot score a prompt: it refuses."""
+    plain = dataclasses.replace(request(71, "the bus carries every token to the edge", max_tokens=4), text_prompt=True)
+    scored = dataclasses.replace(plain, sampling=SamplingParams(max_tokens=4, prompt_logprobs=2))
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="takes no prompt_logprobs"):
+            engine.generate(scored)
+        return
+    outs, plain_outs = await collect(engine, scored), await collect(engine, plain)
+    first, *rest = outs[0].prompt_logprobs
+    assert len(outs[0].prompt_logprobs) == outs[0].prompt_tokens > 1
+    assert (first.logprob, first.top) == (0.0, [])
+    assert all(t.logprob <= 0 and len(t.top) == 2 for t in rest)
+    assert all(o.prompt_logprobs == () for o in outs[1:] + plain_outs)
+    assert ids_of(outs) == ids_of(plain_outs)
+    prefix_ids, prefix_text = published(outs, 2)
+    taken_over = await collect(engine, dataclasses.replace(scored, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
+    assert all(o.prompt_logprobs == () for o in taken_over)

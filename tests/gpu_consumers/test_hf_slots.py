@@ -64,6 +64,36 @@ async def test_log_probabilities_are_those_of_the_model_s_own_logits(sharp_model
         await engine.close()
 
 
+async def test_prompt_log_probabilities_are_the_model_s_own_over_the_whole_prompt(sharp_model):
+    """A prompt asked to be scored (an echo with logprobs) is prefilled whole, even where the prefix
+    cache holds it: each token after the first gets the log-softmax of the logits the model gives
+    the tokens before it, with its likeliest; the first is unscored, and a batch-mate asks nothing."""
+    import torch
+
+    engine = await started(sharp_model)
+    try:
+        text = PROMPTS[3]
+        await ids_and_finish(engine, request(0, text, 2))  # its blocks are now in the prefix cache
+        scored, plain = request(1, text, 2, prompt_logprobs=3), request(2, PROMPTS[2], 2)
+        outs, plain_outs = await asyncio.gather(collect_outs(engine, scored), collect_outs(engine, plain))
+        assert all(o.prompt_logprobs == () for o in outs[1:] + plain_outs)
+        prompt = engine.prompt_ids(scored)
+        with torch.no_grad():
+            expected = torch.log_softmax(engine.model(torch.tensor([prompt])).logits[0].float(), -1)
+        first, *rest = outs[0].prompt_logprobs
+        assert (first.token, first.logprob, first.top) == (engine.tokenizer.decode([prompt[0]]), 0.0, [])
+        assert len(rest) == len(prompt) - 1
+        for place, token in enumerate(rest):
+            assert token.token == engine.tokenizer.decode([prompt[place + 1]])
+            assert token.logprob == pytest.approx(expected[place, prompt[place + 1]].item(), abs=1e-4)
+            top = expected[place].topk(3)
+            assert [a.logprob for a in token.top] == pytest.approx(top.values.tolist(), abs=1e-4)
+            assert [a.token for a in token.top] == [engine.tokenizer.decode([i]) for i in top.indices.tolist()]
+        assert outs[0].cached_tokens == 0  # computed, not taken from the cache
+    finally:
+        await engine.close()
+
+
 async def test_a_logit_bias_is_added_to_its_own_rows_logits_alone(sharp_model):
     """Batched with requests that have none, a request's ``logit_bias`` shifts its own logits
     alone: each biased request decodes what transformers' ``generate`` decodes with that bias

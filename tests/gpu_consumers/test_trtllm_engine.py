@@ -136,6 +136,42 @@ def test_a_logit_bias_is_a_logits_processor_that_adds_to_the_ids_it_names_alone(
     assert logits[0, 0].tolist() == [-math.inf, 0, -math.inf, -math.inf, -math.inf, 2, -math.inf, -math.inf]
 
 
+async def test_prompt_log_probabilities_are_asked_for_and_read_in_either_length_a_build_gives(tiny_model):
+    """Asked for (at least one likeliest: a build may read 0 as none), they come with the first step
+    alone: the prompt's first token unscored, then an entry a later token (the fake's, and a build
+    that gives the first token an entry too, None as vLLM's: passed over); a taken-over sequence,
+    whose first step was published, asks for none."""
+    asked = []
+    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=4))
+    await engine.start()
+    generate_async = engine._llm.generate_async
+    engine._llm.generate_async = lambda ids, params, **kw: asked.append((ids, params)) or generate_async(ids, params, **kw)
+    messages = (ChatMessage("user", "tell me a story"),)
+    try:
+        outs = [o async for o in engine.generate(GenerationInput("trt-p1", messages, SamplingParams(max_tokens=4,
+                                                                                                      prompt_logprobs=0)))]
+        taken_over = [o async for o in engine.generate(GenerationInput("trt-p2", messages, SamplingParams(
+            max_tokens=4, prompt_logprobs=2), prefix_token_ids=outs[0].token_ids_diff))]
+        stream = engine.generate(GenerationInput("trt-p3", messages, SamplingParams(max_tokens=4, prompt_logprobs=1)))
+        prompt = asked[-1][0]
+        entries = engine._llm.prompt_logprobs_of(prompt, 1)
+        with_first = stream._prompt_logprobs(SimpleNamespace(prompt_logprobs=[None, *entries]))
+        stream.abort()
+    finally:
+        await engine.close()
+    tokenizer = engine._llm.tokenizer
+    assert [params.prompt_logprobs for _, params in asked] == [1, None, 1]
+    first, *rest = outs[0].prompt_logprobs
+    assert (first.token, first.logprob, first.top) == (tokenizer.decode([prompt[0]]), 0.0, [])
+    expected = engine._llm.prompt_logprobs_of(prompt, 1)
+    assert [(t.token, t.logprob) for t in rest] == [(tokenizer.decode([i]), e[i].logprob)
+                                                    for i, e in zip(prompt[1:], expected, strict=True)]
+    assert all(t.top == [] for t in rest)  # none asked: the one the build was asked for is cut
+    assert all(o.prompt_logprobs == () for o in outs[1:] + taken_over)
+    assert [t.logprob for t in with_first[1:]] == [t.logprob for t in rest]
+    assert len(with_first[1].top) == 1
+
+
 async def test_log_probabilities_are_asked_for_and_read_in_either_form_a_build_gives(tiny_model):
     """Asked for (``SamplingParams.logprobs``, none where not asked), they come back as vLLM's
     dicts (the fake's, and TensorRT-LLM's PyTorch backend's): the sampled token's and the likeliest;

@@ -95,6 +95,43 @@ async def test_a_text_completion_scores_tokens_in_the_legacy_shape(client):
         assert [v for c in chunks for v in getattr(c, field)] == getattr(scored, field)
 
 
+async def test_an_echo_scores_the_prompt_before_the_completion_as_evaluation_harnesses_read_it(client):
+    """``echo`` with ``logprobs`` (what lm-evaluation-harness sends to score a text): the text is the
+    prompt and then the completion, and the legacy lists score the prompt's tokens first (the
+    simulated tokenizer's: a word each, with the space before it), the very first with null, then
+    the completion's as without echo; streamed, the first chunk carries the prompt with them."""
+    prompt = "Once  the bus zebra carries"
+    plain = await client.completions.create(model=MODEL, prompt=prompt, seed=46, max_tokens=4, logprobs=1)
+    whole = await client.completions.create(model=MODEL, prompt=prompt, seed=46, max_tokens=4, logprobs=1, echo=True)
+    stream = await client.completions.create(model=MODEL, prompt=prompt, seed=46, max_tokens=4, logprobs=1, echo=True,
+                                             stream=True)
+    chunks = [c.choices[0] async for c in stream if c.choices]
+    scored, generated = whole.choices[0].logprobs, plain.choices[0].logprobs
+    assert whole.choices[0].text == prompt + plain.choices[0].text
+    words = ["Once", "  the", " bus", " zebra", " carries"]
+    assert scored.tokens == words + generated.tokens
+    assert scored.token_logprobs == [None, as_sent(UNIFORM), as_sent(UNIFORM), -9999.0, as_sent(UNIFORM),
+                                     *generated.token_logprobs]  # "zebra" is no word the simulated model says
+    assert scored.top_logprobs[0] is None and scored.top_logprobs[1] == {"  the": as_sent(UNIFORM),
+                                                                         " the": as_sent(UNIFORM)}
+    assert scored.top_logprobs[len(words):] == generated.top_logprobs
+    assert scored.text_offset == [len("".join(scored.tokens[:i])) for i in range(len(scored.tokens))]
+    assert whole.usage == plain.usage  # the prompt is not generated again
+    assert chunks[0].text.startswith(prompt) and "".join(c.text for c in chunks) == whole.choices[0].text
+    for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [v for c in chunks if c.logprobs for v in getattr(c.logprobs, field)] == getattr(scored, field)
+
+
+async def test_an_echo_without_logprobs_gives_the_prompt_back_unscored(client):
+    prompt = "Echo the bus"
+    plain = await client.completions.create(model=MODEL, prompt=prompt, seed=47, max_tokens=5)
+    whole = await client.completions.create(model=MODEL, prompt=prompt, seed=47, max_tokens=5, echo=True)
+    stream = await client.completions.create(model=MODEL, prompt=prompt, seed=47, max_tokens=5, echo=True, stream=True)
+    chunks = [c.choices[0] async for c in stream if c.choices]
+    assert whole.choices[0].text == prompt + plain.choices[0].text and whole.choices[0].logprobs is None
+    assert "".join(c.text for c in chunks) == whole.choices[0].text and all(c.logprobs is None for c in chunks)
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ])

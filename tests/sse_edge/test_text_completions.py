@@ -77,7 +77,6 @@ async def test_stop_sequences_end_the_text_before_them(client):
     ({"prompt": [[1, 2], [3]]}, "prompt", "unsupported_value"),
     ({"prompt": ["one", "two"]}, "prompt", "unsupported_value"),
     ({"prompt": ""}, "prompt", "invalid_value"),
-    ({"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
     ({"prompt": "x", "logprobs": 21}, "logprobs", "invalid_value"),
     ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias", "invalid_value"),
     ({"prompt": "x", "suffix": "y"}, "suffix", "unsupported_parameter"),
@@ -136,6 +135,27 @@ async def test_a_text_stream_is_read_again_in_its_own_shapes_and_kept_in_the_tra
     assert data(again.text) == frames and data(after_two.text) == frames[2:]
     text = "".join(c["choices"][0]["text"] for c in chunks)
     assert [(r["role"], r["content"]) for r in rows] == [("user", PROMPT), ("assistant", text)]
+
+
+async def test_an_echoed_stream_is_read_again_with_its_prompt_and_the_transcript_keeps_it_once(edge_url, auth):
+    """The echo travels on the stream's first event, so a stream read again (at any edge) gives it
+    back as it was sent live; the transcript and the usage hold the completion alone."""
+    body = {"model": MODEL, "prompt": PROMPT, "seed": 34, "max_tokens": 6, "stream": True, "echo": True, "logprobs": 0}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+        first = await http.post("/v1/completions", json=body, headers=auth)
+        frames = [line for line in first.text.splitlines() if line.startswith("data: ")]
+        chunks = [json.loads(f[len("data: "):]) for f in frames[:-1]]
+        again = await http.get(f"/v1/chat/completions/{chunks[0]['id']}/stream", headers=auth)
+        for _ in range(100):
+            rows = (await http.get(f"/v1/conversations/{chunks[0]['id']}/messages", headers=auth)).json().get("data", [])
+            if any(r["role"] == "assistant" for r in rows):
+                break
+            await asyncio.sleep(0.1)
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert chunks[0]["choices"][0]["text"].startswith(PROMPT) and text.startswith(PROMPT)
+    assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    assert [line for line in again.text.splitlines() if line.startswith("data: ")] == frames
+    assert [(r["role"], r["content"]) for r in rows] == [("user", PROMPT), ("assistant", text[len(PROMPT):])]
 
 
 async def test_a_retry_with_the_same_idempotency_key_gets_the_same_text_completion(edge_url, auth):

@@ -8,7 +8,8 @@ async-iterable, whose ``outputs[0]`` (a ``CompletionOutput``) carries cumulative
 ``token_ids`` and per-step ``text_diff`` / ``token_ids_diff`` and ``finish_reason`` ("stop",
 "length", "cancelled"), with ``finished`` and ``abort()``, with ``SamplingParams.logits_processor``
 called on each step's logits, and with ``SamplingParams.logprobs`` a dict of ``Logprob`` for each
-token in ``logprobs`` (text only while ``SamplingParams.detokenize``; the engine runs ahead of its
+token in ``logprobs`` (with ``prompt_logprobs``, one for each prompt token after the first on the
+first response; text only while ``SamplingParams.detokenize``; the engine runs ahead of its
 reader, queuing a response every ``stream_interval`` steps of the LLM's in the result's ``aqueue``),
 and ``get_stats(timeout)``, a list of iteration stats whose ``kvCacheStats`` holds ``maxNumBlocks``,
 ``usedNumBlocks``, ``freeNumBlocks`` and ``tokensPerBlock`` (blocks held by the unfinished
@@ -60,6 +61,7 @@ class SamplingParams:
     min_tokens: int | None = None  # stop_token_ids are passed over until the output holds this many
     stop_token_ids: list[int] | None = None  # end the output ("stop") as the end token would
     guided_decoding: Any = None  # llmapi.GuidedDecodingParams: the output is its answer's tokens, then "stop"
+    prompt_logprobs: int | None = None  # each prompt token's after the first, with this many likeliest
 
 
 @dataclass
@@ -81,6 +83,9 @@ class CompletionOutput:
     # With SamplingParams.logprobs, one dict a token as vLLM's (TokenLogprobs): the sampled token's
     # and the ``logprobs`` likeliest tokens' Logprob, by token id.
     logprobs: list[dict[int, Logprob]] | None = None
+    # With SamplingParams.prompt_logprobs, on the first response: a dict for each prompt token after the
+    # first, its own Logprob and its place's likeliest tokens'.
+    prompt_logprobs: list[dict[int, Logprob]] | None = None
 
 
 class ResponseQueue:
@@ -193,6 +198,8 @@ class RequestOutput:
         if self._params.logprobs is not None:
             completion.logprobs = (completion.logprobs or []) + [self._llm.logprobs_of(t, self._params.logprobs)
                                                                  for t in tokens]
+        if self._params.prompt_logprobs and completion.prompt_logprobs is None:
+            completion.prompt_logprobs = self._llm.prompt_logprobs_of(self.prompt_token_ids, self._params.prompt_logprobs)
         if self._params.detokenize:
             text = self._llm.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             stops = [i for stop in self._params.stop or [] if (i := text.find(stop)) != -1]
@@ -280,6 +287,16 @@ class LLM:
         the ids after it follow, one nat apart each (the picked one is rank 1, as greedy decoding's)."""
         likeliest = {(token + j) % self._vocab: Logprob(-0.25 - j, j + 1) for j in range(top)}
         return {token: Logprob(-0.25, 1), **likeliest}
+
+    def prompt_logprobs_of(self, prompt: list[int], top: int) -> list[dict[int, Logprob]]:
+        """Each prompt token after the first scored at its place: the fake's distribution after the
+        tokens before it (``logprobs_of`` its pick), the prompt's own token at -10 where it is not
+        among the likeliest."""
+        entries = []
+        for place in range(1, len(prompt)):
+            entry = self.logprobs_of(self.token_for(prompt[:place]), top)
+            entries.append({prompt[place]: entry.get(prompt[place], Logprob(-10.0)), **entry})
+        return entries
 
     def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None,
                        streaming: bool = False) -> RequestOutput:
