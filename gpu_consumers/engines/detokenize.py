@@ -143,16 +143,22 @@ class IncrementalDetokenizer:
 
 class StopFilter:
     """Holds back text that could still turn into a stop sequence, so that no text at or after
-    a stop sequence is ever sent, even when the stop spans several deltas."""
+    a stop sequence is ever sent, even when the stop spans several deltas. None is looked for
+    while the output holds fewer than ``min_tokens`` tokens (vLLM's rule: no stop condition ends an
+    output before then), so none that ends before then ever stops it."""
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
+    def __init__(self, stops: tuple[str, ...], min_tokens: int = 0) -> None:
         self._stops = tuple(s for s in stops if s)
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._held = ""
+        self._min_tokens = min_tokens
 
-    def feed(self, delta: str) -> tuple[str, bool]:
-        """The text safe to send now, and whether a stop sequence was reached."""
+    def feed(self, delta: str, tokens: int | None = None) -> tuple[str, bool]:
+        """The text safe to send now, and whether a stop sequence was reached; ``tokens``: the
+        output's tokens with this delta's (None: enough)."""
         if not self._stops:  # nothing is ever held back (most requests, every token of them)
+            return delta, False
+        if tokens is not None and tokens < self._min_tokens:  # (nothing is held back before then)
             return delta, False
         buffer = self._held + delta
         hits = [i for stop in self._stops if (i := buffer.find(stop)) != -1]

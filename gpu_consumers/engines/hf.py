@@ -129,7 +129,7 @@ class _HfSequence:
         self._ending_text = ""
         self._generation_done = False
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
-        self._stops = StopFilter(inp.sampling.stop)
+        self._stops = StopFilter(inp.sampling.stop, inp.sampling.min_tokens)
         self._ends_at_eos = not inp.sampling.ignore_eos
         self._stop_ids = frozenset(inp.sampling.stop_token_ids)  # vLLM's: they end it as an end token does
         self._taken = 0  # tokens of the manager's cumulative output made into deltas so far
@@ -196,7 +196,7 @@ class _HfSequence:
         if delta.finish == FINISH_ERROR:
             return self._final(FINISH_ERROR, error=delta.error)
         new_ids = tuple(delta.ids)
-        text, stopped = self._stops.feed(self._detokenizer.push(delta.ids))
+        text, stopped = self._stops.feed(self._detokenizer.push(delta.ids), len(self._detokenizer.token_ids))
         logprobs = self._logprobs(delta.logprobs) if delta.logprobs else ()
         prompt_logprobs = self._prompt_logprobs(delta) if self._scored_prompt is not None else ()
         if stopped:

@@ -11,6 +11,7 @@ scores."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,16 +60,26 @@ def step_scores(logits: Any, picked: Any, rows: list[tuple[Scoring, int]]) -> St
     return StepScores([r for r, _ in asking], picked, chosen, top_values, top_ids)
 
 
-def prompt_scores(logits: Any, prompt: list[int], top: int) -> list[ScoredToken]:
-    """Each of ``prompt``'s tokens after the first scored under ``logits`` (the prefill's, after
-    every prompt token: length x vocabulary), with its ``top`` likeliest; read to the host here."""
+def prompt_scores(logits_of: Callable[[Any], Any], normed: Any, prompt: list[int], top: int) -> list[ScoredToken]:
+    """Each of ``prompt``'s tokens after the first scored under the logits after the one before it
+    (``logits_of`` the prefill's last-layer output at each prompt position, ``normed``), with its
+    ``top`` likeliest; read to the host here. The logits are made ``PROMPT_CHUNK`` positions at a
+    time: a long prompt's all at once would be length x vocabulary floats (8,192 x 128,256, 4 GiB)."""
     import torch
 
-    scores = torch.log_softmax(logits[:-1].float(), dim=-1)
-    following = torch.tensor(prompt[1:], device=logits.device)
-    chosen = scores.gather(1, following[:, None])[:, 0].tolist()
-    if not top:
-        return [(token, logprob, []) for token, logprob in zip(prompt[1:], chosen, strict=True)]
-    values, ids = (t.tolist() for t in scores.topk(top, dim=-1))
-    return [(token, logprob, list(zip(row_ids, row_values, strict=True)))
-            for token, logprob, row_ids, row_values in zip(prompt[1:], chosen, ids, values, strict=True)]
+    scored: list[ScoredToken] = []
+    for start in range(0, len(prompt) - 1, PROMPT_CHUNK):
+        end = min(start + PROMPT_CHUNK, len(prompt) - 1)
+        scores = torch.log_softmax(logits_of(normed[start:end]).float(), dim=-1)
+        following = prompt[start + 1:end + 1]
+        chosen = scores.gather(1, torch.tensor(following, device=scores.device)[:, None])[:, 0].tolist()
+        if not top:
+            scored += [(token, logprob, []) for token, logprob in zip(following, chosen, strict=True)]
+            continue
+        values, ids = (t.tolist() for t in scores.topk(top, dim=-1))
+        scored += [(token, logprob, list(zip(row_ids, row_values, strict=True)))
+                   for token, logprob, row_ids, row_values in zip(following, chosen, ids, values, strict=True)]
+    return scored
+
+
+PROMPT_CHUNK = 512

@@ -143,7 +143,8 @@ class SlotModel:
         """Write each prompt's keys and values to its slot's rows from position ``starts[i]`` on (the
         positions before it the slot holds already), in one padded batch; returns the logits after
         each prompt's last token (count x vocabulary), and for each of the prompts ``whole`` names
-        (by place; each starting at 0) the logits after every one of its tokens (length x vocabulary)."""
+        (by place; each starting at 0) its last layer's normed output at every one of its tokens
+        (length x hidden: ``logits`` makes them logits, a few positions at a time)."""
         torch = self._torch
         count, width = len(prompts), max(len(p) - start for p, start in zip(prompts, starts, strict=True))
         ids = torch.zeros(count, width, dtype=torch.long)
@@ -159,8 +160,12 @@ class SlotModel:
             attend = self._attend_new(rows, width)
         hidden = self._layers_over(self._embed(ids.to(self.device)), positions, attend)
         ends = torch.tensor([len(p) - start - 1 for p, start in zip(prompts, starts, strict=True)], device=self.device)
-        every = [self._head(self._norm(hidden[row, : len(prompts[row])])) for row in whole]
+        every = [self._norm(hidden[row, : len(prompts[row])]) for row in whole]
         return self._head(self._norm(hidden[torch.arange(count, device=self.device), ends])), every
+
+    def logits(self, normed: Any) -> Any:
+        """The logits of the last layer's normed output (``prefill``'s ``whole``)."""
+        return self._head(normed)
 
     def _attend_new(self, rows: Any, width: int) -> Attend:
         """Attention for prompts that start at position 0: over their own keys and values alone,

@@ -323,9 +323,10 @@ class SlotBatcher:
         deltas = self._advance(requests, first.cpu().tolist(), scores)
         for request, (_, delta) in zip(requests, deltas, strict=True):
             delta.cached_tokens = request.start
-        for place, prompt_logits in zip(scored, every, strict=True):
+        for place, normed in zip(scored, every, strict=True):
             request = requests[place]
-            deltas[place][1].prompt_logprobs = prompt_scores(prompt_logits, request.prompt, request.prompt_logprobs or 0)
+            deltas[place][1].prompt_logprobs = prompt_scores(self._model.logits, normed, request.prompt,
+                                                             request.prompt_logprobs or 0)
         return deltas
 
     def _launch(self) -> _Launched | None:

@@ -188,7 +188,7 @@ class _Sequence:
     prompt_scores: tuple[TokenLogprob, ...] = ()  # its prompt's, where asked: they go with its first step
 
     def __post_init__(self) -> None:
-        self.stops = StopFilter(self.inp.sampling.stop)
+        self.stops = StopFilter(self.inp.sampling.stop, self.inp.sampling.min_tokens)
         self.generated = len(self.inp.prefix_token_ids)
         prefix = self._markup_piece_text(self.generated) if self.markup else decode(self.inp.prefix_token_ids)
         self.unsent = prefix[len(self.inp.prefix_text):]
@@ -259,7 +259,7 @@ class _Sequence:
             said.add(token_id)
         piece = space + VOCABULARY[token_id]
         self.generated += 1
-        text, stopped = self.stops.feed(self.unsent + piece)
+        text, stopped = self.stops.feed(self.unsent + piece, self.generated)
         self.unsent = ""
         if stopped:
             return self._emit(text, (token_id,), FINISH_STOP, logprobs=logprobs)

@@ -179,7 +179,7 @@ class _TrtStream:
         self._prompt_tokens = prompt_tokens
         self._cached_tokens = cached_tokens
         self._detokenizer = IncrementalDetokenizer(tokenizer, inp.prefix_token_ids, inp.prefix_text)
-        self._stops = StopFilter(inp.sampling.stop)
+        self._stops = StopFilter(inp.sampling.stop, inp.sampling.min_tokens)
         self._aborted = False
         self._top_logprobs = inp.sampling.logprobs
         self._token_texts = token_texts
@@ -259,7 +259,7 @@ class _TrtStream:
                 ids, read = tuple(completion.token_ids[read:]), len(completion.token_ids)
                 logprobs = self._logprobs(completion, start, ids)
                 scored_prompt = self._prompt_logprobs(completion) if self._scored_prompt is not None else ()
-                text, stopped = self._stops.feed(self._detokenizer.push(ids))
+                text, stopped = self._stops.feed(self._detokenizer.push(ids), len(self._detokenizer.token_ids))
                 if stopped:
                     self.abort()
                     yield self._step(text, ids, FINISH_STOP, logprobs=logprobs, prompt_logprobs=scored_prompt)
@@ -397,7 +397,8 @@ class TrtLlmEngine:
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed,
-            stop=list(s.stop) or None,
+            # (its own stop words are no min_tokens' concern: with one, the adapter's StopFilter alone stops it)
+            stop=(list(s.stop) or None) if not s.min_tokens else None,
             ignore_eos=s.ignore_eos,
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
             logprobs=s.logprobs,

@@ -281,6 +281,19 @@ async def test_stop_sequences_never_leak_into_the_text(engine):
     assert text_of(outs) == full_text[: full_text.index(stop)]
 
 
+async def test_a_stop_sequence_ends_nothing_before_min_tokens(engine):
+    """vLLM's rule: no stop condition ends an output that holds fewer than ``min_tokens`` tokens,
+    a stop sequence's neither: one the first tokens hold is passed over and kept in the text.
+    Transformers' manager batching refuses ``min_tokens`` (see above)."""
+    if getattr(engine, "batching", None) == "manager":
+        return
+    full_text = text_of(await collect(engine, request(5, "stop me late", max_tokens=30, ignore_eos=True)))
+    stop = full_text[:3]
+    outs = await collect(engine, request(5, "stop me late", max_tokens=30, ignore_eos=True, stop=(stop,), min_tokens=10))
+    assert outs[-1].completion_tokens >= 10 and stop in text_of(outs)
+    assert full_text.startswith(text_of(outs))
+
+
 async def test_a_prompt_s_log_probabilities_come_with_the_first_step_alone(engine):
     """A text completion's echo with logprobs (``prompt_logprobs``): the first step carries one for
     each prompt token, the first unscored (0, no likeliest) and each later one at most 0 with the

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from tests.gpu_consumers.slot_engines import ids_and_finish, plain_greedy, request, started, transformers_own
-from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput
+from tokenbus.gpu_consumers.engines import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, GenerationInput, hf_slot_logprobs
 from tokenbus.gpu_consumers.engines.hf import HfEngine
 from tokenbus.gpu_consumers.engines.hf_loading import HfEngineSettings, uses_slots
 from tokenbus.gpu_consumers.engines.hf_slot_model import LENGTH_BUCKET, bucket, graph_buckets, unsupported
@@ -64,12 +64,15 @@ async def test_log_probabilities_are_those_of_the_model_s_own_logits(sharp_model
         await engine.close()
 
 
-async def test_prompt_log_probabilities_are_the_model_s_own_over_the_whole_prompt(sharp_model):
+@pytest.mark.parametrize("chunk", [hf_slot_logprobs.PROMPT_CHUNK, 5])
+async def test_prompt_log_probabilities_are_the_model_s_own_over_the_whole_prompt(sharp_model, monkeypatch, chunk):
     """A prompt asked to be scored (an echo with logprobs) is prefilled whole, even where the prefix
     cache holds it: each token after the first gets the log-softmax of the logits the model gives
-    the tokens before it, with its likeliest; the first is unscored, and a batch-mate asks nothing."""
+    the tokens before it, with its likeliest, its logits made a chunk of positions at a time (here
+    also 5, so that a chunk ends in the middle); the first is unscored, and a batch-mate asks nothing."""
     import torch
 
+    monkeypatch.setattr(hf_slot_logprobs, "PROMPT_CHUNK", chunk)
     engine = await started(sharp_model)
     try:
         text = PROMPTS[3]
