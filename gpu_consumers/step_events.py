@@ -61,6 +61,13 @@ class StepEvents:
             tier=request.tier if seq == 0 else None,
             admitted_at_ms=self._admitted_at_ms if seq == 0 else None,
             logprobs=list(out.logprobs),
-            echo=request.messages[0].content if seq == 0 and request.echo else None,
+            echo=echoed(request) if seq == 0 and request.echo else None,
             prompt_logprobs=list(out.prompt_logprobs),
         )
+
+
+def echoed(request: ChatRequest) -> str | None:
+    """What an echo gives back: a text completion's prompt; a chat's final message where it is the
+    assistant's (vLLM's chat echo: the reply goes on from it), else nothing."""
+    final = request.messages[-1]
+    return final.content if request.text_prompt or final.role == "assistant" else None

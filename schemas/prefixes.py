@@ -2,7 +2,8 @@
 
 An engine's prefix cache holds blocks of prompt tokens, but the router that places a request has
 no tokenizer: it sees messages. So prefixes are named at the boundaries every engine's chat
-template keeps whole: the offered functions first (one segment), then each message. The name of
+template keeps whole: the offered functions first (one segment), then each message (a final one
+left open for the model to continue, vLLM's ``continue_final_message``, is a segment of its own kind). The name of
 the first ``k`` segments is a chain hash, ``h_k = blake2b(h_{k-1} || segment_k)``, so it names the
 whole prefix and nothing else (each field is length-prefixed, so no two prompts feed it the
 same bytes). A text completion's prompt, which no template wraps, is one segment of its own
@@ -45,6 +46,9 @@ class Prompt(Protocol):
     @property
     def text_prompt(self) -> bool: ...
 
+    @property
+    def continue_final_message(self) -> bool: ...
+
 
 def _fields(h: Any, *fields: str | None) -> None:
     """Length-prefixed, so no two different segments feed the hash the same bytes."""
@@ -57,10 +61,14 @@ def _fields(h: Any, *fields: str | None) -> None:
         h.update(data)
 
 
-def _message(h: Any, message: ChatMessage) -> None:
-    _fields(h, "message", message.role, message.content, message.tool_call_id)
+def _message(h: Any, message: ChatMessage, kind: str = "message") -> None:
+    _fields(h, kind, message.role, message.content, message.tool_call_id)
     for call in message.tool_calls:
         _fields(h, "call", call.id, call.name, call.arguments)
+
+
+def _open_message(h: Any, message: ChatMessage) -> None:
+    _message(h, message, "open message")
 
 
 def _text(h: Any, message: ChatMessage) -> None:
@@ -91,6 +99,8 @@ def segment_hashes(prompt: Prompt) -> list[int]:
         return hashes
     if prompt.offers_tools:
         chain(_tools, prompt)
-    for message in prompt.messages:
-        chain(_message, message)
+    for i, message in enumerate(prompt.messages):
+        # A final message left open for the model to continue is not the tokens of that message closed.
+        last_open = prompt.continue_final_message and i == len(prompt.messages) - 1
+        chain(_open_message if last_open else _message, message)
     return hashes

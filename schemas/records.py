@@ -203,9 +203,14 @@ class ChatRequest:
     # RESPONSE_JSON_SCHEMA following ``json_schema``, a JSON Schema as JSON text).
     response_format: str = RESPONSE_TEXT
     json_schema: str = ""
-    # A text completion's ``echo`` (OpenAI's legacy API): the prompt comes back before the output, on
-    # the first token event, with its tokens' log probabilities where ``logprobs`` is set.
+    # ``echo``: the prompt comes back before the output, on the first token event: a text
+    # completion's (OpenAI's legacy API), with its tokens' log probabilities where ``logprobs`` is
+    # set; a chat's final message, where it is the assistant's (vLLM's chat ``echo``).
     echo: bool = False
+    # vLLM's chat template options: the prompt ends with the start of the assistant's reply, or
+    # (``continue_final_message``) the final message is left open for the model to continue.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:

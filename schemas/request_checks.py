@@ -100,8 +100,10 @@ def request_problem(request: ChatRequest) -> str | None:
         return "allowed_token_ids must not be negative"
     if (format_problem := response_format_problem(request)) is not None:
         return format_problem
-    if request.echo and not (request.text_prompt and len(request.messages) == 1):
-        return "echo is for a text completion (text_prompt, one message) alone"
+    if request.echo and request.text_prompt and len(request.messages) != 1:
+        return "a text completion's echo needs its one message"
+    if request.continue_final_message and (request.add_generation_prompt or request.text_prompt):
+        return "continue_final_message is for a chat without add_generation_prompt"
     if request.tool_choice not in TOOL_CHOICES:
         return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
     if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:

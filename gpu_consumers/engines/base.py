@@ -113,6 +113,10 @@ class GenerationInput:
     parallel_tool_calls: bool = True
     # A text completion: the one message's content is the prompt, continued with no chat template.
     text_prompt: bool = False
+    # vLLM's chat template options: end the prompt with the start of the assistant's reply, or
+    # leave the final message open for the model to continue (an assistant's reply begun by the client).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @property
     def offers_tools(self) -> bool:
@@ -122,7 +126,8 @@ class GenerationInput:
     def prompt_key(self) -> tuple[Any, ...]:
         """Everything the prompt is rendered from (not a taken-over sequence's output): equal keys,
         equal prompts. Unhashable where a message holds a list the schema has as a tuple."""
-        return (self.request_id, self.messages, self.tools, self.tool_choice, self.tool_choice_name, self.text_prompt)
+        return (self.request_id, self.messages, self.tools, self.tool_choice, self.tool_choice_name, self.text_prompt,
+                self.add_generation_prompt, self.continue_final_message)
 
     @classmethod
     def from_request(cls, request: ChatRequest, prefix_token_ids: tuple[int, ...] = (), prefix_text: str = "") -> GenerationInput:
@@ -136,6 +141,8 @@ class GenerationInput:
             tool_choice_name=request.tool_choice_name,
             parallel_tool_calls=request.parallel_tool_calls,
             text_prompt=request.text_prompt,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
             sampling=SamplingParams(
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,
@@ -155,7 +162,7 @@ class GenerationInput:
                 allowed_token_ids=tuple(request.allowed_token_ids),
                 response_format=request.response_format,
                 json_schema=request.json_schema,
-                prompt_logprobs=request.top_logprobs if request.echo and request.logprobs else None,
+                prompt_logprobs=request.top_logprobs if request.echo and request.logprobs and request.text_prompt else None,
             ),
         )
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Container
 from typing import Any, NamedTuple
 
-from tokenbus.gpu_consumers.engines.base import GenerationInput
+from tokenbus.gpu_consumers.engines.base import GenerationInput, InvalidInput
 from tokenbus.gpu_consumers.engines.blocks import ChainHash, block_hashes, leading_held
 from tokenbus.gpu_consumers.engines.detokenize import rust_tokenizer
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
@@ -91,8 +91,7 @@ def prompt_ids(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool
     tokenizer's special tokens (a Llama's BOS), as a text completion server does."""
     if inp.text_prompt:
         return list(tokenizer(inp.messages[0].content)["input_ids"])
-    messages, options = _conversation(tokenizer, inp)
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **options)
+    ids = _templated(tokenizer, inp, add_generation_prompt, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
 
 
@@ -100,9 +99,20 @@ def prompt_text(tokenizer: Any, inp: GenerationInput, add_generation_prompt: boo
     """The prompt as the chat template writes it, before tokenizing (a text prompt as it is)."""
     if inp.text_prompt:
         return inp.messages[0].content
+    return str(_templated(tokenizer, inp, add_generation_prompt, tokenize=False))
+
+
+def _templated(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool, tokenize: bool) -> Any:
+    """The chat template applied as ``inp`` asks (vLLM's ``add_generation_prompt`` and
+    ``continue_final_message``); a final message the template cannot leave open is ``InvalidInput``."""
     messages, options = _conversation(tokenizer, inp)
-    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                             **options))
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt and inp.add_generation_prompt,
+                                             continue_final_message=inp.continue_final_message, tokenize=tokenize, **options)
+    except ValueError as exc:
+        if not inp.continue_final_message:
+            raise
+        raise InvalidInput(f"the chat template cannot continue the final message: {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +232,9 @@ class SegmentEnds:
         for i, prefix in enumerate(segment_hashes(inp)[len(ends):]):
             end = self._ends.get(prefix)
             if end is None:
-                end = self._end_of(dataclasses.replace(inp, messages=inp.messages[:i + 1]), ids, rendered)
+                # (the messages as they stand in a longer prompt: closed, even where the final one is left open)
+                part = dataclasses.replace(inp, messages=inp.messages[:i + 1], continue_final_message=False)
+                end = self._end_of(part, ids, rendered)
                 self._ends[prefix] = end
                 while len(self._ends) > self._remembered:
                     self._ends.popitem(last=False)

@@ -191,6 +191,8 @@ class _Sequence:
         self.stops = StopFilter(self.inp.sampling.stop, self.inp.sampling.min_tokens)
         self.generated = len(self.inp.prefix_token_ids)
         prefix = self._markup_piece_text(self.generated) if self.markup else decode(self.inp.prefix_token_ids)
+        if self.inp.continue_final_message and self.inp.prefix_token_ids and not self.markup:
+            prefix = " " + prefix  # its first word went on after the final message, as step() says it
         self.unsent = prefix[len(self.inp.prefix_text):]
 
     def _markup_piece_text(self, pieces: int) -> str:
@@ -248,7 +250,7 @@ class _Sequence:
         if self.markup:
             return self._step_markup()
         said = self.said
-        space = "" if self.generated == 0 else " "
+        space = "" if self.generated == 0 and not self.inp.continue_final_message else " "  # (on after the message)
         if said is None:
             token_id = self.rng.randrange(len(VOCABULARY))
         else:

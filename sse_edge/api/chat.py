@@ -248,6 +248,9 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         tool_choice=tool_choice_of(chat),
         tool_choice_name=None if isinstance(chat.tool_choice, str | None) else chat.tool_choice.function.name,
         parallel_tool_calls=chat.parallel_tool_calls is not False,
+        echo=chat.echo,
+        add_generation_prompt=chat.add_generation_prompt,
+        continue_final_message=chat.continue_final_message,
     )
 
 

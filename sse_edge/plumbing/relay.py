@@ -183,15 +183,18 @@ async def sse_frames(
 
 
 def event_chunks(event: TokenEvent, writer: ChunkWriter) -> list[str]:
-    """The chunks one token event becomes: its text with the finish reason (and its tokens' log
-    probabilities, where asked: a chunk for them even where a stop sequence holds the text back),
-    as one chunk; where the event holds function calls, its text, a chunk per piece of a call, and the finish."""
-    if event.echo is not None:  # a text completion's first event, its prompt asked for back
-        return [writer.delta(event.echo + event.text, event.finish_reason, content_logprobs(event), event.prompt_logprobs)]
+    """The chunks one token event becomes: its text (after its echo, on a first event) with the
+    finish reason (and its tokens' log probabilities, where asked: a chunk for them even where a stop
+    sequence holds the text back), as one chunk; where the event holds function calls, its text, a
+    chunk per piece of a call, and the finish."""
+    # (A first event may carry an echo: the prompt, or the final message, given back before the text.)
+    text = event.text if event.echo is None else event.echo + event.text
     if not event.tool_calls:
         scored = content_logprobs(event)
-        return [writer.delta(event.text, event.finish_reason, scored)] if event.text or event.is_final or scored else []
-    chunks = [writer.delta(event.text, None)] if event.text else []
+        if text or event.is_final or scored or event.prompt_logprobs:
+            return [writer.delta(text, event.finish_reason, scored, event.prompt_logprobs)]
+        return []
+    chunks = [writer.delta(text, None)] if text else []
     chunks += [writer.tool_call(d.index, d.id, d.name, d.arguments) for d in event.tool_calls]
     if event.is_final:
         chunks.append(writer.delta("", event.finish_reason))

@@ -233,6 +233,20 @@ class ChatCompletionRequest(GenerationRequest):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
+    # vLLM's chat extensions: the prompt ends with the start of the assistant's reply (or not), or
+    # its final message is left open for the model to continue (an assistant's reply the client
+    # began); ``echo`` gives that final message back before the reply, where it is the assistant's.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _not_with_a_generation_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("add_generation_prompt", True):  # vLLM's rule
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true "
+                             "(set add_generation_prompt to false)")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

@@ -84,6 +84,23 @@ def test_segment_ends_from_the_tokens_places_in_the_text_agree_with_tokenizing_e
     assert SegmentEnds(tokenizer)(inp, ids, Rendered("another text", rendered.token_ends)) == by_tokenizing
 
 
+def test_a_final_message_left_open_ends_the_prompt_and_its_segment(tokenizer):
+    """vLLM's ``continue_final_message``: the prompt ends with the final message's words (no end of
+    turn, no start of a reply), so that the model continues them; the messages before it end where
+    they end closed; without ``add_generation_prompt`` the prompt ends with the last turn closed."""
+    closed = dataclasses.replace(conversation(1), messages=(*conversation(1).messages[:-1],
+                                                            ChatMessage("assistant", "The bus is")))
+    left_open = dataclasses.replace(closed, add_generation_prompt=False, continue_final_message=True)
+    no_reply = dataclasses.replace(closed, add_generation_prompt=False)
+    tokens = PromptTokens(tokenizer)
+    ids, rendered = tokens(left_open), tokens.rendered(left_open)
+    assert ids == prompt_ids(tokenizer, left_open) and rendered is not None
+    assert rendered.text.endswith("The bus is") and tokenizer.decode(ids).endswith("The bus is")
+    closed_ends, open_ends = SegmentEnds(tokenizer)(closed, tokens(closed)), SegmentEnds(tokenizer)(left_open, ids, rendered)
+    assert open_ends[:-1] == closed_ends[:-1] and open_ends[-1] == len(ids) < closed_ends[-1]
+    assert tokens(no_reply) == tokens(closed)[:closed_ends[-1]] != tokens(closed)  # no reply begun after it
+
+
 def test_a_tokenizer_without_a_rust_tokenizer_gives_no_places_and_the_same_ids(tokenizer):
     class DecodeAndTemplateOnly:
         chat_template = tokenizer.chat_template

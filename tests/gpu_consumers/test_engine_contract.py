@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from tests.gpu_consumers.engine_contract import collect, published, request, text_of
+from tests.gpu_consumers.engine_contract import collect, continues_after_takeover, published, request, text_of
 from tokenbus.gpu_consumers.engines import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
@@ -77,6 +77,20 @@ async def test_a_text_prompt_is_continued_as_it_is_without_the_chat_template(eng
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is not None:
         assert text[-1].prompt_tokens == len(tokenizer(words)["input_ids"])
+
+
+async def test_a_final_message_left_open_is_continued_and_taken_over_exactly(engine):
+    """vLLM's ``continue_final_message``: the prompt ends inside the assistant's begun reply (fewer
+    tokens than the reply closed and a new one begun), and a sequence taken over continues it as the
+    uninterrupted one did."""
+    begun = (ChatMessage("user", "tell me a story"), ChatMessage("assistant", "Once upon a"))
+    closed = GenerationInput("contract-23", begun, SamplingParams(max_tokens=12))
+    left_open = dataclasses.replace(closed, add_generation_prompt=False, continue_final_message=True)
+    outs = await collect(engine, left_open)
+    replied = await collect(engine, closed)
+    if hasattr(engine, "tokenizer"):  # (the simulated engine counts a message's words, open or not)
+        assert outs[-1].prompt_tokens < replied[-1].prompt_tokens
+    await continues_after_takeover(engine, left_open, outs, 5)
 
 
 async def test_offered_tools_and_earlier_calls_reach_the_prompt(engine):

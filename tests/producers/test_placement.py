@@ -187,3 +187,13 @@ def test_a_text_prompt_is_named_apart_from_a_message_saying_the_same():
     assert len(segment_hashes(text)) == 1
     assert not set(segment_hashes(text)) & set(segment_hashes(message))
     assert segment_hashes(text) == segment_hashes(dataclasses.replace(text, request_id="r-t2"))
+
+
+def test_a_final_message_left_open_is_named_apart_from_the_same_message_closed():
+    """vLLM's ``continue_final_message``: the prompt ends inside the final message, so its tokens are
+    not those of the message closed; the segments before it are the same."""
+    closed = ChatRequest(request_id="r-c", model="m", tier="standard", reply_topic="t", reply_partition=0,
+                         messages=[ChatMessage("user", "Say hi"), ChatMessage("assistant", "Hi, I am")])
+    left_open = dataclasses.replace(closed, request_id="r-o", continue_final_message=True, add_generation_prompt=False)
+    assert segment_hashes(left_open)[0] == segment_hashes(closed)[0]
+    assert segment_hashes(left_open)[1] != segment_hashes(closed)[1]

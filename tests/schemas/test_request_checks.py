@@ -30,6 +30,7 @@ def asking(**fields) -> ChatRequest:
     {"allowed_token_ids": list(range(4096))},
     {"response_format": "json_schema", "json_schema": '{"type": "object"}'},
     {"echo": True, "text_prompt": True}, {"echo": True, "text_prompt": True, "logprobs": True, "top_logprobs": 5},
+    {"echo": True}, {"add_generation_prompt": False}, {"continue_final_message": True, "add_generation_prompt": False},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -80,9 +81,11 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"stop_token_ids": [4, -4]}, "stop_token_ids must not be negative"),
     ({"allowed_token_ids": list(range(4097))}, "allowed_token_ids names 4097 tokens; at most 4096 may"),
     ({"allowed_token_ids": [-1]}, "allowed_token_ids must not be negative"),
-    ({"echo": True}, "echo is for a text completion (text_prompt, one message) alone"),
     ({"echo": True, "text_prompt": True, "messages": [ChatMessage("user", "a"), ChatMessage("user", "b")]},
-     "echo is for a text completion (text_prompt, one message) alone"),
+     "a text completion's echo needs its one message"),
+    ({"continue_final_message": True}, "continue_final_message is for a chat without add_generation_prompt"),
+    ({"continue_final_message": True, "add_generation_prompt": False, "text_prompt": True},
+     "continue_final_message is for a chat without add_generation_prompt"),
 ], ids=str)
 def test_a_field_out_of_range_is_named(fields, problem):
     assert request_problem(asking(**fields)) == problem
