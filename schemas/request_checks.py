@@ -40,6 +40,10 @@ LOGIT_BIAS_MAX_TOKENS = 300  # tokens one request may bias (OpenAI's limit)
 TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as a logit_bias key: decimal, no sign
 STOP_TOKEN_IDS_MAX = 256  # stop_token_ids one request may name
 ALLOWED_TOKEN_IDS_MAX = 4096  # allowed_token_ids one request may name
+# Scores an echo with logprobs may ask of a prompt: its tokens x (the likeliest asked + 1). They go
+# on one token event, which must stay well under Kafka's 1 MiB default record (about 15 bytes a
+# score: 16k prompt tokens with lm-evaluation-harness's one likeliest, 1.5k with 20).
+PROMPT_SCORES_MAX = 32_768
 RESPONSE_FORMATS = (RESPONSE_TEXT, RESPONSE_JSON_OBJECT, RESPONSE_JSON_SCHEMA)
 
 

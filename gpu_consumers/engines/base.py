@@ -25,6 +25,7 @@ from tokenbus.schemas import (
     TokenLogprob,
     ToolSpec,
 )
+from tokenbus.schemas.request_checks import PROMPT_SCORES_MAX
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -38,6 +39,15 @@ class InvalidInput(ValueError):
     """What an engine cannot run as asked (a token id outside its vocabulary, say), raised by its
     ``prepare`` or ``generate``: the request is answered with an error and not served again, and no
     other sequence in the batch is touched (on CUDA such an id would stop the whole process)."""
+
+
+def check_prompt_scores(prompt_tokens: int, sampling: SamplingParams) -> None:
+    """``InvalidInput`` where the prompt's log probabilities are asked of more tokens, with their
+    likeliest, than one token event carries (``PROMPT_SCORES_MAX``)."""
+    if sampling.prompt_logprobs is not None and prompt_tokens * (sampling.prompt_logprobs + 1) > PROMPT_SCORES_MAX:
+        raise InvalidInput(f"scoring a prompt of {prompt_tokens} tokens with {sampling.prompt_logprobs} likeliest "
+                           f"each is more than {PROMPT_SCORES_MAX} scores (tokens x (likeliest + 1)): "
+                           "ask for fewer likeliest, or score a shorter prompt")
 
 
 def check_token_ids(token_ids: Iterable[int], vocabulary_size: int) -> None:

@@ -54,6 +54,7 @@ from tokenbus.gpu_consumers.engines.base import (
     SamplingParams,
     StepOutput,
     StepSink,
+    check_prompt_scores,
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import ChainHash, chain_hash
@@ -400,6 +401,8 @@ class HfEngine:
             self._manager_takes(inp.sampling)
         made = self.prompt(inp)
         prompt = made.ids
+        if not inp.prefix_token_ids:  # (a taken-over sequence's prompt is not scored again)
+            check_prompt_scores(len(prompt), inp.sampling)
         internal_id = f"{inp.request_id}#{next(self._ids)}"  # one request may run twice here (reassignment)
         # The manager reuses what it holds when the request reaches it; the slots tell at admission.
         expected = self.prefix_cache.cached_tokens(made) if self._manager is not None and self.prefix_cache else 0

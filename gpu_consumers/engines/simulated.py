@@ -52,6 +52,7 @@ from tokenbus.gpu_consumers.engines.base import (
     GenerationInput,
     StepOutput,
     StepSink,
+    check_prompt_scores,
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
@@ -342,6 +343,8 @@ class SimulatedEngine:
             draw_word(rng, inp.sampling, said, generated)
             said.add(token_id)
         prompt_ids, _ = self._prompt(inp)
+        if not inp.prefix_token_ids:  # (a taken-over sequence's prompt is not scored again)
+            check_prompt_scores(len(prompt_ids), inp.sampling)
         cached = 0
         if self.prefix_cache is not None:
             cached = self.prefix_cache.admit(self.prefix_cache.layout(inp).block_hashes, len(prompt_ids))

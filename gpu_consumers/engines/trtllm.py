@@ -39,6 +39,7 @@ from tokenbus.gpu_consumers.engines.base import (
     PromptLayout,
     SamplingParams,
     StepOutput,
+    check_prompt_scores,
     check_token_ids,
 )
 from tokenbus.gpu_consumers.engines.blocks import chain_hash
@@ -382,6 +383,8 @@ class TrtLlmEngine:
         check_token_ids(inp.sampling.named_token_ids, vocabulary)
         made = self._prompt_tokens.prompt(inp)
         prompt = made.ids
+        if not inp.prefix_token_ids:  # (a taken-over sequence's prompt is not scored again)
+            check_prompt_scores(len(prompt), inp.sampling)
         s = inp.sampling
         remaining = (s.max_tokens or self.settings.default_max_tokens) - len(inp.prefix_token_ids)
         cached = self.prefix_cache.cached_tokens(made) if self.prefix_cache is not None else 0

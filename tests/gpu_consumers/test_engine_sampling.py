@@ -316,3 +316,19 @@ async def test_a_prompt_s_log_probabilities_come_with_the_first_step_alone(engin
     prefix_ids, prefix_text = published(outs, 2)
     taken_over = await collect(engine, dataclasses.replace(scored, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
     assert all(o.prompt_logprobs == () for o in taken_over)
+
+
+async def test_a_prompt_with_more_scores_than_a_token_event_carries_is_refused(engine, monkeypatch):
+    """Its tokens x (likeliest + 1) past ``PROMPT_SCORES_MAX`` (lowered here): ``InvalidInput`` before
+    anything runs, for the engine to answer as a request it cannot serve; a taken-over one is not
+    scored again, so not refused. (The manager refuses every prompt score.)"""
+    monkeypatch.setattr("tokenbus.gpu_consumers.engines.base.PROMPT_SCORES_MAX", 20)
+    inp = dataclasses.replace(request(73, "the bus carries every token to the edge", max_tokens=2,
+                                      prompt_logprobs=2), text_prompt=True)
+    with pytest.raises(InvalidInput, match="more than 20 scores|takes no prompt_logprobs"):
+        engine.generate(inp)
+    if getattr(engine, "batching", None) != "manager":
+        plain = await collect(engine, dataclasses.replace(inp, sampling=SamplingParams(max_tokens=2)))
+        prefix_ids, prefix_text = published(plain, 1)
+        outs = await collect(engine, dataclasses.replace(inp, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
+        assert outs[-1].finished and outs[-1].error is None

@@ -132,6 +132,14 @@ async def test_an_echo_without_logprobs_gives_the_prompt_back_unscored(client):
     assert "".join(c.text for c in chunks) == whole.choices[0].text and all(c.logprobs is None for c in chunks)
 
 
+async def test_an_echo_asking_more_scores_than_a_token_event_carries_is_a_bad_request(client):
+    """1,600 prompt tokens with 20 likeliest each: more than ``PROMPT_SCORES_MAX`` scores; the engine
+    refuses it, and the client is told why, as of any request an engine cannot serve as asked."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client.completions.create(model=MODEL, prompt="the bus " * 800, max_tokens=2, logprobs=20, echo=True)
+    assert exc.value.code == "invalid_request" and "more than 32768 scores" in exc.value.message
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ])
