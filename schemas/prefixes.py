@@ -7,7 +7,7 @@ left open for the model to continue, vLLM's ``continue_final_message``, is a seg
 the first ``k`` segments is a chain hash, ``h_k = blake2b(h_{k-1} || segment_k)``, so it names the
 whole prefix and nothing else (each field is length-prefixed, so no two prompts feed it the
 same bytes). A text completion's prompt, which no template wraps, is one segment of its own
-kind. A GPU consumer reports the ``h_k`` whose tokens its engine holds
+kind (given as token ids, one of those ids). A GPU consumer reports the ``h_k`` whose tokens its engine holds
 (gpu_consumers/prefix_reports.py); the router looks up the longest ``h_k`` of a new request
 (producers/placement.py). Both compute them here.
 
@@ -49,6 +49,9 @@ class Prompt(Protocol):
     @property
     def continue_final_message(self) -> bool: ...
 
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+
 
 def _fields(h: Any, *fields: str | None) -> None:
     """Length-prefixed, so no two different segments feed the hash the same bytes."""
@@ -75,6 +78,13 @@ def _text(h: Any, message: ChatMessage) -> None:
     _fields(h, "text", message.content)
 
 
+def _token_ids(h: Any, token_ids: Sequence[int]) -> None:
+    _fields(h, "token ids")
+    h.update(len(token_ids).to_bytes(4, "little"))
+    for token_id in token_ids:
+        h.update(token_id.to_bytes(4, "little", signed=True))
+
+
 def _tools(h: Any, prompt: Prompt) -> None:
     _fields(h, "tools", prompt.tool_choice, prompt.tool_choice_name)
     for tool in prompt.tools:
@@ -95,7 +105,10 @@ def segment_hashes(prompt: Prompt) -> list[int]:
         hashes.append(int.from_bytes(previous, "little", signed=True))
 
     if prompt.text_prompt:  # no chat template around it: not the tokens of a message that says the same
-        chain(_text, prompt.messages[0])
+        if prompt.prompt_token_ids:  # (the tokens themselves: another tokenization of its text is not them)
+            chain(_token_ids, prompt.prompt_token_ids)
+        else:
+            chain(_text, prompt.messages[0])
         return hashes
     if prompt.offers_tools:
         chain(_tools, prompt)

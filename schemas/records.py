@@ -211,6 +211,10 @@ class ChatRequest:
     # (``continue_final_message``) the final message is left open for the model to continue.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # A text completion's prompt given as the model's token ids (OpenAI's and vLLM's): the engine
+    # takes them as they are; the one message holds their text (the edge decodes them), for
+    # moderation, transcripts and an echo.
+    prompt_token_ids: list[int] = field(default_factory=list)
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:
@@ -224,6 +228,8 @@ class ChatRequest:
 
     @property
     def estimated_prompt_tokens(self) -> int:
+        if self.prompt_token_ids:
+            return len(self.prompt_token_ids)
         texts = [message_text(m) for m in self.messages] + [f"{t.name} {t.description} {t.parameters}" for t in self.tools]
         return estimate_prompt_tokens(texts)
 

@@ -38,6 +38,7 @@ TOP_LOGPROBS_MAX = 20  # OpenAI's chat completions: top_logprobs in [0, 20], and
 LOGIT_BIAS_MAX = 100.0  # OpenAI's: each bias in [-100, 100]
 LOGIT_BIAS_MAX_TOKENS = 300  # tokens one request may bias (OpenAI's limit)
 TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as a logit_bias key: decimal, no sign
+TOKEN_ID_MAX = 2**31 - 1  # a token id travels as an Avro int
 STOP_TOKEN_IDS_MAX = 256  # stop_token_ids one request may name
 ALLOWED_TOKEN_IDS_MAX = 4096  # allowed_token_ids one request may name
 # Scores an echo with logprobs may ask of a prompt: its tokens x (the likeliest asked + 1). They go
@@ -108,6 +109,10 @@ def request_problem(request: ChatRequest) -> str | None:
         return "a text completion's echo needs its one message"
     if request.continue_final_message and (request.add_generation_prompt or request.text_prompt):
         return "continue_final_message is for a chat without add_generation_prompt"
+    if request.prompt_token_ids and not (request.text_prompt and len(request.messages) == 1):
+        return "prompt_token_ids are a text completion's prompt (text_prompt, one message)"
+    if any(token_id < 0 for token_id in request.prompt_token_ids):
+        return "prompt_token_ids must not be negative"
     if request.tool_choice not in TOOL_CHOICES:
         return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
     if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:

@@ -127,6 +127,8 @@ class GenerationInput:
     # leave the final message open for the model to continue (an assistant's reply begun by the client).
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # A text prompt given as the model's token ids: taken as they are (its message holds their text).
+    prompt_token_ids: tuple[int, ...] = ()
 
     @property
     def offers_tools(self) -> bool:
@@ -137,7 +139,7 @@ class GenerationInput:
         """Everything the prompt is rendered from (not a taken-over sequence's output): equal keys,
         equal prompts. Unhashable where a message holds a list the schema has as a tuple."""
         return (self.request_id, self.messages, self.tools, self.tool_choice, self.tool_choice_name, self.text_prompt,
-                self.add_generation_prompt, self.continue_final_message)
+                self.add_generation_prompt, self.continue_final_message, self.prompt_token_ids)
 
     @classmethod
     def from_request(cls, request: ChatRequest, prefix_token_ids: tuple[int, ...] = (), prefix_text: str = "") -> GenerationInput:
@@ -153,6 +155,7 @@ class GenerationInput:
             text_prompt=request.text_prompt,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
+            prompt_token_ids=tuple(request.prompt_token_ids),
             sampling=SamplingParams(
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,

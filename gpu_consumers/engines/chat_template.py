@@ -88,7 +88,10 @@ def _conversation(tokenizer: Any, inp: GenerationInput) -> tuple[list[dict[str, 
 def prompt_ids(tokenizer: Any, inp: GenerationInput, add_generation_prompt: bool = True) -> list[int]:
     """The prompt's token ids; without ``add_generation_prompt``, just its messages (a prefix of a
     longer prompt, for the prefix cache's layout). A text prompt is tokenized as it is, with the
-    tokenizer's special tokens (a Llama's BOS), as a text completion server does."""
+    tokenizer's special tokens (a Llama's BOS), as a text completion server does; one given as token
+    ids is those ids."""
+    if inp.prompt_token_ids:
+        return list(inp.prompt_token_ids)
     if inp.text_prompt:
         return list(tokenizer(inp.messages[0].content)["input_ids"])
     ids = _templated(tokenizer, inp, add_generation_prompt, tokenize=True)
@@ -171,7 +174,7 @@ class PromptTokens:
         self._blocks = (block_tokens, chain)
 
     def _make(self, inp: GenerationInput) -> Prompt:
-        if self._rust is None:
+        if self._rust is None or inp.prompt_token_ids:  # (token ids: where each lies in a text is not asked)
             ids, rendered = prompt_ids(self._tokenizer, inp), None
         else:
             text = prompt_text(self._tokenizer, inp)

@@ -390,7 +390,7 @@ class HfEngine:
             await asyncio.to_thread(self._prompt_tokens.prepare, inp)
 
     def generate(self, inp: GenerationInput) -> _HfSequence:
-        check_token_ids(inp.prefix_token_ids, self._vocabulary_size)
+        check_token_ids(inp.prompt_token_ids + inp.prefix_token_ids, self._vocabulary_size)
         check_token_ids(inp.sampling.named_token_ids, self._vocabulary_size)
         if inp.sampling.response_format != RESPONSE_TEXT:
             raise InvalidInput(f"the hf engine cannot constrain its output to JSON (response_format "

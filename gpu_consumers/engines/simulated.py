@@ -373,7 +373,7 @@ class SimulatedEngine:
         top = inp.sampling.prompt_logprobs
         if top is None or inp.prefix_token_ids or not inp.text_prompt:
             return ()
-        return prompt_logprobs(inp.messages[0].content, top)
+        return prompt_logprobs(inp.messages[0].content, top, inp.prompt_token_ids)
 
     def _step_seconds(self, batch: int) -> float:
         s = self.settings

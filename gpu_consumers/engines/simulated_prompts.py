@@ -24,8 +24,8 @@ def _token_id(piece: str) -> int:
 
 def tokenize_prompt(inp: GenerationInput) -> tuple[list[int], list[int]]:
     """The simulated tokenizer: a token per word plus a few for each function's and message's
-    template, functions first (a text prompt's words alone); returns the ids and where each segment
-    (schemas/prefixes.py) ends."""
+    template, functions first (a text prompt's words alone, or the token ids it was given); returns
+    the ids and where each segment (schemas/prefixes.py) ends."""
     ids: list[int] = []
     ends: list[int] = []
 
@@ -33,6 +33,8 @@ def tokenize_prompt(inp: GenerationInput) -> tuple[list[int], list[int]]:
         ids.extend(_token_id(f"<{kind}:{i}>") for i in range(TEMPLATE_TOKENS))
         ids.extend(_token_id(word) for word in text.split())
 
+    if inp.prompt_token_ids:  # a text prompt given as token ids: those
+        return list(inp.prompt_token_ids), [len(inp.prompt_token_ids)]
     if inp.text_prompt:  # no template: the words alone
         ids.extend(_token_id(word) for word in inp.messages[0].content.split())
         return ids, [len(ids)]

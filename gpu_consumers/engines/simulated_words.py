@@ -114,17 +114,20 @@ def word_logprob(sampling: SamplingParams, said: Said | None, token_id: int, spa
                         [TopLogprob(space + VOCABULARY[i], logprob_of(i)) for i in likeliest])
 
 
-def prompt_logprobs(prompt: str, top: int) -> tuple[TokenLogprob, ...]:
+def prompt_logprobs(prompt: str, top: int, token_ids: tuple[int, ...] = ()) -> tuple[TokenLogprob, ...]:
     """A text prompt's tokens (a word each, with the space before it: the simulated tokenizer's,
-    simulated_prompts.py) scored as the simulated model sees them: the first unscored (0, no top),
-    each later one uniform among VOCABULARY's words where it is one and ruled out (-inf) where not,
-    with the first ``top`` words as the likeliest."""
+    simulated_prompts.py; given as ``token_ids``, a token each, named as the word of its place in
+    VOCABULARY, or ``<id>`` past it) scored as the simulated model sees them: the first unscored (0,
+    no top), each later one uniform among VOCABULARY's words where it is one and ruled out (-inf)
+    where not, with the first ``top`` words as the likeliest."""
     uniform = -math.log(len(VOCABULARY))
     likeliest = [TopLogprob(" " + word, uniform) for word in VOCABULARY[:top]]
-    tokens = re.findall(r"\s*\S+", prompt)
-    return tuple(TokenLogprob(token, 0.0) if i == 0 else
-                 TokenLogprob(token, uniform if token.strip() in VOCABULARY else -math.inf, likeliest)
-                 for i, token in enumerate(tokens))
+    if token_ids:
+        tokens = [(" " + VOCABULARY[i], True) if i < len(VOCABULARY) else (f"<{i}>", False) for i in token_ids]
+    else:
+        tokens = [(token, token.strip() in VOCABULARY) for token in re.findall(r"\s*\S+", prompt)]
+    return tuple(TokenLogprob(token, 0.0) if i == 0 else TokenLogprob(token, uniform if said else -math.inf, likeliest)
+                 for i, (token, said) in enumerate(tokens))
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:

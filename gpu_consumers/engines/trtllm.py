@@ -379,7 +379,7 @@ class TrtLlmEngine:
         assert self._prompt_tokens is not None and self._token_texts is not None, "the engine is not started"
         tokenizer = self._llm.tokenizer  # the LLM API's wraps a Hugging Face one as .tokenizer
         vocabulary = len(getattr(tokenizer, "tokenizer", tokenizer))
-        check_token_ids(inp.prefix_token_ids, vocabulary)
+        check_token_ids(inp.prompt_token_ids + inp.prefix_token_ids, vocabulary)
         check_token_ids(inp.sampling.named_token_ids, vocabulary)
         made = self._prompt_tokens.prompt(inp)
         prompt = made.ids

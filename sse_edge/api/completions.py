@@ -1,6 +1,6 @@
 """``POST /v1/completions``: a text completion (OpenAI's legacy API, which vLLM's ``bench serve``
-and evaluation harnesses call): one prompt, which the model continues as it is, with no chat
-template. It is a chat turn on the bus (a ``ChatRequest`` whose one user message is the prompt,
+and evaluation harnesses call): one prompt, as text or as the model's token ids, which the model
+continues as it is, with no chat template. It is a chat turn on the bus (a ``ChatRequest`` whose one user message is the prompt,
 marked ``text_prompt``), so keys, limits, idempotency, moderation, billing and transcripts treat
 it as one (chat.py serves it from ``answer`` on); what differs is the prompt the engine makes and
 the shapes the client gets (``text_completion``, with no role chunk). Its stream is resumed and
@@ -24,12 +24,20 @@ async def completions(request: Request) -> Response:
 
 
 async def text_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
-    made = to_bus_request(completion, edge, key, request_id)
-    edge.context.check_messages(completion.model, made.messages, completion.token_limit, param="prompt")
-    return made
+    """The bus request; a prompt of token ids goes as they are, with their text (``decode``)."""
+    token_ids, context = completion.prompt_token_ids, edge.context
+    if token_ids is None:
+        made = to_bus_request(completion, edge, key, request_id, completion.prompt_text)
+        context.check_messages(completion.model, made.messages, completion.token_limit, param="prompt")
+        return made
+    text = context.decode(completion.model, token_ids)
+    if context.limits(completion.model):
+        context.check(completion.model, len(token_ids), completion.token_limit, param="prompt")
+    return to_bus_request(completion, edge, key, request_id, text, token_ids)
 
 
-def to_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
+def to_bus_request(completion: CompletionRequest, edge: EdgeState, key: ApiKey, request_id: str, text: str,
+                   token_ids: list[int] | None = None) -> ChatRequest:
     return ChatRequest(**generation_fields(completion, edge, key, request_id),
-                       messages=[ChatMessage("user", completion.prompt_text)], text_prompt=True,
-                       tool_choice=TOOL_CHOICE_NONE, echo=completion.echo)
+                       messages=[ChatMessage("user", text)], text_prompt=True,
+                       tool_choice=TOOL_CHOICE_NONE, echo=completion.echo, prompt_token_ids=token_ids or [])

@@ -1,5 +1,6 @@
 """A model's context window: counting a prompt's tokens, refusing a prompt that cannot fit, and
-choosing the stored turns that fit before a request's new messages.
+choosing the stored turns that fit before a request's new messages; and, with the model's
+tokenizer, reading a prompt given as token ids.
 
 Tokens are counted with the model's tokenizer where one is configured for the edge
 (``TOKENBUS_EDGE_TOKENIZERS``: a ``tokenizer.json``), and estimated otherwise the way every
@@ -44,6 +45,22 @@ class ContextWindows:
         if tokenizer is None:
             return estimate_prompt_tokens(message_text(m) for m in messages)
         return sum(len(tokenizer.encode(message_text(m)).ids) + MESSAGE_OVERHEAD for m in messages)
+
+    def decode(self, model: str, token_ids: Sequence[int]) -> str:
+        """A prompt given as ``model``'s token ids, as text (special tokens included): what moderation,
+        the transcript and an echo read. Only with the model's tokenizer here: without it the ids
+        cannot be read, and a prompt nobody can read is not published."""
+        tokenizer = self._tokenizers.get(model)
+        if tokenizer is None:
+            raise InvalidRequest(f"Prompts of token ids are served where the edge has the model's tokenizer "
+                                 f"(TOKENBUS_EDGE_TOKENIZERS), which `{model}` has not here: send the prompt as text.",
+                                 param="prompt", code="unsupported_value")
+        size = tokenizer.get_vocab_size()
+        outside = next((token_id for token_id in token_ids if token_id >= size), None)
+        if outside is not None:
+            raise InvalidRequest(f"Token id {outside} is not in the vocabulary of `{model}` (0 to {size - 1}).",
+                                 param="prompt", code="invalid_value")
+        return str(tokenizer.decode(list(token_ids), skip_special_tokens=False))
 
     def check(self, model: str, prompt_tokens: int, max_tokens: int | None, param: str = "messages") -> None:
         """A prompt that cannot fit, with the completion it asks for, is refused as OpenAI refuses it."""

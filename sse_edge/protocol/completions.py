@@ -18,8 +18,8 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's for text completions (and vLLM's)
 
 
 class CompletionRequest(GenerationRequest):
-    """The part of OpenAI's text completion request that tokenbus serves: one prompt as text
-    (a list of one is taken too; token ids and batches of prompts are refused in validation.py)."""
+    """The part of OpenAI's text completion request that tokenbus serves: one prompt, as text or as
+    the model's token ids (a list of one is taken too; batches of prompts are refused in validation.py)."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1)
@@ -34,6 +34,16 @@ class CompletionRequest(GenerationRequest):
     @property
     def logprobs_asked(self) -> tuple[bool, int]:
         return self.logprobs is not None, self.logprobs or 0
+
+    @property
+    def prompt_token_ids(self) -> list[int] | None:
+        """The prompt's token ids where it was sent as ids (a list of them, or a list of one such
+        list); None where it was sent as text."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], str):
+            return None
+        first = prompt[0]
+        return first if isinstance(first, list) else prompt  # type: ignore[return-value]  # ints, as validated
 
     @property
     def prompt_text(self) -> str:

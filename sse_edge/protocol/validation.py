@@ -13,6 +13,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from tokenbus.schemas.request_checks import TOKEN_ID_MAX
 from tokenbus.sse_edge.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, from_validation_error
 from tokenbus.sse_edge.protocol.chat import (
     UNSUPPORTED,
@@ -85,24 +86,29 @@ def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequ
 
 
 def parse_completion_request(raw: bytes, settings: EdgeSettings) -> CompletionRequest:
-    """A text completion's body (``/v1/completions``): one prompt, as text."""
+    """A text completion's body (``/v1/completions``): one prompt, as text or as token ids."""
     body = json_object(raw)
     reject_unsupported(body, TEXT_UNSUPPORTED)
     reject_vllm_sampling(body)
     completion = parse_body(body, CompletionRequest)
-    prompt = completion.prompt
-    if isinstance(prompt, list) and prompt and not all(isinstance(p, str) for p in prompt):
-        raise InvalidRequest("Prompts of token ids are not supported: send the prompt as text.", param="prompt",
-                             code="unsupported_value")
-    if isinstance(prompt, list) and len(prompt) != 1:
+    prompt, token_ids = completion.prompt, completion.prompt_token_ids
+    if prompt == []:
+        raise InvalidRequest("The prompt is empty.", param="prompt", code="invalid_value")
+    if isinstance(prompt, list) and isinstance(prompt[0], str | list) and len(prompt) != 1:
         raise InvalidRequest("Send one prompt a request: a batch of prompts is not supported.", param="prompt",
                              code="unsupported_value")
-    if not completion.prompt_text:
+    if not (completion.prompt_text if token_ids is None else token_ids):
         raise InvalidRequest("The prompt is empty.", param="prompt", code="invalid_value")
     check_generation_limits(completion, settings)
-    if len(completion.prompt_text) > settings.max_prompt_chars:
+    if token_ids is None and len(completion.prompt_text) > settings.max_prompt_chars:
         raise InvalidRequest(f"The prompt is longer than {settings.max_prompt_chars} characters.", param="prompt",
                              code="context_length_exceeded")
+    if token_ids is not None:
+        if len(token_ids) > settings.max_prompt_chars:  # (a token is a character at least)
+            raise InvalidRequest(f"The prompt is longer than {settings.max_prompt_chars} tokens.", param="prompt",
+                                 code="context_length_exceeded")
+        if not all(0 <= token_id <= TOKEN_ID_MAX for token_id in token_ids):
+            raise InvalidRequest(f"Token ids are 0 to {TOKEN_ID_MAX}.", param="prompt", code="invalid_value")
     return completion
 
 

@@ -79,6 +79,23 @@ async def test_a_text_prompt_is_continued_as_it_is_without_the_chat_template(eng
         assert text[-1].prompt_tokens == len(tokenizer(words)["input_ids"])
 
 
+async def test_a_text_prompt_of_token_ids_is_those_tokens(engine):
+    """A text prompt given as token ids (``prompt_token_ids``; its message holds their text): the
+    engine's prompt is those ids as they are. Where the engine has a tokenizer, the ids of the text
+    give what the text gives, and an id outside the vocabulary is refused."""
+    words = "Once upon a time there was"
+    text = dataclasses.replace(request(24, words, max_tokens=4), text_prompt=True)
+    tokenizer = getattr(engine, "tokenizer", None)
+    ids = tuple(tokenizer(words)["input_ids"]) if tokenizer is not None else (3, 1, 4, 1, 5, 9, 2)
+    given = dataclasses.replace(text, prompt_token_ids=ids)
+    outs = await collect(engine, given)
+    assert outs[-1].prompt_tokens == len(ids) and outs[-1].finished and outs[-1].error is None
+    if tokenizer is not None:
+        assert text_of(outs) == text_of(await collect(engine, text))
+        with pytest.raises(InvalidInput, match="not in the model's vocabulary"):
+            engine.generate(dataclasses.replace(given, prompt_token_ids=(*ids, 10**9)))
+
+
 async def test_a_final_message_left_open_is_continued_and_taken_over_exactly(engine):
     """vLLM's ``continue_final_message``: the prompt ends inside the assistant's begun reply (fewer
     tokens than the reply closed and a new one begun), and a sequence taken over continues it as the

@@ -197,3 +197,14 @@ def test_a_final_message_left_open_is_named_apart_from_the_same_message_closed()
     left_open = dataclasses.replace(closed, request_id="r-o", continue_final_message=True, add_generation_prompt=False)
     assert segment_hashes(left_open)[0] == segment_hashes(closed)[0]
     assert segment_hashes(left_open)[1] != segment_hashes(closed)[1]
+
+
+def test_a_prompt_of_token_ids_is_named_by_its_ids():
+    """A text prompt given as token ids is those tokens, whatever its text: named by the ids, apart
+    from the same text given as text (another tokenization of it need not be those ids)."""
+    text = ChatRequest(request_id="r-t", model="m", tier="standard", messages=[ChatMessage("user", "Once upon")],
+                       reply_topic="t", reply_partition=0, text_prompt=True)
+    ids = dataclasses.replace(text, request_id="r-i", prompt_token_ids=[7, 8])
+    assert segment_hashes(ids) != segment_hashes(text)
+    assert segment_hashes(ids) == segment_hashes(dataclasses.replace(ids, messages=[ChatMessage("user", "other")]))
+    assert segment_hashes(ids) != segment_hashes(dataclasses.replace(ids, prompt_token_ids=[7, 9]))

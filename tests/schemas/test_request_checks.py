@@ -31,6 +31,7 @@ def asking(**fields) -> ChatRequest:
     {"response_format": "json_schema", "json_schema": '{"type": "object"}'},
     {"echo": True, "text_prompt": True}, {"echo": True, "text_prompt": True, "logprobs": True, "top_logprobs": 5},
     {"echo": True}, {"add_generation_prompt": False}, {"continue_final_message": True, "add_generation_prompt": False},
+    {"text_prompt": True, "prompt_token_ids": [0, 2**31 - 1]},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -84,6 +85,8 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"echo": True, "text_prompt": True, "messages": [ChatMessage("user", "a"), ChatMessage("user", "b")]},
      "a text completion's echo needs its one message"),
     ({"continue_final_message": True}, "continue_final_message is for a chat without add_generation_prompt"),
+    ({"prompt_token_ids": [1, 2]}, "prompt_token_ids are a text completion's prompt (text_prompt, one message)"),
+    ({"text_prompt": True, "prompt_token_ids": [1, -2]}, "prompt_token_ids must not be negative"),
     ({"continue_final_message": True, "add_generation_prompt": False, "text_prompt": True},
      "continue_final_message is for a chat without add_generation_prompt"),
 ], ids=str)

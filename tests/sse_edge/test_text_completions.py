@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 
 import httpx
 import openai
@@ -13,6 +14,9 @@ import pytest
 
 from tests.conftest import MODEL, SLOW_MODEL
 from tests.expected import expected_output
+from tests.gpu_consumers.tiny_model import build_tiny_model
+from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
+from tokenbus.infra.devstack.processes import free_port
 
 PROMPT = "Once upon a time the bus carried"
 
@@ -73,10 +77,14 @@ async def test_stop_sequences_end_the_text_before_them(client):
 
 
 @pytest.mark.parametrize(("body", "param", "code"), [
-    ({"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),
+    ({"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),  # this edge has no tokenizer to read them with
     ({"prompt": [[1, 2], [3]]}, "prompt", "unsupported_value"),
     ({"prompt": ["one", "two"]}, "prompt", "unsupported_value"),
     ({"prompt": ""}, "prompt", "invalid_value"),
+    ({"prompt": []}, "prompt", "invalid_value"),
+    ({"prompt": [[]]}, "prompt", "invalid_value"),
+    ({"prompt": [5, -1]}, "prompt", "invalid_value"),
+    ({"prompt": [2**31]}, "prompt", "invalid_value"),
     ({"prompt": "x", "logprobs": 21}, "logprobs", "invalid_value"),
     ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias", "invalid_value"),
     ({"prompt": "x", "suffix": "y"}, "suffix", "unsupported_parameter"),
@@ -196,3 +204,43 @@ async def test_ignore_eos_runs_chat_and_text_completions_to_max_tokens(client):
     assert text.choices[0].text.startswith(natural.text)  # the same draws, on past where it would have ended
     assert plain.usage.completion_tokens == natural.completion_tokens
     assert (chat.usage.completion_tokens, chat.choices[0].finish_reason) == (60, "length")
+
+
+async def test_a_prompt_of_token_ids_is_read_with_the_edge_s_tokenizer_and_served_as_they_are(stack, api_key,
+                                                                                             tmp_path):
+    """An edge with the model's tokenizer (``TOKENBUS_EDGE_TOKENIZERS``) reads a prompt of token ids
+    (a list of them, or a list of one such list) as text, for moderation, the transcript and an echo,
+    and publishes the ids as they are: the stack's simulated engine counts them as its prompt
+    (where it counts a text prompt's words) and names each by its place in its vocabulary. The first
+    request is lm-evaluation-harness's for a loglikelihood: ids, echo, one likeliest, one token."""
+    from tokenizers import Tokenizer
+
+    path = build_tiny_model(tmp_path) / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    ids = tokenizer.encode("Once upon a time the bus carried every token").ids
+    name, port = f"edge-token-ids-{uuid.uuid4().hex[:4]}", free_port()
+    stack.start_edge(name, port, reply_partitions="3", env={"TOKENBUS_EDGE_TOKENIZERS": f"{MODEL}:{path}"})
+    try:
+        edge = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0, timeout=60)
+        scored = await edge.completions.create(model=MODEL, prompt=[ids], max_tokens=1, logprobs=1, echo=True,
+                                               temperature=0, seed=35)
+        plain = await edge.completions.create(model=MODEL, prompt=ids, max_tokens=3, seed=36)
+        with pytest.raises(openai.BadRequestError) as outside:
+            await edge.completions.create(model=MODEL, prompt=[ids[0], tokenizer.get_vocab_size()], max_tokens=1)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for _ in range(100):
+                rows = (await http.get(f"/v1/conversations/{plain.id}/messages",
+                                       headers={"Authorization": f"Bearer {api_key}"})).json().get("data", [])
+                if any(r["role"] == "assistant" for r in rows):
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        stack.processes[name].stop()
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    assert scored.usage.prompt_tokens == plain.usage.prompt_tokens == len(ids) != len(text.split())
+    assert scored.choices[0].text.startswith(text)
+    listed = scored.choices[0].logprobs
+    assert listed.tokens[:len(ids)] == [" " + VOCABULARY[i] if i < len(VOCABULARY) else f"<{i}>" for i in ids]
+    assert listed.token_logprobs[0] is None and len(listed.tokens) == len(ids) + 1
+    assert [(r["role"], r["content"]) for r in rows] == [("user", text), ("assistant", plain.choices[0].text)]
+    assert (outside.value.code, outside.value.param) == ("invalid_value", "prompt")
