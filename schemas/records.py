@@ -199,6 +199,7 @@ class ChatRequest:
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     allowed_token_ids: list[int] = field(default_factory=list)  # vLLM's: the only tokens it may pick (empty: any)
+    include_stop_str_in_output: bool = False  # vLLM's: the stop sequence that ended the output stays in its text
     # OpenAI's response_format: RESPONSE_TEXT, or a JSON answer (RESPONSE_JSON_OBJECT, or
     # RESPONSE_JSON_SCHEMA following ``json_schema``, a JSON Schema as JSON text).
     response_format: str = RESPONSE_TEXT

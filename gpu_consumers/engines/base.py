@@ -64,6 +64,7 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False  # vLLM's: the stop sequence that ends the output stays in its text
     ignore_eos: bool = False  # on past the end-of-sequence token, to max_tokens
     # Off a token's logit: ``presence_penalty`` if the output holds it, ``frequency_penalty`` for
     # each time it does (OpenAI's; vLLM's and TensorRT-LLM's count the output's tokens alone too).
@@ -162,6 +163,7 @@ class GenerationInput:
                 top_p=request.top_p,
                 seed=request.seed,
                 stop=tuple(request.stop),
+                include_stop_str_in_output=request.include_stop_str_in_output,
                 ignore_eos=request.ignore_eos,
                 presence_penalty=request.presence_penalty,
                 frequency_penalty=request.frequency_penalty,

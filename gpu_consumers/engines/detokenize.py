@@ -147,11 +147,13 @@ class StopFilter:
     while the output holds fewer than ``min_tokens`` tokens (vLLM's rule: no stop condition ends an
     output before then), so none that ends before then ever stops it."""
 
-    def __init__(self, stops: tuple[str, ...], min_tokens: int = 0) -> None:
+    def __init__(self, stops: tuple[str, ...], min_tokens: int = 0, keep_stop: bool = False) -> None:
+        """``keep_stop``: the stop sequence reached is sent too (vLLM's ``include_stop_str_in_output``)."""
         self._stops = tuple(s for s in stops if s)
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._held = ""
         self._min_tokens = min_tokens
+        self._keep_stop = keep_stop
 
     def feed(self, delta: str, tokens: int | None = None) -> tuple[str, bool]:
         """The text safe to send now, and whether a stop sequence was reached; ``tokens``: the
@@ -161,10 +163,12 @@ class StopFilter:
         if tokens is not None and tokens < self._min_tokens:  # (nothing is held back before then)
             return delta, False
         buffer = self._held + delta
-        hits = [i for stop in self._stops if (i := buffer.find(stop)) != -1]
+        hits = [(i, i + len(stop)) for stop in self._stops if (i := buffer.find(stop)) != -1]
         if hits:
             self._held = ""
-            return buffer[: min(hits)], True
+            # The first to end: the one a token-by-token feed would have met first.
+            start, end = min(hits, key=lambda hit: (hit[1], hit[0]))
+            return buffer[: end if self._keep_stop else start], True
         safe = max(len(buffer) - self._hold, 0)
         self._held = buffer[safe:]
         return buffer[:safe], False

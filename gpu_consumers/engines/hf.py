@@ -130,7 +130,7 @@ class _HfSequence:
         self._ending_text = ""
         self._generation_done = False
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, inp.prefix_token_ids, inp.prefix_text)
-        self._stops = StopFilter(inp.sampling.stop, inp.sampling.min_tokens)
+        self._stops = StopFilter(inp.sampling.stop, inp.sampling.min_tokens, inp.sampling.include_stop_str_in_output)
         self._ends_at_eos = not inp.sampling.ignore_eos
         self._stop_ids = frozenset(inp.sampling.stop_token_ids)  # vLLM's: they end it as an end token does
         self._taken = 0  # tokens of the manager's cumulative output made into deltas so far

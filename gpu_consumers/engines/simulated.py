@@ -189,7 +189,8 @@ class _Sequence:
     prompt_scores: tuple[TokenLogprob, ...] = ()  # its prompt's, where asked: they go with its first step
 
     def __post_init__(self) -> None:
-        self.stops = StopFilter(self.inp.sampling.stop, self.inp.sampling.min_tokens)
+        sampling = self.inp.sampling
+        self.stops = StopFilter(sampling.stop, sampling.min_tokens, sampling.include_stop_str_in_output)
         self.generated = len(self.inp.prefix_token_ids)
         prefix = self._markup_piece_text(self.generated) if self.markup else decode(self.inp.prefix_token_ids)
         if self.inp.continue_final_message and self.inp.prefix_token_ids and not self.markup:

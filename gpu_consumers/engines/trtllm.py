@@ -180,7 +180,7 @@ class _TrtStream:
         self._prompt_tokens = prompt_tokens
         self._cached_tokens = cached_tokens
         self._detokenizer = IncrementalDetokenizer(tokenizer, inp.prefix_token_ids, inp.prefix_text)
-        self._stops = StopFilter(inp.sampling.stop, inp.sampling.min_tokens)
+        self._stops = StopFilter(inp.sampling.stop, inp.sampling.min_tokens, inp.sampling.include_stop_str_in_output)
         self._aborted = False
         self._top_logprobs = inp.sampling.logprobs
         self._token_texts = token_texts
@@ -402,6 +402,7 @@ class TrtLlmEngine:
             seed=s.seed,
             # (its own stop words are no min_tokens' concern: with one, the adapter's StopFilter alone stops it)
             stop=(list(s.stop) or None) if not s.min_tokens else None,
+            include_stop_str_in_output=s.include_stop_str_in_output,  # (else it trims the stop's tokens off)
             ignore_eos=s.ignore_eos,
             detokenize=False,  # _TrtStream detokenizes; the LLM API would do it again on this event loop
             logprobs=s.logprobs,

@@ -231,6 +231,7 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 logit_bias=asked.logit_bias or {}, top_k=max(asked.top_k or 0, 0), min_p=asked.min_p or 0.0,
                 repetition_penalty=asked.repetition_penalty or 1.0, min_tokens=asked.min_tokens,
                 stop_token_ids=asked.stop_token_ids or [], allowed_token_ids=asked.allowed_token_ids or [],
+                include_stop_str_in_output=asked.include_stop_str_in_output,
                 response_format=answer,
                 json_schema=json.dumps(schema, separators=(",", ":")) if answer == RESPONSE_JSON_SCHEMA else "",
                 reply_topic=edge.bus.router.reply_topic,

@@ -113,11 +113,12 @@ UNSUPPORTED = {
 # vLLM's sampling extensions that tokenbus does not serve (clients send them in ``extra_body``),
 # with the values that change nothing (and None): a request that sets one to anything else gets a
 # 400 naming it, not an answer sampled as if it had not. (``top_k``, ``min_p``, ``repetition_penalty``,
-# ``min_tokens``, ``stop_token_ids`` and ``allowed_token_ids`` are served: GenerationRequest.)
+# ``min_tokens``, ``stop_token_ids``, ``allowed_token_ids`` and ``include_stop_str_in_output`` are
+# served: GenerationRequest.)
 VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,),
     "use_beam_search": (False,), "bad_words": ([],),
-    "include_stop_str_in_output": (False,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
+    "prompt_logprobs": (), "truncate_prompt_tokens": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
 INT64 = 2**63 - 1
@@ -168,6 +169,8 @@ class GenerationRequest(BaseModel):
     # vLLM's: the only tokens the answer may hold.
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
                                                                          max_length=ALLOWED_TOKEN_IDS_MAX)
+    # vLLM's: the stop sequence that ended the answer stays in its text.
+    include_stop_str_in_output: bool = False
 
     @field_validator("logit_bias")
     @classmethod

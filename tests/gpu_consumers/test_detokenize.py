@@ -168,3 +168,12 @@ def test_a_stop_filter_holds_back_only_what_could_still_become_a_stop():
     assert [stops.feed(d) for d in ("abE", "N", "D!")] == [("a", False), ("b", False), ("", True)]
     stops = StopFilter(("END",))
     assert stops.feed("xEN") == ("x", False) and stops.flush() == "EN"  # the sequence ended first
+
+
+def test_the_stop_met_first_ends_the_text_before_it_or_after_it_where_kept():
+    """Two stops in one delta: the one that ends first is the one a token-by-token feed meets
+    first; with ``keep_stop`` (vLLM's ``include_stop_str_in_output``) the text goes through it."""
+    for keep, want in ((False, "xa"), (True, "xabc")):
+        stops = StopFilter(("bc", "abcd"), keep_stop=keep)
+        assert stops.feed("x") == ("", False)  # (a stop of four characters: the last three are held back)
+        assert stops.feed("abcdef") == (want, True)

@@ -281,6 +281,16 @@ async def test_stop_sequences_never_leak_into_the_text(engine):
     assert text_of(outs) == full_text[: full_text.index(stop)]
 
 
+async def test_a_stop_sequence_stays_in_the_text_where_asked(engine):
+    """vLLM's ``include_stop_str_in_output``: the output ends with the stop sequence that ended it,
+    where without it the text ends before it (TensorRT-LLM is asked to keep the stop's tokens)."""
+    full_text = text_of(await collect(engine, request(4, "stop me", max_tokens=30)))
+    stop = full_text[8:11]
+    outs = await collect(engine, request(4, "stop me", max_tokens=30, stop=(stop,), include_stop_str_in_output=True))
+    assert outs[-1].finish_reason == FINISH_STOP
+    assert text_of(outs) == full_text[: full_text.index(stop) + len(stop)]
+
+
 async def test_a_stop_sequence_ends_nothing_before_min_tokens(engine):
     """vLLM's rule: no stop condition ends an output that holds fewer than ``min_tokens`` tokens,
     a stop sequence's neither: one the first tokens hold is passed over and kept in the text.

@@ -74,6 +74,13 @@ async def test_stop_sequences_end_the_text_before_them(client):
     cut = await client.completions.create(model=MODEL, prompt=PROMPT, seed=32, max_tokens=60, stop=[stop])
     assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
     assert full.choices[0].text.startswith(cut.choices[0].text)
+    # vLLM's include_stop_str_in_output: the stop that ended it stays, streamed or not.
+    kept = await client.completions.create(model=MODEL, prompt=PROMPT, seed=32, max_tokens=60, stop=[stop],
+                                           extra_body={"include_stop_str_in_output": True})
+    stream = await client.completions.create(model=MODEL, prompt=PROMPT, seed=32, max_tokens=60, stop=[stop],
+                                             stream=True, extra_body={"include_stop_str_in_output": True})
+    streamed = "".join([c.choices[0].text async for c in stream if c.choices])
+    assert kept.choices[0].text == streamed == cut.choices[0].text + stop and kept.choices[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize(("body", "param", "code"), [

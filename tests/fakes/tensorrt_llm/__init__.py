@@ -46,6 +46,7 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
+    include_stop_str_in_output: bool = False  # False: a stop string's tokens are trimmed off the output
     end_id: int | None = None
     ignore_eos: bool = False  # the fake never samples the end token (see _next_token)
     detokenize: bool = True  # False: outputs carry token ids only, no text
@@ -127,6 +128,8 @@ class RequestOutput:
         self.aqueue = ResponseQueue()
         self._abort_requested = False
         self._guided = self._guided_tokens()
+        self._stop_ids = {stop: ids for stop in params.stop or []
+                          if (ids := llm.tokenizer.encode(stop, add_special_tokens=False))}
         self._engine = asyncio.get_running_loop().create_task(self._iterate())
 
     def abort(self) -> None:
@@ -146,13 +149,18 @@ class RequestOutput:
                                          self._logits_processors()))
             self.generated.append(token)
             pending.append(token)
-            # Stop strings end generation whether or not outputs carry text (the real engine
-            # matches them as token sequences).
-            text = tokenizer.decode(self.generated, skip_special_tokens=True)
+            # Stop strings end generation whether or not outputs carry text, matched as the real
+            # engine matches them: as their token sequences, at the output's end (the same text
+            # made of other tokens goes on; the adapter's own filter stops it then).
             reason = None
-            if (any(stop in text for stop in self._params.stop or []) or token == tokenizer.eos_token_id
+            reached = [stop for stop, ids in self._stop_ids.items() if self.generated[-len(ids):] == ids]
+            if (reached or token == tokenizer.eos_token_id
                     or token in (self._params.stop_token_ids or []) or guided == self.generated):
                 reason = "stop"
+            if reached and not self._params.include_stop_str_in_output:
+                # The real engine trims the stop word's tokens off the output (as many as it has).
+                trimmed = len(tokenizer.encode(reached[0], add_special_tokens=False))
+                pending = pending[:max(len(pending) - trimmed, 0)]
             elif len(self.generated) >= self._params.max_tokens:
                 reason = "length"
             if reason is not None or len(pending) >= interval:
