@@ -30,6 +30,7 @@ TOOL_CHOICE_FUNCTION = "function"  # the function named by tool_choice_name
 RESPONSE_TEXT = "text"
 RESPONSE_JSON_OBJECT = "json_object"
 RESPONSE_JSON_SCHEMA = "json_schema"
+RESPONSE_REGEX = "regex"  # a text guided_regex matches (vLLM's guided_regex, and guided_choice as one)
 
 
 def estimate_prompt_tokens(texts: Iterable[str]) -> int:
@@ -201,9 +202,11 @@ class ChatRequest:
     allowed_token_ids: list[int] = field(default_factory=list)  # vLLM's: the only tokens it may pick (empty: any)
     include_stop_str_in_output: bool = False  # vLLM's: the stop sequence that ended the output stays in its text
     # OpenAI's response_format: RESPONSE_TEXT, or a JSON answer (RESPONSE_JSON_OBJECT, or
-    # RESPONSE_JSON_SCHEMA following ``json_schema``, a JSON Schema as JSON text).
+    # RESPONSE_JSON_SCHEMA following ``json_schema``, a JSON Schema as JSON text); or vLLM's
+    # RESPONSE_REGEX, an answer ``guided_regex`` matches.
     response_format: str = RESPONSE_TEXT
     json_schema: str = ""
+    guided_regex: str = ""  # with RESPONSE_REGEX: the regular expression the whole answer matches
     # ``echo``: the prompt comes back before the output, on the first token event: a text
     # completion's (OpenAI's legacy API), with its tokens' log probabilities where ``logprobs`` is
     # set; a chat's final message, where it is the assistant's (vLLM's chat ``echo``).

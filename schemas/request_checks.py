@@ -17,6 +17,7 @@ import re
 from tokenbus.schemas.records import (
     RESPONSE_JSON_OBJECT,
     RESPONSE_JSON_SCHEMA,
+    RESPONSE_REGEX,
     RESPONSE_TEXT,
     TOOL_CHOICE_AUTO,
     TOOL_CHOICE_FUNCTION,
@@ -45,7 +46,7 @@ ALLOWED_TOKEN_IDS_MAX = 4096  # allowed_token_ids one request may name
 # on one token event, which must stay well under Kafka's 1 MiB default record (about 15 bytes a
 # score: 16k prompt tokens with lm-evaluation-harness's one likeliest, 1.5k with 20).
 PROMPT_SCORES_MAX = 32_768
-RESPONSE_FORMATS = (RESPONSE_TEXT, RESPONSE_JSON_OBJECT, RESPONSE_JSON_SCHEMA)
+RESPONSE_FORMATS = (RESPONSE_TEXT, RESPONSE_JSON_OBJECT, RESPONSE_JSON_SCHEMA, RESPONSE_REGEX)
 
 
 class RequestOutOfRange(ValueError):
@@ -140,6 +141,13 @@ def response_format_problem(request: ChatRequest) -> str | None:
     is a valid JSON Schema is the edge's to check, where a client learns it at once.)"""
     if request.response_format not in RESPONSE_FORMATS:
         return f"response_format {request.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}"
+    if (request.response_format == RESPONSE_REGEX) != bool(request.guided_regex):
+        return "guided_regex is for response_format regex, which needs one"
+    if request.response_format == RESPONSE_REGEX:
+        try:
+            re.compile(request.guided_regex)
+        except re.error as exc:
+            return f"guided_regex is not a regular expression: {exc}"
     if request.response_format != RESPONSE_JSON_SCHEMA:
         return "json_schema is for response_format json_schema alone" if request.json_schema else None
     try:

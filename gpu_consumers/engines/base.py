@@ -89,9 +89,11 @@ class SamplingParams:
     # vLLM's: the only tokens the output may hold, the others' logits ruled out with the bias (empty: any).
     allowed_token_ids: tuple[int, ...] = ()
     # OpenAI's response_format (schemas.RESPONSE_*): a JSON answer, of ``json_schema`` (JSON text)
-    # where given, decoded under that constraint (vLLM's and TensorRT-LLM's guided decoding).
+    # where given, or one ``guided_regex`` matches, decoded under that constraint (vLLM's and
+    # TensorRT-LLM's guided decoding).
     response_format: str = RESPONSE_TEXT
     json_schema: str = ""
+    guided_regex: str = ""  # with schemas.RESPONSE_REGEX: what the whole answer matches (vLLM's guided_regex)
     # Each prompt token's log probability given the ones before it, and this many of the likeliest
     # tokens at its place, under the model's own distribution (no sampling option changes it); None:
     # none (vLLM's and TensorRT-LLM's ``prompt_logprobs``; a text completion's echo with logprobs).
@@ -177,6 +179,7 @@ class GenerationInput:
                 allowed_token_ids=tuple(request.allowed_token_ids),
                 response_format=request.response_format,
                 json_schema=request.json_schema,
+                guided_regex=request.guided_regex,
                 prompt_logprobs=request.top_logprobs if request.echo and request.logprobs and request.text_prompt else None,
             ),
         )

@@ -393,7 +393,7 @@ class HfEngine:
         check_token_ids(inp.prompt_token_ids + inp.prefix_token_ids, self._vocabulary_size)
         check_token_ids(inp.sampling.named_token_ids, self._vocabulary_size)
         if inp.sampling.response_format != RESPONSE_TEXT:
-            raise InvalidInput(f"the hf engine cannot constrain its output to JSON (response_format "
+            raise InvalidInput(f"the hf engine cannot constrain its output (response_format "
                                f"{inp.sampling.response_format}): TensorRT-LLM with a guided decoding backend can")
         if self._slots is None and inp.sampling.logprobs is not None:
             self._manager_scores(inp.sampling.logprobs)

@@ -21,7 +21,9 @@ answers in words) or ``tool_choice`` is ``none``, every offered function (at mos
 ``MAX_CALLS``), or only the first without ``parallel_tool_calls``. Arguments are drawn from each
 function's JSON Schema by a generator seeded like the text. Asked for a JSON answer
 (``response_format``), it answers with a value of the request's JSON Schema drawn the same way (a
-small object for ``json_object``), a few characters a token, as a decoder constrained to it would.
+small object for ``json_object``), and asked for a text a regular expression matches (vLLM's
+``guided_regex``, ``guided_choice``), with one drawn from its parse (engines/simulated_answers.py),
+a few characters a token, as a decoder constrained to it would.
 
 Its prefix cache is modelled like a paged engine's (engines/simulated_prompts.py): a prompt is
 tokenized (a token per word, a few per message and function), cut into blocks of ``kv_block_tokens`` named by chain hashes, and
@@ -40,7 +42,6 @@ import random
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -57,6 +58,7 @@ from tokenbus.gpu_consumers.engines.base import (
 )
 from tokenbus.gpu_consumers.engines.detokenize import StopFilter
 from tokenbus.gpu_consumers.engines.mailbox import Mailbox
+from tokenbus.gpu_consumers.engines.simulated_answers import guided_answer, sample_value
 from tokenbus.gpu_consumers.engines.simulated_prompts import LastPrompt, PrefixCacheModel
 from tokenbus.gpu_consumers.engines.simulated_words import (
     VOCABULARY,
@@ -69,8 +71,6 @@ from tokenbus.gpu_consumers.engines.simulated_words import (
 )
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import (
-    RESPONSE_JSON_SCHEMA,
-    RESPONSE_TEXT,
     TOOL_CHOICE_FUNCTION,
     TOOL_CHOICE_REQUIRED,
     TokenLogprob,
@@ -130,20 +130,6 @@ def planned_calls(inp: GenerationInput) -> list[ToolSpec]:
     return list(inp.tools[:MAX_CALLS] if inp.parallel_tool_calls else inp.tools[:1])
 
 
-def sample_value(schema: Any, rng: random.Random) -> Any:
-    """A value that fits a (simple) JSON Schema."""
-    if not isinstance(schema, dict):
-        return None
-    if schema.get("enum"):
-        return rng.choice(schema["enum"])
-    kind = schema.get("type")
-    if kind == "object" or "properties" in schema:
-        return {name: sample_value(sub, rng) for name, sub in (schema.get("properties") or {}).items()}
-    return {"string": lambda: rng.choice(VOCABULARY), "integer": lambda: rng.randint(0, 100),
-            "number": lambda: rng.randint(0, 1000) / 10, "boolean": lambda: rng.random() < 0.5,
-            "array": list, "null": lambda: None}.get(kind if isinstance(kind, str) else "", lambda: None)()
-
-
 def tool_markup(inp: GenerationInput, seed_material: str) -> str:
     """The text of this turn's calls, "" when it answers in words."""
     calls = planned_calls(inp)
@@ -151,20 +137,6 @@ def tool_markup(inp: GenerationInput, seed_material: str) -> str:
         return ""
     rng = random.Random(zlib.crc32(f"{seed_material}:tools".encode()))
     return "\n".join(render_call(t.name, sample_value(json.loads(t.parameters), rng) or {}) for t in calls)
-
-
-JSON_OBJECT_ANSWER = {"type": "object", "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}}}
-
-
-def json_answer(inp: GenerationInput, seed_material: str) -> str:
-    """A JSON answer's text where the response format asks for one, "" where it does not: a value
-    the request's ``json_schema`` describes (for ``json_object``, a small object), drawn by a
-    generator seeded like the text, as a constrained engine's output would be."""
-    sampling = inp.sampling
-    if sampling.response_format == RESPONSE_TEXT:
-        return ""
-    schema = json.loads(sampling.json_schema) if sampling.response_format == RESPONSE_JSON_SCHEMA else JSON_OBJECT_ANSWER
-    return json.dumps(sample_value(schema, random.Random(zlib.crc32(f"{seed_material}:json".encode()))))
 
 
 @dataclass(eq=False)
@@ -335,7 +307,7 @@ class SimulatedEngine:
         if inp.sampling.ignore_eos:  # its natural end is its end-of-sequence token: on to the limit, or the longest
             natural_length = inp.sampling.max_tokens or s.max_tokens  # (after the draws: the same tokens)
         natural_length = max(natural_length, inp.sampling.min_tokens)  # that end token waits for min_tokens
-        markup = tool_markup(inp, seed_material) or json_answer(inp, seed_material)
+        markup = tool_markup(inp, seed_material) or guided_answer(inp, seed_material)
         if not markup:  # a tool-calling turn's ids are its markup's pieces
             check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
         check_token_ids(inp.sampling.named_token_ids, len(VOCABULARY))

@@ -44,7 +44,7 @@ from tokenbus.gpu_consumers.engines.base import (
 )
 from tokenbus.gpu_consumers.engines.blocks import chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, TokenTexts, held_back_text
-from tokenbus.schemas import RESPONSE_JSON_SCHEMA, RESPONSE_TEXT, TokenLogprob, TopLogprob
+from tokenbus.schemas import RESPONSE_JSON_SCHEMA, RESPONSE_REGEX, RESPONSE_TEXT, TokenLogprob, TopLogprob
 from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
@@ -363,9 +363,10 @@ class TrtLlmEngine:
         if self._prompt_tokens is not None:
             await asyncio.to_thread(self._prompt_tokens.prepare, inp)
 
-    def _json_guide(self, sampling: SamplingParams) -> Any:
-        """The LLM API's ``GuidedDecodingParams`` for a JSON ``response_format`` (None for text);
-        ``InvalidInput`` where no guided decoding backend is configured."""
+    def _guide(self, sampling: SamplingParams) -> Any:
+        """The LLM API's ``GuidedDecodingParams`` for a structured ``response_format`` (JSON, or a
+        regular expression; None for text); ``InvalidInput`` where no guided decoding backend is
+        configured."""
         if sampling.response_format == RESPONSE_TEXT:
             return None
         if not self.settings.guided_decoding_backend:
@@ -373,6 +374,8 @@ class TrtLlmEngine:
                                "(TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND=xgrammar)")
         if sampling.response_format == RESPONSE_JSON_SCHEMA:
             return self._guided_decoding(json=sampling.json_schema)
+        if sampling.response_format == RESPONSE_REGEX:
+            return self._guided_decoding(regex=sampling.guided_regex)
         return self._guided_decoding(json_object=True)
 
     def generate(self, inp: GenerationInput) -> _TrtStream:
@@ -412,7 +415,7 @@ class TrtLlmEngine:
             repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1 else None,
             min_tokens=s.min_tokens - len(inp.prefix_token_ids) if s.min_tokens > len(inp.prefix_token_ids) else None,
             stop_token_ids=list(s.stop_token_ids) or None,
-            guided_decoding=self._json_guide(s),
+            guided_decoding=self._guide(s),
             # (at least one: a build may take 0 for none, as its ``logprobs`` does; the likeliest are cut to those asked)
             prompt_logprobs=max(s.prompt_logprobs or 0, 1) if scored else None,
             **penalties,

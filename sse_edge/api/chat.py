@@ -21,6 +21,7 @@ from starlette.responses import Response
 from tokenbus.producers import new_request_id
 from tokenbus.schemas import (
     RESPONSE_JSON_SCHEMA,
+    RESPONSE_REGEX,
     TOOL_CHOICE_AUTO,
     TOOL_CHOICE_FUNCTION,
     ChatMessage,
@@ -222,7 +223,7 @@ async def claim_idempotency_key(edge: EdgeState, key: ApiKey, idempotency_key: s
 
 def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, request_id: str) -> dict[str, Any]:
     """The bus request's fields every request has: who asks, for what, sampled how, answered where."""
-    answer, schema = asked.answer_format
+    answer, guide = asked.answer_format
     return dict(request_id=request_id, model=asked.model, tier=key.tier, tenant=key.tenant, key_id=key.key_id,
                 max_tokens=asked.token_limit, temperature=asked.temperature, top_p=asked.top_p, seed=asked.seed,
                 stop=asked.stop_sequences, ignore_eos=asked.ignore_eos,
@@ -233,7 +234,8 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 stop_token_ids=asked.stop_token_ids or [], allowed_token_ids=asked.allowed_token_ids or [],
                 include_stop_str_in_output=asked.include_stop_str_in_output,
                 response_format=answer,
-                json_schema=json.dumps(schema, separators=(",", ":")) if answer == RESPONSE_JSON_SCHEMA else "",
+                json_schema=json.dumps(guide, separators=(",", ":")) if answer == RESPONSE_JSON_SCHEMA else "",
+                guided_regex=guide if answer == RESPONSE_REGEX else "",
                 reply_topic=edge.bus.router.reply_topic,
                 reply_partition=edge.bus.router.reply_partition)
 

@@ -118,10 +118,16 @@ UNSUPPORTED = {
 VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,),
     "use_beam_search": (False,), "bad_words": ([],),
-    "prompt_logprobs": (), "truncate_prompt_tokens": (),
-    "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "prompt_logprobs": (), "truncate_prompt_tokens": (), "guided_grammar": (),
 }
 INT64 = 2**63 - 1
+GUIDE_MAX_CHARS = 4096  # a guided_regex's length, and each of guided_choice's
+CHOICES_MAX = 256  # guided_choice's choices
+
+
+def choice_pattern(choices: list[str]) -> str:
+    """The regular expression an answer that is one of ``choices`` matches (vLLM's own reading)."""
+    return "(" + "|".join(re.escape(choice) for choice in choices) + ")"
 HISTORY_CLIENT, HISTORY_SERVER = "client", "server"
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -157,6 +163,11 @@ class GenerationRequest(BaseModel):
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None
     structured_outputs: dict[str, Any] | None = None
+    # vLLM's: an answer this regular expression matches, or one of these choices (its
+    # ``structured_outputs`` ``regex`` and ``choice`` too).
+    guided_regex: str | None = Field(default=None, min_length=1, max_length=GUIDE_MAX_CHARS)
+    guided_choice: list[Annotated[str, Field(min_length=1, max_length=GUIDE_MAX_CHARS)]] | None = Field(
+        default=None, min_length=1, max_length=CHOICES_MAX)
     # vLLM's sampling extensions: sample from the ``top_k`` likeliest tokens (-1 or 0: all) that are
     # at least ``min_p`` of the likeliest's probability; ``repetition_penalty`` shrinks the logits of
     # tokens the prompt or output holds (1: none); ``stop_token_ids`` end the output as the
@@ -212,7 +223,8 @@ class GenerationRequest(BaseModel):
     @property
     def answer_format(self) -> tuple[str, Any]:
         """The response format asked, whichever way (validation.py makes sure at most one was): its
-        type (``text``, ``json_object``, ``json_schema``) and, for ``json_schema``, the schema."""
+        type (``text``, ``json_object``, ``json_schema``, ``regex``) and, for ``json_schema``, the
+        schema, for ``regex`` the regular expression (a choice's: the alternation of its choices)."""
         if self.response_format is not None and self.response_format.type != "text":
             schema = self.response_format.json_schema
             return self.response_format.type, schema.json_schema if schema is not None else None
@@ -220,6 +232,12 @@ class GenerationRequest(BaseModel):
         guide = self.guided_json if self.guided_json is not None else outputs.get("json")
         if guide is not None:
             return "json_schema", json.loads(guide) if isinstance(guide, str) else guide
+        regex = self.guided_regex if self.guided_regex is not None else outputs.get("regex")
+        if regex is not None:
+            return "regex", regex
+        choices = self.guided_choice if self.guided_choice is not None else outputs.get("choice")
+        if choices is not None:
+            return "regex", choice_pattern(choices)
         return ("json_object", None) if outputs.get("json_object") else ("text", None)
 
 

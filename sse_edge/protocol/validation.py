@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from typing import Any, TypeVar
 
 from jsonschema import Draft202012Validator
@@ -161,40 +162,62 @@ def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) ->
 
 
 
-STRUCTURED_OUTPUTS_SERVED = ("json", "json_object")  # of vLLM's structured_outputs: a JSON answer
+# Of vLLM's structured_outputs: a JSON answer, or one a regular expression matches, or a choice.
+STRUCTURED_OUTPUTS_SERVED = ("json", "json_object", "regex", "choice")
 
 
 def check_response_format(request: GenerationRequest) -> None:
-    """JSON is asked one way at most (OpenAI's ``response_format``, vLLM's ``guided_json`` or its
-    ``structured_outputs``), a schema given is a valid JSON Schema object, and no other structure
-    is asked of vLLM's ``structured_outputs``."""
+    """A structured answer is asked one way at most (OpenAI's ``response_format``, vLLM's
+    ``guided_json``, ``guided_regex``, ``guided_choice`` or its ``structured_outputs``), a schema
+    given is a valid JSON Schema object, a regular expression one Python reads, and no other
+    structure is asked of vLLM's ``structured_outputs``."""
     answer, outputs = request.response_format, request.structured_outputs or {}
     for key, value in outputs.items():
         if key not in STRUCTURED_OUTPUTS_SERVED and value not in (None, False):
-            raise InvalidRequest(f"'structured_outputs.{key}' is not supported: tokenbus constrains answers to JSON "
-                                 "alone.", param=f"structured_outputs.{key}", code="unsupported_parameter")
-    ways = [name for name, asked in (("response_format", answer is not None and answer.type != "text"),
-                                     ("guided_json", request.guided_json is not None),
-                                     ("structured_outputs", any(outputs.get(k) for k in STRUCTURED_OUTPUTS_SERVED)))
-            if asked]
+            raise InvalidRequest(f"'structured_outputs.{key}' is not supported: tokenbus constrains answers to JSON, "
+                                 "a regular expression or a choice.", param=f"structured_outputs.{key}",
+                                 code="unsupported_parameter")
+    asked = [("response_format", answer is not None and answer.type != "text"),
+             ("guided_json", request.guided_json is not None), ("guided_regex", request.guided_regex is not None),
+             ("guided_choice", request.guided_choice is not None)]
+    asked += [(f"structured_outputs.{key}", outputs.get(key) not in (None, False)) for key in STRUCTURED_OUTPUTS_SERVED]
+    ways = [name for name, is_asked in asked if is_asked]
     if len(ways) > 1:
-        raise InvalidRequest(f"Ask for a JSON answer one way, not with both '{ways[0]}' and '{ways[1]}'.",
+        raise InvalidRequest(f"Ask for a structured answer one way, not with both '{ways[0]}' and '{ways[1]}'.",
                              param=ways[1], code="invalid_value")
-    param = {"response_format": "response_format.json_schema.schema", "guided_json": "guided_json",
-             "structured_outputs": "structured_outputs.json"}.get(ways[0] if ways else "", "")
+    check_guide_types(outputs)
+    if not ways:
+        return
+    param = "response_format.json_schema.schema" if ways[0] == "response_format" else ways[0]
     if answer is not None and answer.type == "json_schema" and answer.json_schema is None:
         raise InvalidRequest("response_format type 'json_schema' needs its 'json_schema'.",
                              param="response_format.json_schema", code="missing_required_parameter")
     try:
-        kind, schema = request.answer_format
-    except ValueError:  # a guide given as text that is not JSON
-        kind, schema = "json_schema", None
-    if kind != "json_schema":
-        return
-    if not isinstance(schema, dict):
-        raise InvalidRequest("The JSON Schema must be a JSON object.", param=param, code="invalid_value")
-    if (problem := schema_problem(schema)) is not None:
-        raise InvalidRequest(f"Invalid JSON Schema for the response format: {problem}.", param=param,
+        kind, guide = request.answer_format
+    except ValueError:  # a JSON guide given as text that is not JSON
+        kind, guide = "json_schema", None
+    if kind == "regex":
+        try:
+            re.compile(guide)
+        except re.error as exc:
+            raise InvalidRequest(f"Invalid regular expression: {exc}.", param=param, code="invalid_value") from None
+    elif kind == "json_schema":
+        if not isinstance(guide, dict):
+            raise InvalidRequest("The JSON Schema must be a JSON object.", param=param, code="invalid_value")
+        if (problem := schema_problem(guide)) is not None:
+            raise InvalidRequest(f"Invalid JSON Schema for the response format: {problem}.", param=param,
+                                 code="invalid_value")
+
+
+def check_guide_types(outputs: dict[str, Any]) -> None:
+    """vLLM's ``structured_outputs`` ``regex`` is text and its ``choice`` a list of texts (its
+    ``guided_regex`` and ``guided_choice`` are typed by the request's model)."""
+    regex, choices = outputs.get("regex"), outputs.get("choice")
+    if regex is not None and not (isinstance(regex, str) and regex):
+        raise InvalidRequest("'structured_outputs.regex' must be a regular expression, as text.",
+                             param="structured_outputs.regex", code="invalid_value")
+    if choices is not None and not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
+        raise InvalidRequest("'structured_outputs.choice' must be a list of texts.", param="structured_outputs.choice",
                              code="invalid_value")
 
 

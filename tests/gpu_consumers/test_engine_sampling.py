@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 
 import jsonschema
 import pytest
@@ -145,7 +146,7 @@ async def test_a_json_response_format_is_answered_in_json_of_its_schema_or_refus
     fixed instance). The ``hf`` engine cannot constrain its decoding: it refuses."""
     inp = request(59, "plan a trip", max_tokens=200, response_format="json_schema", json_schema=json.dumps(TRIP))
     if engine.name == "hf":
-        with pytest.raises(InvalidInput, match="cannot constrain its output to JSON"):
+        with pytest.raises(InvalidInput, match="cannot constrain its output"):
             engine.generate(inp)
         return
     outs = await collect(engine, inp)
@@ -153,6 +154,20 @@ async def test_a_json_response_format_is_answered_in_json_of_its_schema_or_refus
     assert outs[-1].finish_reason == FINISH_STOP
     plain = await collect(engine, request(59, "plan a trip", max_tokens=200, response_format="json_object"))
     assert isinstance(json.loads(text_of(plain)), dict) and plain[-1].finish_reason == FINISH_STOP
+
+
+async def test_a_regex_response_format_is_answered_with_a_text_it_matches_or_refused(engine):
+    """vLLM's ``guided_regex`` (and ``guided_choice``, the alternation of its choices): the whole
+    answer matches it, to its end (``stop``); the ``hf`` engine refuses, as it does JSON."""
+    patterns = [r"(rail|road|sea)", r"[A-Z][a-z]{2,5} \d{1,3}(\.\d)?"]
+    for i, pattern in enumerate(patterns):
+        inp = request(61 + i, "answer in form", max_tokens=100, response_format="regex", guided_regex=pattern)
+        if engine.name == "hf":
+            with pytest.raises(InvalidInput, match="cannot constrain its output"):
+                engine.generate(inp)
+            return
+        outs = await collect(engine, inp)
+        assert re.fullmatch(pattern, text_of(outs)) and outs[-1].finish_reason == FINISH_STOP
 
 
 def repeats(outs) -> int:

@@ -32,6 +32,7 @@ def asking(**fields) -> ChatRequest:
     {"echo": True, "text_prompt": True}, {"echo": True, "text_prompt": True, "logprobs": True, "top_logprobs": 5},
     {"echo": True}, {"add_generation_prompt": False}, {"continue_final_message": True, "add_generation_prompt": False},
     {"text_prompt": True, "prompt_token_ids": [0, 2**31 - 1]},
+    {"response_format": "regex", "guided_regex": "(yes|no)"},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -71,7 +72,7 @@ def test_a_request_within_range_has_no_problem(fields):
     ({"min_p": math.nan}, "min_p nan is not in [0, 1]"),
     ({"min_tokens": -2}, "min_tokens -2 is below 0"),
     ({"repetition_penalty": 0.0}, "repetition_penalty 0.0 is not a finite number above 0"),
-    ({"response_format": "yaml"}, "response_format 'yaml' is not one of text, json_object, json_schema"),
+    ({"response_format": "yaml"}, "response_format 'yaml' is not one of text, json_object, json_schema, regex"),
     ({"response_format": "json_schema"}, "json_schema must be a JSON Schema object, as JSON text"),
     ({"response_format": "json_schema", "json_schema": "[1]"}, "json_schema must be a JSON Schema object, as JSON text"),
     ({"response_format": "json_object", "json_schema": "{}"}, "json_schema is for response_format json_schema alone"),
@@ -86,6 +87,10 @@ def test_a_request_within_range_has_no_problem(fields):
      "a text completion's echo needs its one message"),
     ({"continue_final_message": True}, "continue_final_message is for a chat without add_generation_prompt"),
     ({"prompt_token_ids": [1, 2]}, "prompt_token_ids are a text completion's prompt (text_prompt, one message)"),
+    ({"response_format": "regex"}, "guided_regex is for response_format regex, which needs one"),
+    ({"guided_regex": "a+"}, "guided_regex is for response_format regex, which needs one"),
+    ({"response_format": "regex", "guided_regex": "(a"},
+     "guided_regex is not a regular expression: missing ), unterminated subpattern at position 0"),
     ({"text_prompt": True, "prompt_token_ids": [1, -2]}, "prompt_token_ids must not be negative"),
     ({"continue_final_message": True, "add_generation_prompt": False, "text_prompt": True},
      "continue_final_message is for a chat without add_generation_prompt"),

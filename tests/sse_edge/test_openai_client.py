@@ -3,6 +3,7 @@
 
 import asyncio
 import json
+import re
 
 import httpx
 import openai
@@ -205,6 +206,28 @@ async def test_a_json_response_format_answers_in_json_of_its_schema(client):
     for vllm_s in ({"guided_json": Trip.model_json_schema()}, {"structured_outputs": {"json": Trip.model_json_schema()}}):
         guided = await client.chat.completions.create(model=MODEL, messages=messages, seed=61, extra_body=vllm_s)
         assert guided.choices[0].message.content == expected.text
+
+
+async def test_a_guided_choice_or_regex_answers_with_what_it_allows(client):
+    """vLLM's ``guided_choice`` and ``guided_regex`` (and the same through its ``structured_outputs``):
+    the answer is one of the choices, or matches the regular expression whole, streamed or not; each
+    is what the stack's engine answers the request with the regular expression on the bus."""
+    messages = [{"role": "user", "content": "How shall we travel?"}]
+    choices = ["rail", "road", "sea (slow)"]
+    choice_pattern = "(rail|road|sea\\ \\(slow\\))"
+    for asked in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+        chosen = await client.chat.completions.create(model=MODEL, messages=messages, seed=63, extra_body=asked)
+        want = await expected_output(messages, seed=63, response_format="regex", guided_regex=choice_pattern)
+        assert chosen.choices[0].message.content == want.text and want.text in choices
+    pattern = r"[A-Z][a-z]{2,6}-\d{2}"
+    stream = await client.chat.completions.create(model=MODEL, messages=messages, seed=64, stream=True,
+                                                  extra_body={"guided_regex": pattern})
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert re.fullmatch(pattern, text)
+    assert text == (await expected_output(messages, seed=64, response_format="regex", guided_regex=pattern)).text
+    completion = await client.completions.create(model=MODEL, prompt="Travel by", seed=65, max_tokens=50,
+                                                 extra_body={"structured_outputs": {"regex": pattern}})
+    assert re.fullmatch(pattern, completion.choices[0].text) and completion.choices[0].finish_reason == "stop"
 
 
 async def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client, stack):

@@ -16,8 +16,9 @@ class KvCacheConfig:
 @dataclass
 class GuidedDecodingParams:
     """``tensorrt_llm.llmapi.GuidedDecodingParams``: the output follows ``json`` (a JSON Schema, as
-    text or a dict) or, with ``json_object``, is a JSON object. The fake answers with one fixed
-    instance of it (``instance_of``), where the real engine decodes under the grammar."""
+    text or a dict), with ``json_object`` is a JSON object, or matches ``regex``. The fake answers
+    with one fixed instance of it (``instance_of``; for a regex, a text drawn from it), where the
+    real engine decodes under the grammar."""
 
     json: str | dict | None = None
     regex: str | None = None
@@ -32,7 +33,13 @@ class GuidedDecodingParams:
             return json_module.dumps(instance_of(schema))
         if self.json_object:
             return json_module.dumps({"answer": "fake"})
-        raise NotImplementedError("the fake guides JSON alone")
+        if self.regex is not None:  # one text it matches, drawn with a fixed seed
+            import random
+
+            from tokenbus.gpu_consumers.engines.simulated_answers import regex_sample
+
+            return regex_sample(self.regex, random.Random(0))
+        raise NotImplementedError("the fake guides JSON and regular expressions alone")
 
 
 def instance_of(schema: object) -> object:
