@@ -11,9 +11,9 @@ routing and the ``cached_tokens`` of each request. A request's presence and freq
 count its output alone (``prompt_ignore_length``: TensorRT-LLM counts the prompt's tokens too
 unless told; its SamplingParams has taken it since 1.1). A request's logit bias and allowed tokens
 are a logits processor of its own (``TokenBias``), its row as long as the logits it is given (the
-model's padded vocabulary, which ``embedding_bias`` would need known beforehand). A JSON
-``response_format`` is its guided decoding (``GuidedDecodingParams``), where the LLM was given a
-``guided_decoding_backend`` (``TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND``).
+model's padded vocabulary, which ``embedding_bias`` would need known beforehand). A JSON or
+regular expression ``response_format`` is its guided decoding (``GuidedDecodingParams``), where
+the LLM was given a ``guided_decoding_backend`` (``TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND``).
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ class TrtLlmEngineSettings(BaseSettings):
     # 1: every iteration, and the setting is not passed (other backends do not take it).
     stream_interval: int = Field(default=1, ge=1)
     default_max_tokens: int = 256
-    # The LLM API's ``guided_decoding_backend`` (``xgrammar`` or ``llguidance``), which a JSON
-    # ``response_format`` needs; "" (the default): none, and such requests are refused.
+    # The LLM API's ``guided_decoding_backend`` (``xgrammar`` or ``llguidance``), which a JSON or
+    # regular expression ``response_format`` needs; "" (the default): none, and such requests are refused.
     guided_decoding_backend: str = ""
 
 

@@ -36,18 +36,24 @@ async def outputs(tiny_model: Path, **settings) -> tuple[TrtLlmEngine, list]:
         await engine.close()
 
 
-async def test_the_engine_is_asked_for_token_ids_and_the_adapter_gives_the_text(tiny_model):
-    asked = []
-    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=24))
+async def recording(tiny_model: Path, default_max_tokens: int, **settings) -> tuple[TrtLlmEngine, list]:
+    """A started engine whose LLM API calls are recorded: (input ids, SamplingParams) each."""
+    asked: list = []
+    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=default_max_tokens, **settings))
     await engine.start()
     generate_async = engine._llm.generate_async
-    engine._llm.generate_async = lambda ids, params, **kw: asked.append(params) or generate_async(ids, params, **kw)
+    engine._llm.generate_async = lambda ids, params, **kw: asked.append((ids, params)) or generate_async(ids, params, **kw)
+    return engine, asked
+
+
+async def test_the_engine_is_asked_for_token_ids_and_the_adapter_gives_the_text(tiny_model):
+    engine, asked = await recording(tiny_model, 24)
     try:
         inp = GenerationInput("trt-0", (ChatMessage("user", "tell me a story"),), SamplingParams(max_tokens=24))
         outs = [out async for out in engine.generate(inp)]
     finally:
         await engine.close()
-    assert [p.detokenize for p in asked] == [False]
+    assert [params.detokenize for _, params in asked] == [False]
     ids = [t for o in outs for t in o.token_ids_diff]
     assert len(ids) == 24
     # The fake's random bytes may end inside a character, which a stream never gives out.
@@ -70,11 +76,7 @@ async def test_a_stream_interval_gives_fewer_steps_with_the_same_tokens_and_text
 async def test_penalties_are_asked_for_on_the_output_alone(tiny_model):
     """TensorRT-LLM counts the prompt's tokens too unless ``prompt_ignore_length`` says how many to
     pass over; a taken-over sequence's published output, sent after its prompt, is counted."""
-    asked = []
-    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=8))
-    await engine.start()
-    generate_async = engine._llm.generate_async
-    engine._llm.generate_async = lambda ids, params, **kw: asked.append((ids, params)) or generate_async(ids, params, **kw)
+    engine, asked = await recording(tiny_model, 8)
     messages = (ChatMessage("user", "tell me a story"),)
     try:
         for sampling, prefix in ((SamplingParams(max_tokens=8), ()),
@@ -89,23 +91,20 @@ async def test_penalties_are_asked_for_on_the_output_alone(tiny_model):
     assert penalized.prompt_ignore_length == len(plain_ids) == len(continued_ids) - 2
 
 
-async def test_a_json_response_format_is_guided_decoding_where_a_backend_is_configured(tiny_model):
-    """A JSON ``response_format`` asks the LLM API's ``GuidedDecodingParams`` (the schema's JSON
-    text, or ``json_object``), and the LLM is made with ``guided_decoding_backend``; without one
-    configured, such a request is refused, and a plain one asks no guide."""
-    asked = []
+async def test_a_structured_response_format_is_guided_decoding_where_a_backend_is_configured(tiny_model):
+    """A JSON or regular expression ``response_format`` asks the LLM API's ``GuidedDecodingParams``
+    (the schema's JSON text, ``json_object``, or the ``regex``), and the LLM is made with
+    ``guided_decoding_backend``; without one configured, such a request is refused, and a plain one
+    asks no guide."""
     schema = '{"type": "object", "properties": {"city": {"type": "string"}}}'
-    guided = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=8,
-                                               guided_decoding_backend="xgrammar"))
+    guided, asked = await recording(tiny_model, 8, guided_decoding_backend="xgrammar")
     unguided = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=8))
-    await guided.start()
     await unguided.start()
-    generate_async = guided._llm.generate_async
-    guided._llm.generate_async = lambda ids, params, **kw: asked.append(params) or generate_async(ids, params, **kw)
     messages = (ChatMessage("user", "where to?"),)
     try:
         for sampling in (SamplingParams(response_format="json_schema", json_schema=schema),
-                         SamplingParams(response_format="json_object"), SamplingParams()):
+                         SamplingParams(response_format="json_object"), SamplingParams(),
+                         SamplingParams(response_format="regex", guided_regex="(rail|road)")):
             [out async for out in guided.generate(GenerationInput("trt-json", messages, sampling))]
         with pytest.raises(InvalidInput, match="TOKENBUS_TRTLLM_GUIDED_DECODING_BACKEND"):
             unguided.generate(GenerationInput("trt-json", messages, SamplingParams(response_format="json_object")))
@@ -114,9 +113,10 @@ async def test_a_json_response_format_is_guided_decoding_where_a_backend_is_conf
         await unguided.close()
     assert guided._llm.kwargs["guided_decoding_backend"] == "xgrammar"
     assert "guided_decoding_backend" not in unguided._llm.kwargs
-    schema_guide, object_guide, none = (params.guided_decoding for params in asked)
+    schema_guide, object_guide, none, regex_guide = (params.guided_decoding for _, params in asked)
     assert (schema_guide.json, schema_guide.json_object) == (schema, False)
     assert (object_guide.json, object_guide.json_object) == (None, True) and none is None
+    assert (regex_guide.regex, regex_guide.json, regex_guide.json_object) == ("(rail|road)", None, False)
 
 
 def test_a_logit_bias_is_a_logits_processor_that_adds_to_the_ids_it_names_alone():
@@ -141,11 +141,7 @@ async def test_prompt_log_probabilities_are_asked_for_and_read_in_either_length_
     alone: the prompt's first token unscored, then an entry a later token (the fake's, and a build
     that gives the first token an entry too, None as vLLM's: passed over); a taken-over sequence,
     whose first step was published, asks for none."""
-    asked = []
-    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=4))
-    await engine.start()
-    generate_async = engine._llm.generate_async
-    engine._llm.generate_async = lambda ids, params, **kw: asked.append((ids, params)) or generate_async(ids, params, **kw)
+    engine, asked = await recording(tiny_model, 4)
     messages = (ChatMessage("user", "tell me a story"),)
     try:
         outs = [o async for o in engine.generate(GenerationInput("trt-p1", messages, SamplingParams(max_tokens=4,
@@ -176,11 +172,7 @@ async def test_log_probabilities_are_asked_for_and_read_in_either_form_a_build_g
     """Asked for (``SamplingParams.logprobs``, none where not asked), they come back as vLLM's
     dicts (the fake's, and TensorRT-LLM's PyTorch backend's): the sampled token's and the likeliest;
     a build that returns the sampled token's alone as a float a token is read too, with no likeliest."""
-    asked = []
-    engine = TrtLlmEngine(TrtLlmEngineSettings(model=str(tiny_model), default_max_tokens=6))
-    await engine.start()
-    generate_async = engine._llm.generate_async
-    engine._llm.generate_async = lambda ids, params, **kw: asked.append(params) or generate_async(ids, params, **kw)
+    engine, asked = await recording(tiny_model, 6)
     messages = (ChatMessage("user", "tell me a story"),)
     try:
         scored = [o async for o in engine.generate(GenerationInput("trt-3", messages, SamplingParams(max_tokens=6, logprobs=2)))]
@@ -191,7 +183,7 @@ async def test_log_probabilities_are_asked_for_and_read_in_either_form_a_build_g
         stream.abort()
     finally:
         await engine.close()
-    assert [p.logprobs for p in asked] == [2, None, 3]
+    assert [params.logprobs for _, params in asked] == [2, None, 3]
     tokenizer = engine._llm.tokenizer
     for out in scored:
         for token_id, token in zip(out.token_ids_diff, out.logprobs, strict=True):
