@@ -44,7 +44,8 @@ from tokenbus.sse_edge.plumbing.relay import collect_completion, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
-from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChunkWriter, GenerationRequest
+from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, GenerationRequest
+from tokenbus.sse_edge.protocol.responses import ChunkWriter
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.sse_edge.state import EdgeState, TurnHooks

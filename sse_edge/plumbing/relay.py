@@ -19,8 +19,8 @@ from tokenbus.schemas.request_checks import INVALID_REQUEST
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd, StreamFormat
-from tokenbus.sse_edge.protocol.chat import ChunkWriter, completion_body
 from tokenbus.sse_edge.protocol.logprobs import content_logprobs
+from tokenbus.sse_edge.protocol.responses import ChunkWriter, completion_body
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
