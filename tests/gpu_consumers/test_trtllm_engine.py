@@ -5,7 +5,6 @@ the engine's stream interval when one is set."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +13,7 @@ import pytest
 from tests.gpu_consumers.helpers import fake_tensorrt_llm
 from tokenbus.gpu_consumers.engines import GenerationInput, InvalidInput, SamplingParams
 from tokenbus.gpu_consumers.engines.detokenize import REPLACEMENT_CHAR
-from tokenbus.gpu_consumers.engines.trtllm import TokenBias, TrtLlmEngine, TrtLlmEngineSettings
+from tokenbus.gpu_consumers.engines.trtllm import TrtLlmEngine, TrtLlmEngineSettings
 from tokenbus.schemas import ChatMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -117,23 +116,6 @@ async def test_a_structured_response_format_is_guided_decoding_where_a_backend_i
     assert (schema_guide.json, schema_guide.json_object) == (schema, False)
     assert (object_guide.json, object_guide.json_object) == (None, True) and none is None
     assert (regex_guide.regex, regex_guide.json, regex_guide.json_object) == ("(rail|road)", None, False)
-
-
-def test_a_logit_bias_is_a_logits_processor_that_adds_to_the_ids_it_names_alone():
-    """``TokenBias`` (the request's ``logits_processor``) adds in place, whatever the logits' leading
-    dimensions (the PyTorch backend's [1, beam, vocabulary]) and dtype, to the named ids alone; with
-    allowed tokens, it rules out every other one."""
-    import torch
-
-    bias = TokenBias(((2, 100.0), (5, -1.5)))
-    logits = torch.zeros(1, 2, 8, dtype=torch.bfloat16)
-    logits[..., 2] = 0.5
-    bias(7, logits, [[1, 2, 3]], None, None)
-    assert logits[0, 0].tolist() == logits[0, 1].tolist() == [0, 0, 100.5, 0, 0, -1.5, 0, 0]
-    allowing = TokenBias(((5, 2.0),), allowed=(1, 5))  # vLLM's allowed_token_ids: -inf for the rest
-    logits = torch.zeros(1, 1, 8)
-    allowing(7, logits, [[1]], None, None)
-    assert logits[0, 0].tolist() == [-math.inf, 0, -math.inf, -math.inf, -math.inf, 2, -math.inf, -math.inf]
 
 
 async def test_prompt_log_probabilities_are_asked_for_and_read_in_either_length_a_build_gives(tiny_model):
