@@ -52,6 +52,9 @@ class Prompt(Protocol):
     @property
     def prompt_token_ids(self) -> Sequence[int]: ...
 
+    @property
+    def truncate_prompt_tokens(self) -> int | None: ...
+
 
 def _fields(h: Any, *fields: str | None) -> None:
     """Length-prefixed, so no two different segments feed the hash the same bytes."""
@@ -93,8 +96,11 @@ def _tools(h: Any, prompt: Prompt) -> None:
 
 def segment_hashes(prompt: Prompt) -> list[int]:
     """The chain hash of each prefix of ``prompt``: ``[h_1, ..., h_n]``, one per segment (the offered
-    functions when there are any, then each message)."""
+    functions when there are any, then each message); none for a prompt the engine truncates (vLLM's
+    ``truncate_prompt_tokens``: what it keeps begins at no segment's start)."""
     hashes: list[int] = []
+    if prompt.truncate_prompt_tokens is not None:
+        return hashes
     previous = hashlib.blake2b(VERSION, digest_size=8).digest()
 
     def chain(write: Callable[[Any, Any], None], segment: Any) -> None:

@@ -219,6 +219,8 @@ class ChatRequest:
     # takes them as they are; the one message holds their text (the edge decodes them), for
     # moderation, transcripts and an echo.
     prompt_token_ids: list[int] = field(default_factory=list)
+    # vLLM's: the engine keeps the prompt's last this many tokens (None: all of it).
+    truncate_prompt_tokens: int | None = None
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:

@@ -114,6 +114,8 @@ def request_problem(request: ChatRequest) -> str | None:
         return "prompt_token_ids are a text completion's prompt (text_prompt, one message)"
     if any(token_id < 0 for token_id in request.prompt_token_ids):
         return "prompt_token_ids must not be negative"
+    if request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens < 1:
+        return f"truncate_prompt_tokens {request.truncate_prompt_tokens} is below 1"
     if request.tool_choice not in TOOL_CHOICES:
         return f"tool_choice {request.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
     if request.tool_choice == TOOL_CHOICE_FUNCTION and request.tool_choice_name not in {t.name for t in request.tools}:

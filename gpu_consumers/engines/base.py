@@ -132,6 +132,8 @@ class GenerationInput:
     continue_final_message: bool = False
     # A text prompt given as the model's token ids: taken as they are (its message holds their text).
     prompt_token_ids: tuple[int, ...] = ()
+    # vLLM's: the prompt's last this many tokens alone (left truncation, after templating); None: all.
+    truncate_prompt_tokens: int | None = None
 
     @property
     def offers_tools(self) -> bool:
@@ -142,7 +144,8 @@ class GenerationInput:
         """Everything the prompt is rendered from (not a taken-over sequence's output): equal keys,
         equal prompts. Unhashable where a message holds a list the schema has as a tuple."""
         return (self.request_id, self.messages, self.tools, self.tool_choice, self.tool_choice_name, self.text_prompt,
-                self.add_generation_prompt, self.continue_final_message, self.prompt_token_ids)
+                self.add_generation_prompt, self.continue_final_message, self.prompt_token_ids,
+                self.truncate_prompt_tokens)
 
     @classmethod
     def from_request(cls, request: ChatRequest, prefix_token_ids: tuple[int, ...] = (), prefix_text: str = "") -> GenerationInput:
@@ -159,6 +162,7 @@ class GenerationInput:
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             prompt_token_ids=tuple(request.prompt_token_ids),
+            truncate_prompt_tokens=request.truncate_prompt_tokens,
             sampling=SamplingParams(
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,

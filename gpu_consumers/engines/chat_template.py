@@ -181,6 +181,8 @@ class PromptTokens:
             # A chat template writes its special tokens into the text; a text prompt gets the tokenizer's.
             encoding = self._rust.encode_batch([text], add_special_tokens=inp.text_prompt)[0]
             ids, rendered = list(encoding.ids), Rendered(text, tuple(end for _, end in encoding.offsets))
+        if inp.truncate_prompt_tokens is not None:  # vLLM's: the last tokens alone (no text places them)
+            ids, rendered = ids[-inp.truncate_prompt_tokens:], None
         blocks = block_hashes(ids, self._blocks[0], chain=self._blocks[1]) if self._blocks is not None else ()
         return Prompt(ids, rendered, blocks)
 
@@ -231,6 +233,8 @@ class SegmentEnds:
         self._ends: OrderedDict[int, int] = OrderedDict()
 
     def __call__(self, inp: GenerationInput, ids: list[int], rendered: Rendered | None = None) -> tuple[int, ...]:
+        if inp.truncate_prompt_tokens is not None:  # what is kept begins at no segment's start
+            return ()
         ends = [0] if inp.offers_tools else []
         for i, prefix in enumerate(segment_hashes(inp)[len(ends):]):
             end = self._ends.get(prefix)

@@ -346,7 +346,11 @@ class SimulatedEngine:
         top = inp.sampling.prompt_logprobs
         if top is None or inp.prefix_token_ids or not inp.text_prompt:
             return ()
-        return prompt_logprobs(inp.messages[0].content, top, inp.prompt_token_ids)
+        scored = prompt_logprobs(inp.messages[0].content, top, inp.prompt_token_ids)
+        if inp.truncate_prompt_tokens is not None and len(scored) > inp.truncate_prompt_tokens:
+            kept = scored[-inp.truncate_prompt_tokens:]  # its first now has nothing before it to score it
+            scored = (TokenLogprob(kept[0].token, 0.0), *kept[1:])
+        return scored
 
     def _step_seconds(self, batch: int) -> float:
         s = self.settings

@@ -23,6 +23,15 @@ def _token_id(piece: str) -> int:
 
 
 def tokenize_prompt(inp: GenerationInput) -> tuple[list[int], list[int]]:
+    """``template_tokens``, left-truncated where the request asks (vLLM's ``truncate_prompt_tokens``:
+    the last tokens alone, which begin at no segment's start)."""
+    ids, ends = template_tokens(inp)
+    if inp.truncate_prompt_tokens is not None:
+        return ids[-inp.truncate_prompt_tokens:], []
+    return ids, ends
+
+
+def template_tokens(inp: GenerationInput) -> tuple[list[int], list[int]]:
     """The simulated tokenizer: a token per word plus a few for each function's and message's
     template, functions first (a text prompt's words alone, or the token ids it was given); returns
     the ids and where each segment (schemas/prefixes.py) ends."""

@@ -170,7 +170,7 @@ async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequ
                                       edge.settings.history_summary_max_tokens)
             edge.in_background(ask_for_summary(edge.bus, edge.history, summary))
         return prompt
-    context.check_messages(chat.model, messages, chat.token_limit)
+    context.check_messages(chat.model, messages, chat.token_limit, truncate=chat.truncate_prompt_tokens)
     return messages
 
 
@@ -234,6 +234,7 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 repetition_penalty=asked.repetition_penalty or 1.0, min_tokens=asked.min_tokens,
                 stop_token_ids=asked.stop_token_ids or [], allowed_token_ids=asked.allowed_token_ids or [],
                 include_stop_str_in_output=asked.include_stop_str_in_output,
+                truncate_prompt_tokens=asked.truncate_prompt_tokens,
                 response_format=answer,
                 json_schema=json.dumps(guide, separators=(",", ":")) if answer == RESPONSE_JSON_SCHEMA else "",
                 guided_regex=guide if answer == RESPONSE_REGEX else "",

@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from tokenbus.schemas import TOOL_CHOICE_NONE, ChatMessage, ChatRequest
 from tokenbus.sse_edge.api.chat import answer, generation_fields
+from tokenbus.sse_edge.plumbing.context import kept
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
 from tokenbus.sse_edge.protocol.validation import parse_completion_request
 from tokenbus.sse_edge.state import EdgeState
@@ -28,11 +29,13 @@ async def text_bus_request(completion: CompletionRequest, edge: EdgeState, key: 
     token_ids, context = completion.prompt_token_ids, edge.context
     if token_ids is None:
         made = to_bus_request(completion, edge, key, request_id, completion.prompt_text)
-        context.check_messages(completion.model, made.messages, completion.token_limit, param="prompt")
+        context.check_messages(completion.model, made.messages, completion.token_limit, param="prompt",
+                               truncate=completion.truncate_prompt_tokens)
         return made
     text = context.decode(completion.model, token_ids)
     if context.limits(completion.model):
-        context.check(completion.model, len(token_ids), completion.token_limit, param="prompt")
+        context.check(completion.model, kept(len(token_ids), completion.truncate_prompt_tokens),
+                      completion.token_limit, param="prompt")
     return to_bus_request(completion, edge, key, request_id, text, token_ids)
 
 

@@ -74,10 +74,11 @@ class ContextWindows:
                 param=param, code="context_length_exceeded")
 
     def check_messages(self, model: str, messages: Sequence[ChatMessage], max_tokens: int | None,
-                       param: str = "messages") -> None:
-        """Where ``model`` has a window, ``check`` ``messages`` (counted only then)."""
+                       param: str = "messages", truncate: int | None = None) -> None:
+        """Where ``model`` has a window, ``check`` ``messages`` (counted only then), of which the
+        engine keeps the last ``truncate`` tokens where given (vLLM's ``truncate_prompt_tokens``)."""
         if self.limits(model):
-            self.check(model, self.count(model, messages), max_tokens, param)
+            self.check(model, kept(self.count(model, messages), truncate), max_tokens, param)
 
     def reserve(self, model: str, max_tokens: int | None) -> int:
         """Tokens kept free for the answer: ``max_tokens``, or a quarter of the window when unset."""
@@ -111,3 +112,8 @@ class ContextWindows:
         dropped = history.turns[:len(history.turns) - len(chosen)]
         turns = [m for turn in chosen for m in turn.messages]
         return [*messages[:lead], *(summary if dropped else []), *turns, *messages[lead:]], dropped
+
+
+def kept(prompt_tokens: int, truncate: int | None) -> int:
+    """The prompt tokens an engine keeps of ``prompt_tokens``: the last ``truncate`` where given."""
+    return prompt_tokens if truncate is None else min(prompt_tokens, truncate)

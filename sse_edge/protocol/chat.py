@@ -108,12 +108,12 @@ UNSUPPORTED = {
 # vLLM's sampling extensions that tokenbus does not serve (clients send them in ``extra_body``),
 # with the values that change nothing (and None): a request that sets one to anything else gets a
 # 400 naming it, not an answer sampled as if it had not. (``top_k``, ``min_p``, ``repetition_penalty``,
-# ``min_tokens``, ``stop_token_ids``, ``allowed_token_ids`` and ``include_stop_str_in_output`` are
-# served: GenerationRequest.)
+# ``min_tokens``, ``stop_token_ids``, ``allowed_token_ids``, ``include_stop_str_in_output`` and
+# ``truncate_prompt_tokens`` are served: GenerationRequest.)
 VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,),
     "use_beam_search": (False,), "bad_words": ([],),
-    "prompt_logprobs": (), "truncate_prompt_tokens": (), "guided_grammar": (),
+    "prompt_logprobs": (), "guided_grammar": (),
 }
 INT64 = 2**63 - 1
 GUIDE_MAX_CHARS = 4096  # a guided_regex's length, and each of guided_choice's
@@ -177,6 +177,8 @@ class GenerationRequest(BaseModel):
                                                                          max_length=ALLOWED_TOKEN_IDS_MAX)
     # vLLM's: the stop sequence that ended the answer stays in its text.
     include_stop_str_in_output: bool = False
+    # vLLM's: the engine keeps the prompt's last this many tokens (left truncation, after templating).
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1)
 
     @field_validator("logit_bias")
     @classmethod

@@ -96,6 +96,24 @@ async def test_a_text_prompt_of_token_ids_is_those_tokens(engine):
             engine.generate(dataclasses.replace(given, prompt_token_ids=(*ids, 10**9)))
 
 
+async def test_a_truncated_prompt_is_its_last_tokens_and_names_no_prefix(engine):
+    """vLLM's ``truncate_prompt_tokens``: the engine's prompt is the last tokens of the templated
+    one (a text prompt of those ids gives what it gives, where the engine has a tokenizer), and its
+    layout names no segment; a prompt shorter than the cut is whole."""
+    long = request(25, "tell me a story about the bus and every token it carries to the edge", max_tokens=4)
+    cut = dataclasses.replace(long, truncate_prompt_tokens=5)
+    outs, whole = await collect(engine, cut), await collect(engine, long)
+    assert outs[-1].prompt_tokens == 5 < whole[-1].prompt_tokens and outs[-1].error is None
+    roomy = await collect(engine, dataclasses.replace(long, truncate_prompt_tokens=10_000))
+    assert roomy[-1].prompt_tokens == whole[-1].prompt_tokens
+    if engine.prefix_cache is not None:
+        assert engine.prefix_cache.layout(cut).segment_ends == ()
+    if hasattr(engine, "prompt_ids"):
+        ids = engine.prompt_ids(long)[-5:]
+        given = dataclasses.replace(long, text_prompt=True, prompt_token_ids=tuple(ids))
+        assert engine.prompt_ids(cut) == ids and text_of(outs) == text_of(await collect(engine, given))
+
+
 async def test_a_final_message_left_open_is_continued_and_taken_over_exactly(engine):
     """vLLM's ``continue_final_message``: the prompt ends inside the assistant's begun reply (fewer
     tokens than the reply closed and a new one begun), and a sequence taken over continues it as the

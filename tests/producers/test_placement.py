@@ -208,3 +208,11 @@ def test_a_prompt_of_token_ids_is_named_by_its_ids():
     assert segment_hashes(ids) != segment_hashes(text)
     assert segment_hashes(ids) == segment_hashes(dataclasses.replace(ids, messages=[ChatMessage("user", "other")]))
     assert segment_hashes(ids) != segment_hashes(dataclasses.replace(ids, prompt_token_ids=[7, 9]))
+
+
+def test_a_prompt_the_engine_truncates_names_no_prefix():
+    """vLLM's ``truncate_prompt_tokens``: what the engine keeps begins at no segment's start, so no
+    prefix of the messages names it (nor is it reported under one)."""
+    request = ChatRequest(request_id="r-t", model="m", tier="standard", messages=[ChatMessage("user", "Once upon")],
+                          reply_topic="t", reply_partition=0)
+    assert segment_hashes(dataclasses.replace(request, truncate_prompt_tokens=4)) == [] != segment_hashes(request)

@@ -32,7 +32,7 @@ def asking(**fields) -> ChatRequest:
     {"echo": True, "text_prompt": True}, {"echo": True, "text_prompt": True, "logprobs": True, "top_logprobs": 5},
     {"echo": True}, {"add_generation_prompt": False}, {"continue_final_message": True, "add_generation_prompt": False},
     {"text_prompt": True, "prompt_token_ids": [0, 2**31 - 1]},
-    {"response_format": "regex", "guided_regex": "(yes|no)"},
+    {"response_format": "regex", "guided_regex": "(yes|no)"}, {"truncate_prompt_tokens": 1},
 ], ids=str)
 def test_a_request_within_range_has_no_problem(fields):
     assert request_problem(asking(**fields)) is None
@@ -87,6 +87,7 @@ def test_a_request_within_range_has_no_problem(fields):
      "a text completion's echo needs its one message"),
     ({"continue_final_message": True}, "continue_final_message is for a chat without add_generation_prompt"),
     ({"prompt_token_ids": [1, 2]}, "prompt_token_ids are a text completion's prompt (text_prompt, one message)"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens 0 is below 1"),
     ({"response_format": "regex"}, "guided_regex is for response_format regex, which needs one"),
     ({"guided_regex": "a+"}, "guided_regex is for response_format regex, which needs one"),
     ({"response_format": "regex", "guided_regex": "(a"},

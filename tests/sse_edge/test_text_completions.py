@@ -251,3 +251,18 @@ async def test_a_prompt_of_token_ids_is_read_with_the_edge_s_tokenizer_and_serve
     assert listed.token_logprobs[0] is None and len(listed.tokens) == len(ids) + 1
     assert [(r["role"], r["content"]) for r in rows] == [("user", text), ("assistant", plain.choices[0].text)]
     assert (outside.value.code, outside.value.param) == ("invalid_value", "prompt")
+
+
+async def test_truncate_prompt_tokens_keeps_the_prompt_s_last_tokens_for_chat_and_text(client):
+    """vLLM's ``truncate_prompt_tokens`` reaches the engine: it keeps the prompt's last tokens (the
+    stack's simulated engine counts a word a token, a few more a chat message), so the usage counts
+    those alone; a cut below 1 is refused naming it."""
+    words = "the bus carries every token to the edge " * 4
+    text = await client.completions.create(model=MODEL, prompt=words, max_tokens=2, extra_body={"truncate_prompt_tokens": 6})
+    whole = await client.completions.create(model=MODEL, prompt=words, max_tokens=2)
+    chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words}], max_tokens=2,
+                                                extra_body={"truncate_prompt_tokens": 7})
+    assert (text.usage.prompt_tokens, chat.usage.prompt_tokens) == (6, 7) and whole.usage.prompt_tokens == 32
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.completions.create(model=MODEL, prompt=words, extra_body={"truncate_prompt_tokens": 0})
+    assert refused.value.param == "truncate_prompt_tokens"
