@@ -341,6 +341,10 @@ async def test_a_prompt_s_log_probabilities_come_with_the_first_step_alone(engin
     prefix_ids, prefix_text = published(outs, 2)
     taken_over = await collect(engine, dataclasses.replace(scored, prefix_token_ids=prefix_ids, prefix_text=prefix_text))
     assert all(o.prompt_logprobs == () for o in taken_over)
+    cut = await collect(engine, dataclasses.replace(scored, truncate_prompt_tokens=3))  # the last three alone
+    assert len(cut[0].prompt_logprobs) == cut[0].prompt_tokens == 3
+    assert (cut[0].prompt_logprobs[0].logprob, cut[0].prompt_logprobs[0].top) == (0.0, [])
+    assert [t.token for t in cut[0].prompt_logprobs[1:]] == [t.token for t in outs[0].prompt_logprobs[-2:]]
 
 
 async def test_a_prompt_with_more_scores_than_a_token_event_carries_is_refused(engine, monkeypatch):
