@@ -31,6 +31,17 @@ async def expected(prompt: str, seed: int, max_tokens: int | None = None):
                                  text_prompt=True)
 
 
+async def transcript(http: httpx.AsyncClient, request_id: str, auth: dict[str, str]) -> list[dict]:
+    """The turn's stored messages, once the assistant's is there (the transcript writer is a
+    stream processor: a moment behind the stream)."""
+    for _ in range(100):
+        rows = (await http.get(f"/v1/conversations/{request_id}/messages", headers=auth)).json().get("data", [])
+        if any(r["role"] == "assistant" for r in rows):
+            return rows
+        await asyncio.sleep(0.1)
+    return rows
+
+
 async def stream_one(client, i: int) -> list:
     stream = await client.completions.create(model=MODEL, prompt=f"{PROMPT} {i}", seed=i, max_tokens=40, stream=True,
                                              stream_options={"include_usage": True})
@@ -140,11 +151,7 @@ async def test_a_text_stream_is_read_again_in_its_own_shapes_and_kept_in_the_tra
         again = await http.get(f"/v1/chat/completions/{request_id}/stream", headers=auth)
         # A data-only client counts the chunks it has: with no role chunk, live and read again alike.
         after_two = await http.get(f"/v1/chat/completions/{request_id}/stream?after_chunks=2", headers=auth)
-        for _ in range(100):
-            rows = (await http.get(f"/v1/conversations/{request_id}/messages", headers=auth)).json().get("data", [])
-            if any(r["role"] == "assistant" for r in rows):
-                break
-            await asyncio.sleep(0.1)
+        rows = await transcript(http, request_id, auth)
     assert frames[-1] == "[DONE]" and all(c["object"] == "text_completion" for c in chunks)
     assert all("delta" not in c["choices"][0] for c in chunks)  # no role chunk, no deltas: text only
     assert data(again.text) == frames and data(after_two.text) == frames[2:]
@@ -161,11 +168,7 @@ async def test_an_echoed_stream_is_read_again_with_its_prompt_and_the_transcript
         frames = [line for line in first.text.splitlines() if line.startswith("data: ")]
         chunks = [json.loads(f[len("data: "):]) for f in frames[:-1]]
         again = await http.get(f"/v1/chat/completions/{chunks[0]['id']}/stream", headers=auth)
-        for _ in range(100):
-            rows = (await http.get(f"/v1/conversations/{chunks[0]['id']}/messages", headers=auth)).json().get("data", [])
-            if any(r["role"] == "assistant" for r in rows):
-                break
-            await asyncio.sleep(0.1)
+        rows = await transcript(http, chunks[0]["id"], auth)
     text = "".join(c["choices"][0]["text"] for c in chunks)
     assert chunks[0]["choices"][0]["text"].startswith(PROMPT) and text.startswith(PROMPT)
     assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"][0] is None
@@ -235,12 +238,7 @@ async def test_a_prompt_of_token_ids_is_read_with_the_edge_s_tokenizer_and_serve
         with pytest.raises(openai.BadRequestError) as outside:
             await edge.completions.create(model=MODEL, prompt=[ids[0], tokenizer.get_vocab_size()], max_tokens=1)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            for _ in range(100):
-                rows = (await http.get(f"/v1/conversations/{plain.id}/messages",
-                                       headers={"Authorization": f"Bearer {api_key}"})).json().get("data", [])
-                if any(r["role"] == "assistant" for r in rows):
-                    break
-                await asyncio.sleep(0.1)
+            rows = await transcript(http, plain.id, {"Authorization": f"Bearer {api_key}"})
     finally:
         stack.processes[name].stop()
     text = tokenizer.decode(ids, skip_special_tokens=False)
