@@ -65,9 +65,11 @@ from tokenbus.gpu_consumers.engines.simulated_words import (
     Said,
     decode,
     draw_word,
+    next_weights,
     prompt_logprobs,
     reweighted,
     word_logprob,
+    word_weights,
 )
 from tokenbus.gpu_consumers.engines.tool_calls import render_call
 from tokenbus.schemas import (
@@ -225,12 +227,10 @@ class _Sequence:
             return self._step_markup()
         said = self.said
         space = "" if self.generated == 0 and not self.inp.continue_final_message else " "  # (on after the message)
-        if said is None:
-            token_id = self.rng.randrange(len(VOCABULARY))
-        else:
-            token_id = draw_word(self.rng, self.inp.sampling, said, self.generated)
+        weights = None if said is None else word_weights(self.inp.sampling, said)
+        token_id = draw_word(self.rng, self.inp.sampling, weights, self.generated)
         logprobs = (() if self.inp.sampling.logprobs is None
-                    else (word_logprob(self.inp.sampling, said, token_id, space),))
+                    else (word_logprob(self.inp.sampling, weights, token_id, space),))
         if said is not None:
             said.add(token_id)
         piece = space + VOCABULARY[token_id]
@@ -311,9 +311,9 @@ class SimulatedEngine:
         if not markup:  # a tool-calling turn's ids are its markup's pieces
             check_token_ids(inp.prefix_token_ids, len(VOCABULARY))
         check_token_ids(inp.sampling.named_token_ids, len(VOCABULARY))
-        said = Said.of_prompt(inp) if inp.sampling.repetition_penalty != 1 else Said()
+        said = Said.of(inp)
         for generated, token_id in enumerate(inp.prefix_token_ids):  # replay the draws that produced the prefix
-            draw_word(rng, inp.sampling, said, generated)
+            draw_word(rng, inp.sampling, next_weights(inp.sampling, said), generated)
             said.add(token_id)
         prompt_ids, _ = self._prompt(inp)
         if not inp.prefix_token_ids:  # (a taken-over sequence's prompt is not scored again)

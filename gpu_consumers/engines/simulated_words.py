@@ -32,16 +32,23 @@ def reweighted(sampling: SamplingParams) -> bool:
 @dataclass(slots=True)
 class Said:
     """What a sequence's words are weighed against: how often its output holds each word (OpenAI's
-    presence and frequency penalties count those), and the places of the vocabulary's words its
-    prompt holds (its repetition penalty counts both)."""
+    presence and frequency penalties count those), the places of the vocabulary's words its prompt
+    holds (its repetition penalty counts both), and its logit bias and allowed words, read once a
+    sequence rather than once a word."""
 
     counts: dict[int, int] = field(default_factory=dict)
     prompt_words: frozenset[int] = frozenset()
+    bias: dict[int, float] = field(default_factory=dict)
+    allowed: frozenset[int] = frozenset()  # (empty: any)
 
     @classmethod
-    def of_prompt(cls, inp: GenerationInput) -> Said:
-        words = {word for m in inp.messages for word in message_text(m).split()}
-        return cls(prompt_words=frozenset(i for i, word in enumerate(VOCABULARY) if word in words))
+    def of(cls, inp: GenerationInput) -> Said:
+        sampling = inp.sampling
+        prompt_words: frozenset[int] = frozenset()
+        if sampling.repetition_penalty != 1:
+            words = {word for m in inp.messages for word in message_text(m).split()}
+            prompt_words = frozenset(i for i, word in enumerate(VOCABULARY) if word in words)
+        return cls(prompt_words=prompt_words, bias=dict(sampling.logit_bias), allowed=frozenset(sampling.allowed_token_ids))
 
     def add(self, token_id: int) -> None:
         self.counts[token_id] = self.counts.get(token_id, 0) + 1
@@ -54,7 +61,7 @@ def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
     output holds it: ``exp(logit - (presence + frequency * count))``; a word vLLM's
     ``allowed_token_ids`` leaves out weighs nothing."""
     presence, frequency, repetition = sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty
-    bias, counts, allowed = dict(sampling.logit_bias), said.counts, set(sampling.allowed_token_ids)
+    bias, counts, allowed = said.bias, said.counts, said.allowed
     weights = []
     for i in range(len(VOCABULARY)):
         if allowed and i not in allowed:
@@ -67,11 +74,11 @@ def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
     return weights
 
 
-def drawn_weights(sampling: SamplingParams, said: Said, generated: int) -> list[float]:
-    """``word_weights`` as a draw uses them: vLLM's ``stop_token_ids`` left out while the output
-    holds fewer than ``min_tokens`` words, then its ``top_k`` heaviest words kept (the first in
-    VOCABULARY among equals) and those under ``min_p`` of the heaviest's weight left out."""
-    weights = word_weights(sampling, said)
+def drawn_weights(sampling: SamplingParams, weights: list[float], generated: int) -> list[float]:
+    """``word_weights`` as a draw uses them (a copy): vLLM's ``stop_token_ids`` left out while the
+    output holds fewer than ``min_tokens`` words, then its ``top_k`` heaviest words kept (the first
+    in VOCABULARY among equals) and those under ``min_p`` of the heaviest's weight left out."""
+    weights = list(weights)
     if generated < sampling.min_tokens:
         for token_id in sampling.stop_token_ids:
             if token_id < len(weights):
@@ -85,25 +92,30 @@ def drawn_weights(sampling: SamplingParams, said: Said, generated: int) -> list[
     return weights
 
 
-def draw_word(rng: random.Random, sampling: SamplingParams, said: Said, generated: int = 0) -> int:
+def next_weights(sampling: SamplingParams, said: Said) -> list[float] | None:
+    """The weights the next word is drawn by (``word_weights``), made once a word for its draw and
+    its log probability; None where words are drawn uniformly."""
+    return word_weights(sampling, said) if reweighted(sampling) else None
+
+
+def draw_word(rng: random.Random, sampling: SamplingParams, weights: list[float] | None, generated: int = 0) -> int:
     """The next word's place in VOCABULARY, after ``generated`` words: uniform, as from equal logits
-    (biased, penalized or filtered: by ``drawn_weights``), one draw of ``rng``."""
-    if not reweighted(sampling):
+    (``weights`` None), or by ``drawn_weights`` (biased, penalized or filtered), one draw of ``rng``."""
+    if weights is None:
         return rng.randrange(len(VOCABULARY))
-    return rng.choices(range(len(VOCABULARY)), drawn_weights(sampling, said, generated))[0]
+    return rng.choices(range(len(VOCABULARY)), drawn_weights(sampling, weights, generated))[0]
 
 
-def word_logprob(sampling: SamplingParams, said: Said | None, token_id: int, space: str) -> TokenLogprob:
-    """The drawn word's log probability under the weights it was drawn with (``said`` as it was
-    then; None: uniform; before ``top_k`` and ``min_p``, as the hf slots' are before temperature and top-p), and
-    the ``sampling.logprobs`` likeliest words (the first in VOCABULARY among equals).
-    ``space``: what goes before each word where it is generated."""
+def word_logprob(sampling: SamplingParams, weights: list[float] | None, token_id: int, space: str) -> TokenLogprob:
+    """The drawn word's log probability under the ``weights`` it was drawn with (None: uniform;
+    before ``top_k`` and ``min_p``, as the hf slots' are before temperature and top-p), and the
+    ``sampling.logprobs`` likeliest words (the first in VOCABULARY among equals). ``space``: what
+    goes before each word where it is generated."""
     top = sampling.logprobs or 0
-    if said is None:
+    if weights is None:
         logprob = -math.log(len(VOCABULARY))
         return TokenLogprob(space + VOCABULARY[token_id], logprob,
                             [TopLogprob(space + VOCABULARY[i], logprob) for i in range(top)])
-    weights = word_weights(sampling, said)
     log_total = math.log(math.fsum(weights))
 
     def logprob_of(i: int) -> float:  # (-inf for a word ruled out)
