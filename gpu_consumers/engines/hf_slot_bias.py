@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from tokenbus.gpu_consumers.engines.bias_rows import write_bias_row
+
 
 class Biased(Protocol):
     slot: int
@@ -35,15 +37,7 @@ class SlotBias:
             return
         if self._bias is None:
             self._bias = torch.zeros(self._slots, vocabulary, device=self._device)
-        row = self._bias[slot]
-        if request.allowed_ids:
-            row.fill_(float("-inf"))
-            row[torch.tensor(request.allowed_ids, device=self._device)] = 0.0
-        else:
-            row.zero_()
-        if request.logit_bias:
-            ids, values = zip(*request.logit_bias, strict=True)
-            row[torch.tensor(ids, device=self._device)] += torch.tensor(values, device=self._device)
+        write_bias_row(self._bias[slot], request.logit_bias, request.allowed_ids)
         self._biased.add(slot)
 
     def released(self, slot: int) -> None:

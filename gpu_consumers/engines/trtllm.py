@@ -42,6 +42,7 @@ from tokenbus.gpu_consumers.engines.base import (
     check_prompt_scores,
     check_token_ids,
 )
+from tokenbus.gpu_consumers.engines.bias_rows import write_bias_row
 from tokenbus.gpu_consumers.engines.blocks import chain_hash
 from tokenbus.gpu_consumers.engines.detokenize import IncrementalDetokenizer, StopFilter, TokenTexts, held_back_text
 from tokenbus.schemas import RESPONSE_JSON_SCHEMA, RESPONSE_REGEX, RESPONSE_TEXT, TokenLogprob, TopLogprob
@@ -115,13 +116,8 @@ class TokenBias:
             logits += row
 
     def _made_row(self, torch: Any, logits: Any) -> Any:
-        row = torch.zeros(logits.shape[-1], device=logits.device)
-        if self._allowed:
-            row.fill_(float("-inf"))
-            row[torch.tensor(self._allowed, device=logits.device)] = 0.0
-        if self._biases:
-            ids, values = zip(*self._biases, strict=True)
-            row[torch.tensor(ids, device=logits.device)] += torch.tensor(values, device=logits.device)
+        row = torch.empty(logits.shape[-1], device=logits.device)  # (float32: a bias adds in it exactly)
+        write_bias_row(row, self._biases, self._allowed)
         return row.to(logits.dtype)
 
 
