@@ -1,10 +1,11 @@
 """``POST /v1/completions``: a text completion (OpenAI's legacy API, which vLLM's ``bench serve``
 and evaluation harnesses call): one prompt, as text or as the model's token ids, which the model
-continues as it is, with no chat template. It is a chat turn on the bus (a ``ChatRequest`` whose one user message is the prompt,
-marked ``text_prompt``), so keys, limits, idempotency, moderation, billing and transcripts treat
-it as one (chat.py serves it from ``answer`` on); what differs is the prompt the engine makes and
-the shapes the client gets (``text_completion``, with no role chunk). Its stream is resumed and
-its turn continued through the chat completion's routes, in the same shapes."""
+continues as it is, with no chat template. It is a chat turn on the bus (a ``ChatRequest`` whose
+one user message is the prompt, marked ``text_prompt``), so keys, limits, idempotency, moderation,
+billing and transcripts treat it as one (chat.py serves it from ``answer`` on); what differs is the
+prompt the engine makes and the shapes the client gets (``text_completion``, with no role chunk).
+Its stream is resumed and its turn continued through the chat completion's routes, in the same
+shapes."""
 
 from __future__ import annotations
 
