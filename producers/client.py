@@ -15,8 +15,9 @@ review it. The edge is built on this client too.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaProducer
@@ -40,6 +41,7 @@ from tokenbus.topics import (
     FetchPacer,
     RecordSender,
     ReplyEvent,
+    ReplyGroup,
     ReplyRouter,
     ReplyStream,
     TopicCatalog,
@@ -169,6 +171,25 @@ class TokenbusClient:
             self.finish(request.request_id)
             raise
         return Submission(stream, landed)
+
+    async def group_submission(self, group_id: str, requests: Sequence[ChatRequest],
+                               topic: str | None = None) -> tuple[ReplyGroup, list[RecordMetadata | None]]:
+        """Several requests read back as one stream (the choices of ``group_id``, each a request
+        of its own): every stream is opened first, then the requests go out together; where each
+        landed, in their order."""
+        for request in requests:
+            check_request(request)
+        group = ReplyGroup(group_id, [self.router.open(r.request_id, r.reply_partition, r.reply_topic)
+                                      for r in requests])
+        outcomes = await asyncio.gather(*(self.publisher.publish(r, topic) for r in requests), return_exceptions=True)
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:  # all or none: the ones that went out are stopped
+            for request, outcome in zip(requests, outcomes, strict=True):
+                self.finish(request.request_id)
+                if not isinstance(outcome, BaseException):
+                    await self.cancel(request.request_id, "another choice of its response could not be published")
+            raise failed
+        return group, [o for o in outcomes if not isinstance(o, BaseException)]
 
     def finish(self, request_id: str) -> None:
         """Done with a submitted request's stream: its reply router entry goes, and placement no

@@ -221,6 +221,9 @@ class ChatRequest:
     prompt_token_ids: list[int] = field(default_factory=list)
     # vLLM's: the engine keeps the prompt's last this many tokens (None: all of it).
     truncate_prompt_tokens: int | None = None
+    # One choice of a response with several (OpenAI's ``n``) is a request of its own; all but the
+    # first of a prompt's choices name the first here, whose billing carries their shared prompt.
+    prompt_billed_with: str | None = None
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:
@@ -351,10 +354,19 @@ class Completion:
     carried_tokens: int = 0
     annotations: dict[str, str] = field(default_factory=dict)
     cached_prompt_tokens: int = 0  # of prompt_tokens, served from the engine's prefix cache
+    prompt_billed_with: str | None = None  # the request's: its prompt is billed with that choice's
 
     @property
     def incomplete(self) -> bool:
         return self.finish_reason in INCOMPLETE_FINISH_REASONS
+
+    @property
+    def billed_prompt_tokens(self) -> tuple[int, int]:
+        """The prompt tokens this request bills, and of them the cached ones: none where another
+        choice of its response bills the prompt they share."""
+        if self.prompt_billed_with is not None:
+            return 0, 0
+        return self.prompt_tokens, min(self.cached_prompt_tokens, self.prompt_tokens)
 
     @property
     def billed_completion_tokens(self) -> int:
@@ -369,7 +381,7 @@ class Completion:
                    key_id=request.key_id, conversation_id=request.conversation_id, messages=request.messages,
                    created_at_ms=request.created_at_ms, continues_request_id=request.continues_request_id,
                    continues_turn_at_ms=request.continues_turn_at_ms, carried_tokens=len(request.prefix_token_ids),
-                   annotations=request.annotations, **outcome)
+                   annotations=request.annotations, prompt_billed_with=request.prompt_billed_with, **outcome)
 
     def to_avro(self) -> dict[str, Any]:
         return {**shallow_fields(self), "messages": _messages_to_avro(self.messages),

@@ -91,6 +91,9 @@ class EdgeSettings(BaseSettings):
     max_messages: int = 256
     max_prompt_chars: int = 200_000
     max_output_tokens: int = 4096
+    # Choices one response may have: OpenAI's `n` times a text completion's prompts (OpenAI's own cap
+    # on `n` is 128). Each is a request on the bus, admitted as one with the response.
+    max_choices: int = Field(default=128, ge=1)
     # Consumer lag per tier (requests waiting or running) above which new requests get 503;
     # leave room for what the consumers run at once. Unlisted tiers are unbounded.
     max_queue_depth: Annotated[dict[str, int], NoDecode] = {"interactive": 512, "standard": 2048, "batch": 8192}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import redis.asyncio as redis
@@ -157,8 +157,9 @@ class EdgeState:
                 await asyncio.sleep(min(2**attempt, 10))
         log.error("could not close %s as incomplete: the bus did not answer", request_id)
 
-    async def cancel_unless_resumed(self, request_id: str) -> None:
-        """After a client went away: wait out the grace window, then cancel unless it came back."""
+    async def cancel_unless_resumed(self, request_id: str, generations: Sequence[str] = ()) -> None:
+        """After a client went away: wait out the grace window, then cancel unless it came back
+        (``generations``: the ones to cancel, where the stream is several's: a response's choices)."""
         grace = self.settings.disconnect_grace_s
         try:
             await self.streams.detach(request_id, grace)
@@ -168,7 +169,8 @@ class EdgeState:
             await asyncio.sleep(grace)
             resumed = False  # cannot tell without Redis: stop the work nobody may want
         if not resumed:
-            await self.bus.cancel(request_id, "client went away")
+            for generation in generations or [request_id]:
+                await self.bus.cancel(generation, "client went away")
             self.metrics.cancelled.inc()
 
 
@@ -176,21 +178,30 @@ class TurnHooks(RelayHooks):
     """What a turn's stream does at this edge when it ends: its completion tokens are charged to
     its token buckets (none for a resumed stream: the edge that admitted it charges them), a
     client that went away has the generation cancelled unless it resumes within the grace window,
-    and a stream nothing answered is closed as incomplete."""
+    and a stream nothing answered is closed as incomplete. A response with several choices
+    (``choices``, each a generation of its own) does so for each choice that has not ended."""
 
-    __slots__ = ("_edge", "_request_id", "_token_buckets")
+    __slots__ = ("_edge", "_request_id", "_token_buckets", "_open_choices")
 
-    def __init__(self, edge: EdgeState, request_id: str, token_buckets: list[Bucket] | None = None) -> None:
+    def __init__(self, edge: EdgeState, request_id: str, token_buckets: list[Bucket] | None = None,
+                 choices: Sequence[str] = ()) -> None:
         self._edge = edge
         self._request_id = request_id
         self._token_buckets = token_buckets
+        self._open_choices = set(choices) if choices else None
 
     async def on_final(self, event: TokenEvent) -> None:
         if self._token_buckets:
             self._edge.admission.charge_completion(self._token_buckets, event.completion_tokens or 0)
+        if self._open_choices is not None:
+            self._open_choices.discard(event.request_id)
+
+    def _unfinished(self) -> list[str]:
+        return [self._request_id] if self._open_choices is None else sorted(self._open_choices)
 
     def on_abandoned(self) -> None:
-        self._edge.in_background(self._edge.cancel_unless_resumed(self._request_id))
+        self._edge.in_background(self._edge.cancel_unless_resumed(self._request_id, self._unfinished()))
 
     def on_stalled(self) -> None:
-        self._edge.in_background(self._edge.close_incomplete(self._request_id))
+        for generation in self._unfinished():
+            self._edge.in_background(self._edge.close_incomplete(generation))

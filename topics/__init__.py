@@ -1,7 +1,8 @@
 """The bus library: topic names and provisioning, aiokafka client settings,
 and the two ways every service talks to the bus: sending a record
 (``RecordSender``, ``BatchingPublisher`` for many at once, ``DeadLetterPublisher``) and
-reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log);
+reading one request's token stream (``ReplyRouter`` live, ``replay`` from the log), or several
+requests' as one (``ReplyGroup``: the choices of one response);
 ``TopicTail`` to follow a topic from now on; and
 ``tracing``, a turn's trace carried across the bus in record headers; ``event_loops`` and
 ``collector``, the event loop every service process runs on and how often it collects garbage;
@@ -29,6 +30,7 @@ from tokenbus.topics.pacing import FetchPacer
 from tokenbus.topics.provision import delete_topics, ensure_topics
 from tokenbus.topics.replay import record_at, replay
 from tokenbus.topics.replies import ReplyRouter
+from tokenbus.topics.reply_group import ReplyGroup
 from tokenbus.topics.reply_stream import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
 from tokenbus.topics.sending import RecordSender
 from tokenbus.topics.settings import BusSettings
@@ -41,6 +43,7 @@ __all__ = [
     "FetchPacer",
     "RecordSender",
     "ReplyEvent",
+    "ReplyGroup",
     "ReplyRouter",
     "ReplyStream",
     "ReplyStreamError",

@@ -6,7 +6,7 @@ record at a known place (a published request, which a stream record names)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 
 from aiokafka import TopicPartition
 
@@ -14,6 +14,7 @@ from tokenbus.schemas import AvroCodec, DecodeError, TokenEvent
 from tokenbus.topics.catalog import TopicCatalog
 from tokenbus.topics.clients import make_consumer, stop_reader
 from tokenbus.topics.framing import make_codec
+from tokenbus.topics.reply_group import ReplyGroup
 from tokenbus.topics.reply_stream import ReplyEvent, ReplyStream
 from tokenbus.topics.settings import BusSettings
 
@@ -29,28 +30,32 @@ async def replay(
     idle_timeout: float | None = 60.0,
     codec: AvroCodec | None = None,
     topic: str | None = None,
+    members: Sequence[str] = (),
 ) -> AsyncGenerator[ReplyEvent, None]:
     """Events of ``request_id`` on ``partition`` of ``topic`` (``tokens`` if not given) from
-    ``from_offset``. Events at offsets up to
+    ``from_offset``; with ``members``, the events of those requests instead, read as one stream
+    (the choices of ``request_id``, reply_group.py). Events at offsets up to
     ``delivered_through`` (a Last-Event-ID) were delivered already: they are read to learn
     where the stream stands but not yielded again; if the final event was among them, the
     replay ends with nothing more to yield."""
     codec = codec or make_codec(settings)
     tp = TopicPartition(topic or TopicCatalog(settings).tokens, partition)
-    key = request_id.encode()
-    stream = ReplyStream(request_id)
+    streams = {member.encode(): ReplyStream(member) for member in members or [request_id]}
+    reader: ReplyStream | ReplyGroup = ReplyGroup(request_id, streams.values()) if members else streams[
+        request_id.encode()]
     consumer = make_consumer(settings)
     await consumer.start()
     consumer.assign([tp])
     consumer.seek(tp, from_offset)
 
     async def pump() -> None:
-        while not stream.done:
-            if stream.backlog >= HIGH_WATER:
+        while not reader.done:
+            if reader.backlog >= HIGH_WATER:
                 await asyncio.sleep(0.01)
                 continue
             for record in (await consumer.getmany(tp, timeout_ms=200)).get(tp, []):
-                if record.key != key:
+                stream = streams.get(record.key)
+                if stream is None:
                     continue
                 try:
                     event = codec.decode(record.value, TokenEvent)
@@ -63,12 +68,12 @@ async def replay(
                     continue
                 stream.offer(ReplyEvent(event, record.partition, record.offset))
 
-    reader = asyncio.create_task(pump(), name=f"replay-{request_id}")
+    pumping = asyncio.create_task(pump(), name=f"replay-{request_id}")
     try:
-        async for reply in stream.events(idle_timeout):
+        async for reply in reader.events(idle_timeout):
             yield reply
     finally:
-        await stop_reader(reader, consumer)
+        await stop_reader(pumping, consumer)
 
 
 async def record_at(settings: BusSettings, topic: str, partition: int, offset: int,

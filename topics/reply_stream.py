@@ -69,6 +69,14 @@ class ReplyStream:
     _done: bool = field(init=False, default=False)
     _waiting_since: float = field(init=False, default=0.0)  # when the reader began its current wait
     direct: Callable[[ReplyEvent], bool] | None = field(init=False, default=None)
+    # Where what this stream delivers goes instead of its own queue: a group's (reply_group.py),
+    # which reads several requests' streams as one.
+    forward: Callable[[ReplyEvent | ReplyStreamError | None], None] | None = field(init=False, default=None)
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """The requests whose events this stream delivers (a group's are several)."""
+        return (self.request_id,)
 
     @property
     def done(self) -> bool:
@@ -129,6 +137,9 @@ class ReplyStream:
         self._put(item)
 
     def _put(self, item: ReplyEvent | ReplyStreamError | None) -> None:
+        if self.forward is not None:
+            self.forward(item)
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():  # the reader waits, nothing is queued
             if self.direct is not None and type(item) is ReplyEvent and self.direct(item):

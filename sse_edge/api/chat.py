@@ -7,6 +7,7 @@ published again: the client is attached to the first one's stream. A text comple
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -40,7 +41,7 @@ from tokenbus.sse_edge.errors import (
     model_not_found,
 )
 from tokenbus.sse_edge.plumbing.history import ConversationNotFound
-from tokenbus.sse_edge.plumbing.relay import collect_completion, sse_frames
+from tokenbus.sse_edge.plumbing.relay import Choices, collect_completion, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
@@ -50,7 +51,7 @@ from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request,
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
-from tokenbus.topics import ReplyEvent, ReplyStream, tracing
+from tokenbus.topics import ReplyEvent, ReplyGroup, ReplyStream, tracing
 
 IDEMPOTENT_WAIT_S = 3.0
 REQUEST_ID_HEADER = "x-request-id"
@@ -61,10 +62,11 @@ async def chat_completions(request: Request) -> Response:
     return await answer(request, parse_chat_request, "chatcmpl", chat_bus_request)
 
 
-async def chat_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, request_id: str) -> ChatRequest:
+async def chat_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey,
+                           request_id: str) -> list[ChatRequest]:
     made = to_bus_request(chat, edge, key, request_id)
     made.messages = await prompt_messages(edge, key, chat, made.messages)
-    return made
+    return [made]
 
 
 def check_model(edge: EdgeState, key: ApiKey, model: str) -> None:
@@ -76,10 +78,11 @@ def check_model(edge: EdgeState, key: ApiKey, model: str) -> None:
 
 
 async def answer(request: Request, parse: Callable[[bytes, EdgeSettings], Asked], kind: str,
-                 bus_request: Callable[[Asked, EdgeState, ApiKey, str], Awaitable[ChatRequest]]) -> Response:
+                 bus_requests: Callable[[Asked, EdgeState, ApiKey, str], Awaitable[list[ChatRequest]]]) -> Response:
     """Serve a chat or text completion request: its key, its body as ``parse`` validates it, its
-    model, then the bus request ``bus_request`` makes under a new ``kind-...`` id; or, with an
-    ``Idempotency-Key`` seen before, the earlier one's stream."""
+    model, then the bus request ``bus_requests`` makes under a new ``kind-...`` id (one a prompt:
+    a text completion may send several), with its ``n`` choices; or, with an ``Idempotency-Key``
+    seen before, the earlier one's stream."""
     edge: EdgeState = request.app.state.edge
     started = time.perf_counter()
     key = await edge.auth.authenticate(request.headers.get("authorization"))
@@ -94,46 +97,77 @@ async def answer(request: Request, parse: Callable[[bytes, EdgeSettings], Asked]
         if earlier is not None:
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), asked.stream)
     try:
-        return await serve(request, edge, key, await bus_request(asked, edge, key, request_id), asked.stream,
-                           asked.include_usage, digest, started)
+        made = await bus_requests(asked, edge, key, request_id)
+        if len(made) == 1 and asked.n == 1:
+            return await serve(request, edge, key, made, asked.stream, asked.include_usage, digest, started)
+        return await serve(request, edge, key, choice_requests(made, asked.n, request_id), asked.stream,
+                           asked.include_usage, digest, started, response_id=request_id, per_prompt=asked.n)
     except ApiError:
         if idempotency_key:  # never published: a retry with this key must be able to try again
             await edge.streams.release(key.tenant, idempotency_key, request_id)
         raise
 
 
-async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_request: ChatRequest, stream: bool,
-                include_usage: bool, digest: str, started: float) -> Response:
-    """Admit ``bus_request``, publish it and relay its stream: as SSE, or as one chat.completion.
-    The turn's trace (the client's, when it sends a ``traceparent``) goes on in the request record."""
+async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_requests: list[ChatRequest], stream: bool,
+                include_usage: bool, digest: str, started: float, response_id: str | None = None,
+                per_prompt: int = 1) -> Response:
+    """Admit the response's ``bus_requests`` (one; or one a choice, ``per_prompt`` choices a
+    prompt, of the response ``response_id``), publish them and relay their stream: as SSE, or as
+    one chat.completion. A response of several choices is admitted as one request with its
+    prompts' tokens. The turn's trace (the client's, when it sends a ``traceparent``) goes on in
+    the request records."""
+    first = bus_requests[0]
+    response_id = response_id or first.request_id
     span = tracing.start("chat", tracing.from_http(request.headers), tracing.SpanKind.SERVER,
-                         {"tokenbus.request_id": bus_request.request_id, "tokenbus.tenant": key.tenant})
+                         {"tokenbus.request_id": response_id, "tokenbus.tenant": key.tenant})
     try:
-        admitted = await edge.admission.admit(key, bus_request.model, bus_request.estimated_prompt_tokens,
-                                              bus_request.offers_tools)
-        bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
+        prompt_tokens = sum(r.estimated_prompt_tokens for r in bus_requests if r.prompt_billed_with is None)
+        admitted = await edge.admission.admit(key, first.model, prompt_tokens, first.offers_tools)
+        for bus_request in bus_requests:
+            bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
         with tracing.current(span):
-            reply_stream, registering = await publish(edge, bus_request, include_usage, digest)
+            reply_stream, registering = await publish(edge, bus_requests, response_id, per_prompt, include_usage,
+                                                      digest)
     except BaseException as exc:
         tracing.end(span, exc)
         raise
-    hooks = TurnHooks(edge, bus_request.request_id, admitted.token_buckets)
+    choices = Choices(response_id, reply_stream.request_ids, per_prompt)
+    hooks = TurnHooks(edge, response_id, admitted.token_buckets, choices.ids if choices.several else ())
     events = live_events(edge, reply_stream, span, registering)
-    text = bus_request.text_prompt  # answered in a text completion's shapes
+    text = first.text_prompt  # answered in a text completion's shapes
     # As OpenAI's responses say it (the openai client's ``_request_id``): here, the completion's id.
-    headers = {**admitted.headers, REQUEST_ID_HEADER: bus_request.request_id}
+    headers = {**admitted.headers, REQUEST_ID_HEADER: response_id}
     if stream:
-        writer = ChunkWriter(bus_request.request_id, admitted.model, include_usage, bus_request.created_at_ms // 1000,
-                             text=text)
+        writer = ChunkWriter(response_id, admitted.model, include_usage, first.created_at_ms // 1000, text=text)
         stream_format = StreamFormat.for_request(request)
-        direct = DirectWrites(reply_stream)
-        frames = sse_frames(events, writer, hooks, edge.metrics, started, stream_format, direct=direct)
+        direct = DirectWrites(reply_stream) if isinstance(reply_stream, ReplyStream) else None
+        frames = sse_frames(events, writer, hooks, edge.metrics, started, stream_format, direct=direct,
+                            choices=choices)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format, headers, direct)
-    return await collect_completion(request, events, bus_request.request_id, admitted.model, hooks, headers,
-                                    text_completion=text)
+    return await collect_completion(request, events, response_id, admitted.model, hooks, headers,
+                                    text_completion=text, choices=choices)
 
 
-async def live_events(edge: EdgeState, stream: ReplyStream, span: tracing.Span | None = None,
+def choice_requests(prompts: list[ChatRequest], n: int, response_id: str) -> list[ChatRequest]:
+    """A response of several choices (OpenAI's ``n``, a batch of prompts) as the requests that
+    generate them, each of its own on the bus: ``{response_id}-{index}``, numbered prompt by prompt
+    as OpenAI and vLLM number choices. A prompt's choices sample apart (a ``seed``: the next seed
+    for each), and the first bills the prompt they share (``prompt_billed_with``)."""
+    made = []
+    for p, prompt in enumerate(prompts):
+        for sample in range(n):
+            made.append(dataclasses.replace(
+                prompt, request_id=f"{response_id}-{p * n + sample}", seed=next_seed(prompt.seed, sample),
+                prompt_billed_with=f"{response_id}-{p * n}" if sample else None))
+    return made
+
+
+def next_seed(seed: int | None, step: int) -> int | None:
+    """The seed ``step`` after ``seed``, within a signed 64-bit integer (as request_checks wants it)."""
+    return None if seed is None else (seed + step + 2**63) % 2**64 - 2**63
+
+
+async def live_events(edge: EdgeState, stream: ReplyStream | ReplyGroup, span: tracing.Span | None = None,
                       registering: Awaitable[None] | None = None) -> AsyncGenerator[ReplyEvent, None]:
     """The request's events from this edge's reply router, the first once ``registering`` (the
     stream's record) is done; its entry there (and the turn's span at this edge) goes when this
@@ -147,7 +181,8 @@ async def live_events(edge: EdgeState, stream: ReplyStream, span: tracing.Span |
                 span.add_event("first event")
             yield reply
     finally:
-        edge.bus.finish(stream.request_id)
+        for request_id in stream.request_ids:
+            edge.bus.finish(request_id)
         tracing.end(span)
 
 
@@ -174,24 +209,37 @@ async def prompt_messages(edge: EdgeState, key: ApiKey, chat: ChatCompletionRequ
     return messages
 
 
-async def publish(edge: EdgeState, bus_request: ChatRequest, include_usage: bool,
-                  digest: str) -> tuple[ReplyStream, asyncio.Future[None]]:
-    """Open the request's stream and publish it (the SDK's submit: no event can slip past), then
-    record where the stream lives and where the request landed, so that any edge can find both:
-    the stream's position is taken before the request goes out, and the record is written while
-    the engine starts on it. The returned future is that write: the stream's events wait for it
-    (``live_events``), so the client hears of the stream only once any edge can find it."""
-    stream_offset = edge.bus.router.position(bus_request.reply_partition, bus_request.reply_topic)
+async def publish(edge: EdgeState, bus_requests: list[ChatRequest], response_id: str, per_prompt: int,
+                  include_usage: bool, digest: str) -> tuple[ReplyStream | ReplyGroup, asyncio.Future[None]]:
+    """Open the response's stream and publish its requests (the SDK's submit: no event can slip
+    past), then record where the stream lives and where each request landed, so that any edge can
+    find both: the stream's position is taken before the requests go out, and the records are
+    written while the engines start on them. The returned future is that write: the stream's
+    events wait for it (``live_events``), so the client hears of the stream only once any edge can
+    find it. A response of several choices reads its requests' events as one stream, recorded
+    under its own id with theirs (each request has its own record too)."""
+    first = bus_requests[0]
+    stream_offset = edge.bus.router.position(first.reply_partition, first.reply_topic)
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
+    stream: ReplyStream | ReplyGroup
     try:
-        stream, landed = await edge.bus.submission(bus_request, topic=ingress)
+        if len(bus_requests) == 1:
+            stream, landed = await edge.bus.submission(first, topic=ingress)
+            places = [landed]
+        else:
+            stream, places = await edge.bus.group_submission(response_id, bus_requests, topic=ingress)
     except KafkaError as exc:
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
-    registering = asyncio.ensure_future(
-        register_stream(edge, stream_record(bus_request, stream_offset, landed, include_usage, digest)))
-    if bus_request.conversation_id is not None and bus_request.continues_request_id is None:
+    records = [stream_record(r, stream_offset, landed, include_usage, digest)
+               for r, landed in zip(bus_requests, places, strict=True)]
+    if len(bus_requests) > 1:
+        records.append(dataclasses.replace(records[0], request_id=response_id, request_topic="", request_partition=-1,
+                                           request_offset=-1, choices=[r.request_id for r in bus_requests],
+                                           choices_per_prompt=per_prompt))
+    registering = asyncio.ensure_future(register_streams(edge, records))
+    if first.conversation_id is not None and first.continues_request_id is None:
         # The conversation's next turn waits for this one (a continuation rewrites a turn stored already).
-        await edge.history.published(bus_request.tenant, bus_request.conversation_id, bus_request.request_id)
+        await edge.history.published(first.tenant, first.conversation_id, first.request_id)
     return stream, registering
 
 
@@ -287,8 +335,8 @@ def stream_record(bus_request: ChatRequest, stream_offset: int, landed: RecordMe
                         text_prompt=bus_request.text_prompt)
 
 
-async def register_stream(edge: EdgeState, record: StreamRecord) -> None:
+async def register_streams(edge: EdgeState, records: list[StreamRecord]) -> None:
     try:
-        await edge.streams.register(record)
+        await asyncio.gather(*(edge.streams.register(record) for record in records))
     except (redis.RedisError, OSError):
         pass  # the stream is served; it just cannot be resumed elsewhere

@@ -21,7 +21,7 @@ from tokenbus.producers import new_request_id
 from tokenbus.schemas import INCOMPLETE_FINISH_REASONS, ChatRequest, TokenEvent, now_ms
 from tokenbus.sse_edge.api.chat import serve
 from tokenbus.sse_edge.api.resume import not_found
-from tokenbus.sse_edge.errors import ApiError, Conflict, NotFound, Unavailable
+from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ContinueRequest
 from tokenbus.sse_edge.protocol.validation import json_object, parse_body, read_body
@@ -42,6 +42,9 @@ async def continue_turn(request: Request) -> Response:
         raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
     if record is None or record.tenant != key.tenant:
         raise not_found(request_id)
+    if record.several_choices:
+        raise InvalidRequest(f"`{request_id}` has several choices: only a response of one can be continued.",
+                             param="completion_id", code="several_choices")
     delivered = await turn_events(edge, record)
     turn = await edge.turn_request(record)
     if turn is None:
@@ -56,7 +59,7 @@ async def continue_turn(request: Request) -> Response:
         raise Conflict(f"`{request_id}` was continued already by `{earlier}`; resume that stream.",
                        code="turn_continued")
     try:
-        return await serve(request, edge, key, continuation, options.stream, options.include_usage, "", started)
+        return await serve(request, edge, key, [continuation], options.stream, options.include_usage, "", started)
     except ApiError:
         await edge.streams.release_continuation(request_id, continuation.request_id)
         raise

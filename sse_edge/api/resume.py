@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
-from tokenbus.sse_edge.plumbing.relay import collect_completion, sse_frames
+from tokenbus.sse_edge.plumbing.relay import Choices, collect_completion, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.responses import ChunkWriter
@@ -99,10 +99,16 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
     except (redis.RedisError, OSError):
         pass
     edge.metrics.resumed.inc()
+    # Read after what the client has; a response of several choices from its start, for a usage
+    # counted from every choice, what the client has left out as the frames are written.
+    delivered_through = last_event.delivered_through if last_event else -1
+    replayed_after, written_after = (-1, delivered_through) if record.several_choices else (delivered_through, -1)
     events = replay(edge.settings.bus, record.request_id, record.partition, record.start_offset, topic=record.topic,
-                    delivered_through=last_event.delivered_through if last_event else None,
-                    idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
-    hooks = TurnHooks(edge, record.request_id)  # nothing to charge: the edge that admitted the turn does
+                    delivered_through=replayed_after if replayed_after >= 0 else None,
+                    idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec, members=record.choices)
+    choices = Choices(record.request_id, record.choices, record.choices_per_prompt)
+    # Nothing to charge: the edge that admitted the turn does.
+    hooks = TurnHooks(edge, record.request_id, choices=record.choices)
     if stream:
         created_at_ms = record.created_at_ms
         if not created_at_ms and record.request:  # a record written before the request's time was kept
@@ -113,8 +119,8 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
         stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None,
                                                  skip_in_event=last_event.chunks_to_skip if last_event else 0)
         frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), stream_format,
-                            send_role=last_event is None)
+                            send_role=last_event is None, choices=choices, delivered_through=written_after)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format)
     return await collect_completion(request, events, record.request_id, record.model, hooks, {},
-                                    text_completion=record.text_prompt)
+                                    text_completion=record.text_prompt, choices=choices)
 

@@ -8,19 +8,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from tokenbus.schemas import TokenEvent, TokenLogprob, ToolCall, whole_tool_calls
+from tokenbus.schemas import TokenEvent, whole_tool_calls
 from tokenbus.schemas.request_checks import INVALID_REQUEST
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd, StreamFormat
 from tokenbus.sse_edge.protocol.logprobs import content_logprobs
-from tokenbus.sse_edge.protocol.responses import ChunkWriter, completion_body
+from tokenbus.sse_edge.protocol.responses import ChunkWriter, choices_body, completion_body
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
@@ -81,12 +81,44 @@ class RelayHooks:
         """Nothing arrived for the idle timeout: whatever generated the stream is gone."""
 
 
+class Choices:
+    """The choices of one response, each a request on the bus: one (the response's own id), or
+    several (OpenAI's ``n``, a batch of prompts: ``ids`` in index order, their events read as one
+    stream). Which choice an event is of, and the response's usage once every choice has ended:
+    the sum of theirs, each prompt counted once however many choices share it (the first of each
+    ``per_prompt`` bills it), as OpenAI's usage counts it and as billing does."""
+
+    __slots__ = ("ids", "per_prompt", "_open", "prompt_tokens", "completion_tokens", "cached_tokens")
+
+    def __init__(self, response_id: str, ids: Sequence[str] = (), per_prompt: int = 1) -> None:
+        self.ids = list(ids) or [response_id]
+        self.per_prompt = per_prompt
+        self._open = set(self.ids)
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+
+    @property
+    def several(self) -> bool:
+        return len(self.ids) > 1
+
+    def index_of(self, request_id: str) -> int:
+        return self.ids.index(request_id) if self.several else 0
+
+    def ended(self, event: TokenEvent) -> bool:
+        """Count a choice's final event in; whether every choice has now ended."""
+        self._open.discard(event.request_id)
+        if self.index_of(event.request_id) % self.per_prompt == 0:
+            self.prompt_tokens += event.prompt_tokens or 0
+            self.cached_tokens += event.cached_tokens or 0
+        self.completion_tokens += event.completion_tokens or 0
+        return not self._open
+
+
 class EventFrames:
     """What one stream writes for its token events: each event's chunks as SSE frames (with their ids
     for SSE clients), less the chunks a resuming client has already; the time to the first content
     chunk and between them observed as they go. The stream's task and its direct writes share it."""
 
-    __slots__ = ("writer", "metrics", "started", "ids", "skip", "last_sent")
+    __slots__ = ("writer", "metrics", "started", "ids", "skip", "last_sent")  # ``writer``: the choice's being written
 
     def __init__(self, writer: ChunkWriter, metrics: EdgeMetrics, started: float, stream_format: StreamFormat) -> None:
         self.writer = writer
@@ -127,6 +159,7 @@ class EventFrames:
 async def sse_frames(
     events: AsyncGenerator[ReplyEvent, None], writer: ChunkWriter, hooks: RelayHooks, metrics: EdgeMetrics,
     started: float, stream_format: StreamFormat, send_role: bool = True, direct: DirectWrites | None = None,
+    choices: Choices | None = None, delivered_through: int = -1,
 ) -> AsyncGenerator[bytes, None]:
     """The frames of one stream. Chunk for chunk the same live and replayed (the role chunk, one per
     event with text or the final one, the usage chunk), which is what lets a client resume by count.
@@ -137,33 +170,50 @@ async def sse_frames(
     costs as much as the rest of relaying an event, and a turn of a few tokens made six of them.
 
     With ``direct`` (a live stream), the events after the first are written as they arrive, by
-    ``direct``, until one ends the stream; they come here only when the client's socket is full."""
+    ``direct``, until one ends the stream; they come here only when the client's socket is full.
+
+    With several ``choices`` (never written directly), each event is written as its choice's
+    (a chat's role chunks, one a choice, lead), and the stream ends once every choice has: with
+    the response's usage. A choice that fails ends the stream with its error. Such a stream is
+    resumed by id from its start, its events up to ``delivered_through`` (an offset) read for
+    the usage and not written again."""
     finished = False
+    choices = choices or Choices(writer.request_id)
+    writers = [writer.for_choice(i) for i in range(len(choices.ids))] if choices.several else [writer]
     frames = EventFrames(writer, metrics, started, stream_format)
     pending: list[bytes] = []  # frames not yet written: they go with the next ones
     metrics.open_streams.inc()
     try:
         if send_role and not writer.text:  # a text completion's choices have no role
-            pending.append(frames.role())
+            for choice_writer in writers:
+                frames.writer = choice_writer
+                pending.append(frames.role())
         async for reply in events:
             event = reply.event
+            if choices.several:
+                frames.writer = writers[choices.index_of(event.request_id)]
             error = generation_error(event) if event.is_final else None
             if error is not None:
                 finished = True
+                if choices.several:
+                    hooks.on_abandoned()  # the other choices' generations are not wanted
                 pending.append(frame(error.body(), reply.event_id if frames.ids else None))
                 yield StreamEnd(b"".join(pending))
                 return
-            pending.append(frames.of(reply))
+            if reply.offset > delivered_through:
+                pending.append(frames.of(reply))
             written = b"".join(pending)
             pending = []
             if written:
                 yield written
             if event.is_final:
-                finished = True
                 await hooks.on_final(event)
+                if not choices.ended(event):
+                    continue
+                finished = True
                 if writer.include_usage and not frames.skip:
-                    pending.append(frame(writer.usage(event.prompt_tokens or 0, event.completion_tokens or 0,
-                                                      event.cached_tokens or 0)))
+                    pending.append(frame(writer.usage(choices.prompt_tokens, choices.completion_tokens,
+                                                      choices.cached_tokens)))
             elif direct is not None:
                 direct.start(frames.of)  # the first event is out (and the stream registered): the rest may go direct
         pending.append(frame("[DONE]"))
@@ -203,11 +253,12 @@ def event_chunks(event: TokenEvent, writer: ChunkWriter) -> list[str]:
 
 async def collect_completion(
     request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
-    headers: dict[str, str], text_completion: bool = False,
+    headers: dict[str, str], text_completion: bool = False, choices: Choices | None = None,
 ) -> JSONResponse:
-    """Wait for the whole completion (a ``text_completion`` for a text prompt); a client that
-    disconnects first abandons it."""
-    collecting = asyncio.ensure_future(_collect(events))
+    """Wait for the whole completion (a ``text_completion`` for a text prompt), every one of its
+    ``choices``; a client that disconnects first abandons it."""
+    choices = choices or Choices(request_id)
+    collecting = asyncio.ensure_future(_collect(events, choices))
     disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
     done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
     disconnected.cancel()
@@ -216,36 +267,53 @@ async def collect_completion(
         hooks.on_abandoned()
         raise ClientClosed()
     try:
-        text, calls, final, scored, first = collecting.result()
+        collected = collecting.result()
     except ReplyStreamError as exc:
         if exc.code == STREAM_IDLE:
             hooks.on_stalled()
         raise stream_error(exc) from None
-    await hooks.on_final(final)
-    error = generation_error(final)
-    if error is not None:
-        raise error
-    body = completion_body(request_id, model, (first.echo or "") + text, final.finish_reason or "stop",
-                           final.prompt_tokens or 0, final.completion_tokens or 0,
-                           [(c.id, c.name, c.arguments) for c in calls], final.cached_tokens or 0, text_completion,
-                           scored, first.prompt_logprobs)
-    return JSONResponse(body, headers=headers)
+    for choice in collected:
+        await hooks.on_final(choice.final)
+    for choice in collected:
+        error = generation_error(choice.final)
+        if error is not None:
+            raise error
+    bodies = [choice.body(request_id, model, text_completion) for choice in collected]
+    if not choices.several:
+        return JSONResponse(bodies[0], headers=headers)
+    for choice in collected:
+        choices.ended(choice.final)
+    return JSONResponse(choices_body(bodies, choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens),
+                        headers=headers)
 
 
-async def _collect(
-    events: AsyncGenerator[ReplyEvent, None],
-) -> tuple[str, list[ToolCall], TokenEvent, list[TokenLogprob], TokenEvent]:
-    """The whole completion's text, calls and content tokens' scores, its final event and its first
-    (an echo's prompt and its scores are there)."""
-    delivered: list[TokenEvent] = []
+class CollectedChoice:
+    """One choice's events, delivered whole: its text and calls, its content tokens' scores, its
+    final event and its first (an echo's prompt and its scores are there)."""
+
+    def __init__(self, delivered: list[TokenEvent]) -> None:
+        self.first, self.final = delivered[0], delivered[-1]
+        self.text = "".join(e.text for e in delivered)
+        self.calls = whole_tool_calls(d for e in delivered for d in e.tool_calls)
+        self.scored = [t for e in delivered for t in content_logprobs(e)]
+
+    def body(self, request_id: str, model: str, text_completion: bool) -> dict[str, Any]:
+        final = self.final
+        return completion_body(request_id, model, (self.first.echo or "") + self.text, final.finish_reason or "stop",
+                               final.prompt_tokens or 0, final.completion_tokens or 0,
+                               [(c.id, c.name, c.arguments) for c in self.calls], final.cached_tokens or 0,
+                               text_completion, self.scored, self.first.prompt_logprobs)
+
+
+async def _collect(events: AsyncGenerator[ReplyEvent, None], choices: Choices) -> list[CollectedChoice]:
+    """Every choice's events, in index order."""
+    delivered: dict[str, list[TokenEvent]] = {request_id: [] for request_id in choices.ids}
     try:
         async for reply in events:
-            delivered.append(reply.event)
+            delivered[reply.event.request_id if choices.several else choices.ids[0]].append(reply.event)
     finally:
         await events.aclose()
-    text = "".join(e.text for e in delivered)
-    scored = [t for e in delivered for t in content_logprobs(e)]
-    return text, whole_tool_calls(d for e in delivered for d in e.tool_calls), delivered[-1], scored, delivered[0]
+    return [CollectedChoice(events_of) for events_of in delivered.values()]
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -34,6 +34,14 @@ class StreamRecord:
     # held it; read as such while they last.
     request: str = ""
     text_prompt: bool = False  # a text completion's stream: read again in its shapes
+    # A response of several choices (OpenAI's ``n``, a batch of prompts): the requests, one a choice
+    # in index order, whose events on ``partition`` are its stream; this many choices a prompt.
+    choices: list[str] = dataclasses.field(default_factory=list)
+    choices_per_prompt: int = 1
+
+    @property
+    def several_choices(self) -> bool:
+        return len(self.choices) > 1
 
     @property
     def names_request(self) -> bool:

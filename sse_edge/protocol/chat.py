@@ -140,7 +140,7 @@ class GenerationRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=TEMPERATURE_MAX)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1)  # choices (each prompt's): at most TOKENBUS_EDGE_MAX_CHOICES in all
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-INT64 - 1, le=INT64)
     presence_penalty: float | None = Field(default=None, ge=-PENALTY_MAX, le=PENALTY_MAX)

@@ -7,6 +7,8 @@ What vLLM's, TGI's and TensorRT-LLM's servers take from benchmark and evaluation
 
 from __future__ import annotations
 
+from typing import cast
+
 from pydantic import Field
 
 from tokenbus.schemas.request_checks import TOP_LOGPROBS_MAX
@@ -18,8 +20,8 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's for text completions (and vLLM's)
 
 
 class CompletionRequest(GenerationRequest):
-    """The part of OpenAI's text completion request that tokenbus serves: one prompt, as text or as
-    the model's token ids (a list of one is taken too; batches of prompts are refused in validation.py)."""
+    """The part of OpenAI's text completion request that tokenbus serves: a prompt, as text or as
+    the model's token ids, or a batch of such prompts (a list of them), each with its ``n`` choices."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1)
@@ -36,19 +38,11 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs is not None, self.logprobs or 0
 
     @property
-    def prompt_token_ids(self) -> list[int] | None:
-        """The prompt's token ids where it was sent as ids (a list of them, or a list of one such
-        list); None where it was sent as text."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each its text or its token ids: one, or a batch."""
         prompt = self.prompt
-        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], str):
-            return None
-        first = prompt[0]
-        return first if isinstance(first, list) else prompt  # type: ignore[return-value]  # ints, as validated
-
-    @property
-    def prompt_text(self) -> str:
-        """The prompt, once validation has made sure it is one string."""
-        prompt = self.prompt
-        text = prompt if isinstance(prompt, str) else prompt[0]
-        assert isinstance(text, str)
-        return text
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and isinstance(prompt[0], int):
+            return [prompt]  # one prompt of token ids
+        return cast(list[str | list[int]], list(prompt))  # texts, or lists of token ids

@@ -30,21 +30,23 @@ class ChunkWriter:
     ``text_completion`` chunks of a text completion (OpenAI's legacy ``/v1/completions``), whose
     choices carry ``text`` where a chat's carry a ``delta`` (and no role chunk, nor calls)."""
 
-    __slots__ = ("request_id", "model", "created", "include_usage", "text", "_content_head", "_content_tail",
-                 "_text_logprobs")
+    __slots__ = ("request_id", "model", "created", "include_usage", "text", "index", "_content_head",
+                 "_content_tail", "_text_logprobs")
 
     def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None,
-                 text: bool = False) -> None:
+                 text: bool = False, index: int = 0) -> None:
         """``created``: the request's time in seconds, so that a stream resumed later carries the
-        same ``created`` as the chunks before it (now when unknown)."""
+        same ``created`` as the chunks before it (now when unknown). ``index``: the choice whose
+        chunks these are (a response with several, OpenAI's ``n``, has a writer for each)."""
         self.request_id = request_id
         self.model = model
         self.created = int(time.time()) if created is None else created
         self.include_usage = include_usage
         self.text = text
+        self.index = index
         # Content chunks are the hot path: everything but the delta and finish reason is fixed.
         head = json.dumps(self._chunk([]), separators=(",", ":"), ensure_ascii=False)
-        choice = '"choices":[{"index":0,"text":' if text else '"choices":[{"index":0,"delta":'
+        choice = f'"choices":[{{"index":{index},' + ('"text":' if text else '"delta":')
         self._content_head = head[: head.index('"choices":[')] + choice
         self._content_tail = "]" + (',"usage":null}' if include_usage else "}")
         self._text_logprobs = TextLogprobs() if text else None
@@ -62,8 +64,13 @@ class ChunkWriter:
             body["usage"] = usage
         return body
 
+    def for_choice(self, index: int) -> ChunkWriter:
+        """A writer of the same response's choice ``index``."""
+        return ChunkWriter(self.request_id, self.model, self.include_usage, self.created, self.text, index)
+
     def role(self) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        return self._chunk([{"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}])
 
     def delta(self, text: str, finish_reason: str | None, logprobs: Sequence[TokenLogprob] = (),
               prompt_logprobs: Sequence[TokenLogprob] = ()) -> str:
@@ -86,7 +93,7 @@ class ChunkWriter:
     def tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> str:
         """A chunk of a function call: the first one of a call has its id and name, later ones
         more of its arguments (OpenAI's ``delta.tool_calls``)."""
-        call: dict[str, Any] = {"index": index}
+        call: dict[str, Any] = {"index": index}  # the call's, within the choice's calls
         if call_id is not None:
             call.update(id=call_id, type="function", function={"name": name, "arguments": arguments})
         else:
@@ -137,6 +144,14 @@ def completion_body(
         ],
         "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens),
     }
+
+
+def choices_body(bodies: Sequence[dict[str, Any]], prompt_tokens: int, completion_tokens: int,
+                 cached_tokens: int = 0) -> dict[str, Any]:
+    """One response of several choices (OpenAI's ``n``, a batch of prompts) from each choice's
+    own body (``completion_body``), in index order, with the response's usage."""
+    choices = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
+    return {**bodies[0], "choices": choices, "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def model_body(model: str, owned_by: str = "tokenbus") -> dict[str, Any]:

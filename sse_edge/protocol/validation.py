@@ -87,30 +87,30 @@ def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequ
 
 
 def parse_completion_request(raw: bytes, settings: EdgeSettings) -> CompletionRequest:
-    """A text completion's body (``/v1/completions``): one prompt, as text or as token ids."""
+    """A text completion's body (``/v1/completions``): a prompt, as text or as token ids, or a batch of them."""
     body = json_object(raw)
     reject_unsupported(body, TEXT_UNSUPPORTED)
     reject_vllm_sampling(body)
     completion = parse_body(body, CompletionRequest)
-    prompt, token_ids = completion.prompt, completion.prompt_token_ids
-    if prompt == []:
+    prompts = completion.prompts
+    if not prompts:
         raise InvalidRequest("The prompt is empty.", param="prompt", code="invalid_value")
-    if isinstance(prompt, list) and isinstance(prompt[0], str | list) and len(prompt) != 1:
-        raise InvalidRequest("Send one prompt a request: a batch of prompts is not supported.", param="prompt",
-                             code="unsupported_value")
-    if not (completion.prompt_text if token_ids is None else token_ids):
-        raise InvalidRequest("The prompt is empty.", param="prompt", code="invalid_value")
-    check_generation_limits(completion, settings)
-    if token_ids is None and len(completion.prompt_text) > settings.max_prompt_chars:
-        raise InvalidRequest(f"The prompt is longer than {settings.max_prompt_chars} characters.", param="prompt",
-                             code="context_length_exceeded")
-    if token_ids is not None:
-        if len(token_ids) > settings.max_prompt_chars:  # (a token is a character at least)
-            raise InvalidRequest(f"The prompt is longer than {settings.max_prompt_chars} tokens.", param="prompt",
-                                 code="context_length_exceeded")
-        if not all(0 <= token_id <= TOKEN_ID_MAX for token_id in token_ids):
-            raise InvalidRequest(f"Token ids are 0 to {TOKEN_ID_MAX}.", param="prompt", code="invalid_value")
+    check_generation_limits(completion, settings, len(prompts))
+    for prompt in prompts:
+        check_prompt(prompt, settings)
     return completion
+
+
+def check_prompt(prompt: str | list[int], settings: EdgeSettings) -> None:
+    """One prompt of a text completion: its text, or its token ids."""
+    if not prompt:
+        raise InvalidRequest("The prompt is empty.", param="prompt", code="invalid_value")
+    if len(prompt) > settings.max_prompt_chars:  # (a token is a character at least)
+        unit = "characters" if isinstance(prompt, str) else "tokens"
+        raise InvalidRequest(f"The prompt is longer than {settings.max_prompt_chars} {unit}.", param="prompt",
+                             code="context_length_exceeded")
+    if not isinstance(prompt, str) and not all(0 <= token_id <= TOKEN_ID_MAX for token_id in prompt):
+        raise InvalidRequest(f"Token ids are 0 to {TOKEN_ID_MAX}.", param="prompt", code="invalid_value")
 
 
 def reject_unsupported(body: dict[str, Any], unsupported: dict[str, str] = UNSUPPORTED) -> None:
@@ -135,8 +135,13 @@ def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
     return value in neutral
 
 
-def check_generation_limits(request: GenerationRequest, settings: EdgeSettings) -> None:
-    """What a chat and a text completion alike may not ask for."""
+def check_generation_limits(request: GenerationRequest, settings: EdgeSettings, prompts: int = 1) -> None:
+    """What a chat and a text completion (of ``prompts`` prompts) alike may not ask for."""
+    choices = request.n * prompts
+    if choices > settings.max_choices:
+        raise InvalidRequest(f"A response may have at most {settings.max_choices} choices (n for each prompt); this "
+                             f"one asks for {choices}.", param="n" if prompts == 1 else "prompt",
+                             code="too_many_choices")
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                              param="stream_options", code="invalid_value")
@@ -151,6 +156,9 @@ def check_generation_limits(request: GenerationRequest, settings: EdgeSettings) 
 
 def check_serving_limits(chat: ChatCompletionRequest, settings: EdgeSettings) -> None:
     check_generation_limits(chat, settings)
+    if chat.n > 1 and chat.conversation_id is not None:
+        raise InvalidRequest("A conversation's turn has one answer: 'n' must be 1 with a conversation_id.",
+                             param="n", code="invalid_value")
     if chat.modalities and chat.modalities != ["text"]:
         raise InvalidRequest("Only the 'text' modality is supported.", param="modalities", code="unsupported_value")
     if len(chat.messages) > settings.max_messages:

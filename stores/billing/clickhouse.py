@@ -161,9 +161,10 @@ def _time(ms: int | None) -> dt.datetime | None:
 def usage_row(completion: Completion, prices: PriceTable) -> list[Any]:
     c = completion
     generated = c.billed_completion_tokens  # a continuation's carried tokens were billed with its turn
-    input_cost, output_cost = prices.cost_nanousd(c.model, c.tier, c.prompt_tokens, generated, c.cached_prompt_tokens)
-    return [c.request_id, c.tenant, c.key_id, c.model, c.tier, c.conversation_id or "", c.prompt_tokens,
-            generated, min(c.cached_prompt_tokens, c.prompt_tokens), input_cost, output_cost, c.finish_reason,
+    prompt, cached = c.billed_prompt_tokens  # none for a choice whose prompt another choice bills
+    input_cost, output_cost = prices.cost_nanousd(c.model, c.tier, prompt, generated, cached)
+    return [c.request_id, c.tenant, c.key_id, c.model, c.tier, c.conversation_id or "", prompt,
+            generated, cached, input_cost, output_cost, c.finish_reason,
             c.cancelled, c.error or "", c.worker_id,
             _time(c.created_at_ms), _time(c.started_at_ms), _time(c.first_token_at_ms), _time(c.finished_at_ms)]
 

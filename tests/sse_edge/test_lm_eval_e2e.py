@@ -25,7 +25,8 @@ def scored(token_id: int) -> float:
     return UNIFORM if token_id < len(VOCABULARY) else LOGPROB_FLOOR
 
 
-async def test_loglikelihood_and_generation_requests_of_the_harness_are_served(stack, api_key, tmp_path):
+@pytest.mark.parametrize("batch_size", [1, 3])  # 3: the pairs go as one request, a batch of prompts
+async def test_loglikelihood_and_generation_requests_of_the_harness_are_served(stack, api_key, tmp_path, batch_size):
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
@@ -36,7 +37,7 @@ async def test_loglikelihood_and_generation_requests_of_the_harness_are_served(s
     try:
         lm = LocalCompletionsAPI(base_url=f"http://127.0.0.1:{port}/v1/completions", model=MODEL,
                                  tokenizer=str(model_dir), tokenizer_backend="huggingface", max_length=512,
-                                 header={"Authorization": f"Bearer {api_key}"})
+                                 header={"Authorization": f"Bearer {api_key}"}, batch_size=batch_size)
         likelihoods = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(PAIRS)])
         generated = lm.generate_until([Instance("generate_until", {}, ("Once upon a time", {"until": ["\n"],
                                                                                           "max_gen_toks": 8}), 0)])

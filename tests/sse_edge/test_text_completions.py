@@ -97,7 +97,7 @@ async def test_stop_sequences_end_the_text_before_them(client):
 @pytest.mark.parametrize(("body", "param", "code"), [
     ({"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),  # this edge has no tokenizer to read them with
     ({"prompt": [[1, 2], [3]]}, "prompt", "unsupported_value"),
-    ({"prompt": ["one", "two"]}, "prompt", "unsupported_value"),
+    ({"prompt": ["one", ""]}, "prompt", "invalid_value"),
     ({"prompt": ""}, "prompt", "invalid_value"),
     ({"prompt": []}, "prompt", "invalid_value"),
     ({"prompt": [[]]}, "prompt", "invalid_value"),
@@ -110,7 +110,8 @@ async def test_stop_sequences_end_the_text_before_them(client):
     ({"prompt": "x", "use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
     ({"prompt": "x", "response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
     ({"prompt": "x", "best_of": 2}, "best_of", "invalid_value"),
-    ({"prompt": "x", "n": 2}, "n", "invalid_value"),
+    ({"prompt": "x", "n": 129}, "n", "too_many_choices"),
+    ({"prompt": ["x"] * 65, "n": 2}, "prompt", "too_many_choices"),
     ({"prompt": "x", "max_tokens": 10**6}, "max_tokens", "invalid_value"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
     ({}, "prompt", "missing_required_parameter"),

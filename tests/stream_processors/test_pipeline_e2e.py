@@ -293,3 +293,17 @@ async def test_replaying_completions_from_the_beginning_changes_no_total(stack, 
     assert after["raw_rows"] == before["raw_rows"] > 0
     await asyncio.sleep(1.0)  # transcripts are written by their own agent
     assert transcript_rows(stack) == rows_before
+
+
+async def test_a_response_of_several_choices_bills_each_and_its_prompt_once(stack, processors):
+    tenant, key = await new_key(stack)
+    response = await client(stack, key).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "three ways to say hello"}], seed=2, max_tokens=20, n=3)
+    rows = {}
+    for index in range(3):
+        found = await eventually(lambda index=index: processors.usage_rows(f"{response.id}-{index}"))
+        assert len(found) == 1 and found[0]["tenant"] == tenant
+        rows[index] = found[0]
+    assert [rows[i]["prompt_tokens"] for i in range(3)] == [response.usage.prompt_tokens, 0, 0]
+    assert sum(r["completion_tokens"] for r in rows.values()) == response.usage.completion_tokens
+    assert rows[1]["input_cost_nanousd"] == rows[2]["input_cost_nanousd"] == 0 < rows[0]["input_cost_nanousd"]

@@ -57,3 +57,34 @@ async def test_one_record_is_read_back_at_its_place(each_bus):
     event = codec.decode(middle, TokenEvent)
     assert (event.request_id, event.seq, event.text) == ("placed", 1, "t1 ")
     assert await record_at(each_bus, topic, PARTITION, offsets[-1] + 10, timeout_s=1.0) is None  # nothing there
+
+
+async def publish_events(bus, events: list[TokenEvent]) -> list[int]:
+    """``events`` in this order on the test partition; their offsets."""
+    codec, topic = AvroCodec(), TopicCatalog(bus).tokens
+    producer = make_producer(bus)
+    await producer.start()
+    try:
+        return [(await producer.send_and_wait(topic, codec.encode(e), key=e.request_id.encode(),
+                                              partition=PARTITION)).offset for e in events]
+    finally:
+        await producer.stop()
+
+
+async def test_several_requests_replay_as_one_stream_in_log_order_each_exactly_once(each_bus):
+    """A response's choices (reply_group.py): each member's repeats dropped, its order kept, the
+    members' events in the order of the log, ending once every member has; a Last-Event-ID ends
+    a member delivered whole before it."""
+    a, b = "choices-0", "choices-1"
+    log = [TokenEvent(a, 0, "a0"), TokenEvent(b, 0, "b0"), TokenEvent("bystander", 0, "x"),
+           TokenEvent(a, 1, "a1", finish_reason="stop"), TokenEvent(b, 0, "b0"),  # b0 again: at-least-once
+           TokenEvent(b, 1, "b1"), TokenEvent(b, 2, "b2", finish_reason="length")]
+    offsets = await publish_events(each_bus, log)
+
+    group = [r async for r in replay(each_bus, "choices", PARTITION, offsets[0], idle_timeout=20, members=[a, b])]
+    assert [r.event.text for r in group] == ["a0", "b0", "a1", "b1", "b2"]
+    assert [r.offset for r in group] == [offsets[i] for i in (0, 1, 3, 5, 6)]
+
+    rest = [r async for r in replay(each_bus, "choices", PARTITION, offsets[0], idle_timeout=20, members=[a, b],
+                                    delivered_through=offsets[3])]
+    assert [r.event.text for r in rest] == ["b1", "b2"]  # a ended before: the group waits for b alone

@@ -1,11 +1,12 @@
-"""ReplyStream's ordering and dedup rules, its idle timeout and its direct reader, without a broker."""
+"""ReplyStream's ordering and dedup rules, its idle timeout and its direct reader, and a group of
+them (ReplyGroup), without a broker."""
 
 import asyncio
 
 import pytest
 
 from tokenbus.schemas import TokenEvent
-from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
+from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyGroup, ReplyStream, ReplyStreamError
 from tokenbus.topics.reply_stream import _IdleWatch
 
 
@@ -200,3 +201,35 @@ async def test_events_taken_by_direct_keep_a_stream_from_idling_out():
         async for _ in quiet.events(idle_timeout=0.2):
             pass
     assert idle.value.code == STREAM_IDLE and loop.time() - started >= 0.25
+
+
+async def test_a_group_delivers_its_members_events_as_they_arrive_until_every_member_has_ended():
+    first, second = ReplyStream("c-0"), ReplyStream("c-1")
+    group = ReplyGroup("c", [first, second])
+    assert group.request_ids == ("c-0", "c-1")
+    first.offer(reply(0, "a0"))
+    second.offer(reply(1, "early"))  # held by its member until seq 0 comes
+    second.offer(reply(0, "b0"))
+    first.offer(reply(0, "a0"))  # a repeat: dropped by its member
+    first.offer(reply(1, "a-end", final=True))
+    assert not group.done
+    second.offer(reply(2, "b-end", final=True))
+    assert group.done
+    assert [r.event.text async for r in group.events(idle_timeout=1)] == ["a0", "b0", "early", "a-end", "b-end"]
+
+
+async def test_a_member_that_fails_fails_the_group_and_an_idle_group_times_out():
+    first, second = ReplyStream("c-0"), ReplyStream("c-1")
+    group = ReplyGroup("c", [first, second])
+    first.offer(reply(0, "a0"))
+    second.fail(ReplyStreamError("gone", "bus_unavailable"))
+    events = group.events(idle_timeout=1)
+    assert (await anext(events)).event.text == "a0"
+    with pytest.raises(ReplyStreamError) as failed:
+        await anext(events)
+    assert failed.value.code == "bus_unavailable"
+
+    quiet = ReplyGroup("q", [ReplyStream("q-0")])
+    with pytest.raises(ReplyStreamError) as idle:
+        [r async for r in quiet.events(idle_timeout=0.05)]
+    assert idle.value.code == STREAM_IDLE
