@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions/{completion_id}/cancel``: stop a generation now (the console's Stop
 button). A client that only disconnects is cancelled once ``TOKENBUS_EDGE_DISCONNECT_GRACE_S`` has
 passed without a resume; this spares the GPU that wait. Only the tenant that made the request may
-cancel it (anyone else is told it does not exist); cancelling a finished turn changes nothing."""
+cancel it (anyone else is told it does not exist); cancelling a finished turn changes nothing. A
+response of several choices is cancelled whole."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ async def cancel_completion(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     request_id = request.path_params["completion_id"]
-    if (await find_stream(edge, request_id)).tenant != key.tenant:
+    record = await find_stream(edge, request_id)
+    if record.tenant != key.tenant:
         raise not_found(request_id)
-    await edge.bus.cancel(request_id, "cancelled by the client")
+    for generation in record.choices or [request_id]:  # a response of several choices: each of them
+        await edge.bus.cancel(generation, "cancelled by the client")
     return JSONResponse({"id": request_id, "object": "chat.completion.cancellation", "cancelled": True})

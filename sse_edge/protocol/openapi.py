@@ -93,9 +93,9 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/completions": {"post": {
                 **_generation("createCompletion", "CompletionRequest", TEXT_COMPLETION, secured,
                               "A text_completion, or an SSE stream of them when stream is true"),
-                "description": "A text completion (OpenAI's legacy API): one prompt, continued as it is, with no "
-                               "chat template. Its stream is read again, and its turn continued, through the chat "
-                               "completion's routes, in these shapes.",
+                "description": "A text completion (OpenAI's legacy API): a prompt, continued as it is, with no "
+                               "chat template, or a batch of prompts, n choices each. Its stream is read again, and "
+                               "its turn continued, through the chat completion's routes, in these shapes.",
             }},
             "/v1/chat/completions/{completion_id}/stream": {"get": {
                 "operationId": "resumeChatCompletionStream", "security": secured,

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
-from tests.sse_edge.test_streams_e2e import SSE, sse_events
+from tests.sse_edge.test_streams_e2e import SSE, completions_for, sse_events
 
 RIVERS = [{"role": "user", "content": "name three rivers"}]
 PROMPTS = ["Once upon a time the bus carried", "The consumer read the partition"]
@@ -126,3 +126,36 @@ async def test_a_response_of_several_choices_is_not_continued(client, edge_url, 
     async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
         response = await http.post(f"/v1/chat/completions/{made.id}/continue", json={}, headers=auth)
     assert response.status_code == 400 and response.json()["error"]["code"] == "several_choices"
+
+
+async def test_every_choice_stops_when_the_client_goes_away(stack, edge_url, auth):
+    body = {"model": SLOW_MODEL, "stream": True, "n": 2, "messages": RIVERS}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+        async with http.stream("POST", "/v1/chat/completions", json=body, headers=auth) as response:
+            buffer = ""
+            async for text in response.aiter_text():
+                buffer += text
+                if len(events := sse_events(buffer)) >= 6:
+                    response_id = json.loads(events[0]["data"])["id"]
+                    break
+    for index in (0, 1):
+        (completion,) = await completions_for(stack, f"{response_id}-{index}")
+        assert completion.cancelled and completion.finish_reason == "cancelled"
+        assert completion.completion_tokens < SLOW_SETTINGS.min_tokens
+
+
+async def test_cancelling_a_response_stops_every_choice_and_ends_its_stream(stack, edge_url, auth):
+    body = {"model": SLOW_MODEL, "stream": True, "n": 2, "messages": RIVERS}
+    chunks = []
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30) as http:
+        async with http.stream("POST", "/v1/chat/completions", json=body, headers=auth) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line.removeprefix("data: ")))
+                    if len(chunks) == 6:
+                        cancelled = await http.post(f"/v1/chat/completions/{chunks[0]['id']}/cancel", headers=auth)
+                        assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True
+    assert chunks[-1]["error"]["code"] == "generation_cancelled"
+    for index in (0, 1):
+        (completion,) = await completions_for(stack, f"{chunks[0]['id']}-{index}")
+        assert completion.cancelled and completion.completion_tokens < SLOW_SETTINGS.min_tokens
