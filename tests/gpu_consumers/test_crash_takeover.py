@@ -3,7 +3,8 @@ stopped with SIGTERM (it hands its running sequences off: stops them without a f
 flushes what it published, commits and leaves its group), mid-generation. The other takes its
 requests over from the tokens already published, and every client stream is exactly the
 uninterrupted text: no gap, no duplicate, no error; a stream that asked for log probabilities has
-each token's once, the uninterrupted stream's.
+each token's once, the uninterrupted stream's. Ten of the streams are read as two groups (the
+choices of a response, ``ReplyGroup``), each choice as exact as a stream of its own.
 
 `make test` runs it once; `make faults` runs it TOKENBUS_TAKEOVER_RUNS (10) times."""
 
@@ -27,6 +28,7 @@ from tokenbus.topics import TopicCatalog, make_consumer
 
 RUNS = int(os.environ.get("TOKENBUS_TAKEOVER_RUNS", "1"))
 STREAMS = 20
+GROUP = 5  # two groups of this many of the streams are read as one each (the choices of a response)
 REPLY_PARTITION = 2
 ENGINE = SimulatedEngineSettings(seed=11, ttft_ms=5, tokens_per_s=10, min_tokens=40, max_tokens=40)
 
@@ -88,7 +90,18 @@ async def test_a_consumer_stopped_mid_generation_loses_and_repeats_nothing(stack
                 async for reply in client.stream(request):
                     received[request.request_id].append(reply.event)
 
-            readers = [asyncio.create_task(read(r)) for r in requests]
+            async def read_group(name, members):  # a response's choices, read as one stream
+                group, _ = await client.group_submission(name, members)
+                try:
+                    async for reply in group.events(60):
+                        received[reply.event.request_id].append(reply.event)
+                finally:
+                    for member in members:
+                        client.finish(member.request_id)
+
+            singles, grouped = requests[:STREAMS - 2 * GROUP], requests[STREAMS - 2 * GROUP:]
+            readers = [asyncio.create_task(read(r)) for r in singles] + [
+                asyncio.create_task(read_group(f"group-{run}-{g}", grouped[g * GROUP:(g + 1) * GROUP])) for g in (0, 1)]
             await wait_for(lambda: all(len(v) >= 3 for v in received.values()), 60, "every stream to be generating",
                            lambda: f"events per stream {sorted(len(v) for v in received.values())}, "
                                    f"workers {[health(p) for p in ports.values()]}")
