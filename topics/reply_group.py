@@ -9,22 +9,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable
 
-from tokenbus.topics.reply_stream import STREAM_IDLE, ReplyEvent, ReplyStream, ReplyStreamError
+from tokenbus.topics.reply_stream import STREAM_IDLE, STREAM_OVERFLOW, ReplyEvent, ReplyStream, ReplyStreamError
 
 
 class ReplyGroup:
     """The member streams' events, ending once every member has ended (its final event, or the
     end of a replay that found it delivered before) or with the first member's error."""
 
-    __slots__ = ("request_id", "members", "_queue")
+    __slots__ = ("request_id", "members", "_queue", "_limit", "_overflowed")
 
     def __init__(self, request_id: str, members: Iterable[ReplyStream]) -> None:
         """``members``: opened before any of their requests is published, so none has delivered yet."""
         self.request_id = request_id
         self.members = list(members)
         self._queue: asyncio.Queue[ReplyEvent | ReplyStreamError | None] = asyncio.Queue()
+        self._limit = sum(member.queue_size for member in self.members)  # what the members would hold apart
+        self._overflowed = False
         for member in self.members:
-            member.forward = self._queue.put_nowait
+            member.forward = self._take
 
     @property
     def request_ids(self) -> tuple[str, ...]:
@@ -37,6 +39,15 @@ class ReplyGroup:
     @property
     def backlog(self) -> int:
         return self._queue.qsize()
+
+    def _take(self, item: ReplyEvent | ReplyStreamError | None) -> None:
+        """What a member delivers; past the limit, the group fails as a member's own queue would."""
+        if self._overflowed:
+            return
+        if self._queue.qsize() >= self._limit:
+            self._overflowed = True
+            item = ReplyStreamError(f"reply queue of {self.request_id} overflowed: reader too slow", STREAM_OVERFLOW)
+        self._queue.put_nowait(item)
 
     async def events(self, idle_timeout: float | None = None) -> AsyncIterator[ReplyEvent]:
         """Yield the members' events as they come; a wait of ``idle_timeout`` seconds with nothing

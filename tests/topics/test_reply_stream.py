@@ -233,3 +233,15 @@ async def test_a_member_that_fails_fails_the_group_and_an_idle_group_times_out()
     with pytest.raises(ReplyStreamError) as idle:
         [r async for r in quiet.events(idle_timeout=0.05)]
     assert idle.value.code == STREAM_IDLE
+
+
+async def test_a_group_whose_reader_falls_behind_fails_as_a_stream_would():
+    members = [ReplyStream("c-0", queue_size=2), ReplyStream("c-1", queue_size=2)]
+    group = ReplyGroup("c", members)
+    for seq in range(6):  # more than the members would hold apart
+        members[seq % 2].offer(reply(seq // 2))
+    events = group.events(idle_timeout=1)
+    assert [(await anext(events)).event.seq for _ in range(4)] == [0, 0, 1, 1]
+    with pytest.raises(ReplyStreamError) as overflowed:
+        await anext(events)
+    assert overflowed.value.code == "stream_overflow"
