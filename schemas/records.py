@@ -224,6 +224,8 @@ class ChatRequest:
     # One choice of a response with several (OpenAI's ``n``) is a request of its own; all but the
     # first of a prompt's choices name the first here, whose billing carries their shared prompt.
     prompt_billed_with: str | None = None
+    # vLLM's: words the output may not hold (engines/bad_words.py reads them with the model's tokenizer).
+    bad_words: list[str] = field(default_factory=list)
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:

@@ -42,6 +42,7 @@ TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as a logit_bias ke
 TOKEN_ID_MAX = 2**31 - 1  # a token id travels as an Avro int
 STOP_TOKEN_IDS_MAX = 256  # stop_token_ids one request may name
 ALLOWED_TOKEN_IDS_MAX = 4096  # allowed_token_ids one request may name
+BAD_WORDS_MAX, BAD_WORD_CHARS_MAX = 128, 256  # vLLM's bad_words: how many one request may name, and how long
 # Scores an echo with logprobs may ask of a prompt: its tokens x (the likeliest asked + 1). They go
 # on one token event, which must stay well under Kafka's 1 MiB default record (about 15 bytes a
 # score: 16k prompt tokens with lm-evaluation-harness's one likeliest, 1.5k with 20).
@@ -104,6 +105,10 @@ def request_problem(request: ChatRequest) -> str | None:
         return f"allowed_token_ids names {len(request.allowed_token_ids)} tokens; at most {ALLOWED_TOKEN_IDS_MAX} may"
     if any(token_id < 0 for token_id in request.allowed_token_ids):
         return "allowed_token_ids must not be negative"
+    if len(request.bad_words) > BAD_WORDS_MAX:
+        return f"bad_words names {len(request.bad_words)} words; at most {BAD_WORDS_MAX} may"
+    if any(not word.strip() or len(word) > BAD_WORD_CHARS_MAX for word in request.bad_words):
+        return f"each of bad_words must be 1 to {BAD_WORD_CHARS_MAX} characters, not all spaces"
     if (format_problem := response_format_problem(request)) is not None:
         return format_problem
     if request.echo and request.text_prompt and len(request.messages) != 1:

@@ -88,6 +88,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # vLLM's: the only tokens the output may hold, the others' logits ruled out with the bias (empty: any).
     allowed_token_ids: tuple[int, ...] = ()
+    # vLLM's: words the output may not hold, read with the engine's tokenizer (engines/bad_words.py).
+    bad_words: tuple[str, ...] = ()
     # OpenAI's response_format (schemas.RESPONSE_*): a JSON answer, of ``json_schema`` (JSON text)
     # where given, or one ``guided_regex`` matches, decoded under that constraint (vLLM's and
     # TensorRT-LLM's guided decoding).
@@ -181,6 +183,7 @@ class GenerationInput:
                 min_tokens=request.min_tokens,
                 stop_token_ids=tuple(request.stop_token_ids),
                 allowed_token_ids=tuple(request.allowed_token_ids),
+                bad_words=tuple(request.bad_words),
                 response_format=request.response_format,
                 json_schema=request.json_schema,
                 guided_regex=request.guided_regex,

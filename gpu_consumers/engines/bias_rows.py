@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def write_bias_row(row: Any, biases: tuple[tuple[int, float], ...], allowed: tuple[int, ...]) -> None:
+def write_bias_row(row: Any, biases: tuple[tuple[int, float], ...], allowed: tuple[int, ...],
+                   banned: tuple[int, ...] = ()) -> None:
     """Write into ``row`` (a float tensor, one value a token): 0, or -inf for every token not in
-    ``allowed`` where it names any, plus each (token id, bias)."""
+    ``allowed`` where it names any, plus each (token id, bias); -inf for each ``banned`` token (a
+    one-token bad word's, engines/bad_words.py)."""
     import torch
 
     if allowed:
@@ -20,3 +22,5 @@ def write_bias_row(row: Any, biases: tuple[tuple[int, float], ...], allowed: tup
     if biases:
         ids, values = zip(*biases, strict=True)
         row[torch.tensor(ids, device=row.device)] += torch.tensor(values, device=row.device, dtype=row.dtype)
+    if banned:
+        row[torch.tensor(banned, device=row.device)] = float("-inf")

@@ -16,13 +16,13 @@ tokens of the requests that ask for log probabilities, with their likeliest toke
 (hf_slot_logprobs.py); the manager computes the sampled token's alone, for every request
 (``TOKENBUS_HF_MANAGER_LOGPROBS``, on by default), so it answers ``logprobs`` but refuses
 ``top_logprobs`` with an error that says so. A ``logit_bias`` is the slots' too (hf_slot_bias.py),
-as are vLLM's ``allowed_token_ids`` (the bias row), ``min_tokens`` and repetition penalty
-(hf_slot_penalties.py), its ``top_k`` and ``min_p`` where requests are sampled, and the prompt's
-log probabilities (a text completion's ``echo``: the prompt prefilled whole, its every position
-scored): the manager refuses them (a bias is often a ban, which must not be dropped quietly). Both end a
-request at its ``stop_token_ids`` (the manager takes them as the request's own end tokens).
-Neither constrains its output to JSON: a JSON ``response_format`` is refused (TensorRT-LLM's guided
-decoding serves it).
+as are vLLM's ``allowed_token_ids`` (the bias row), ``bad_words`` (hf_slot_bad_words.py),
+``min_tokens`` and repetition penalty (hf_slot_penalties.py), its ``top_k`` and ``min_p`` where
+requests are sampled, and the prompt's log probabilities (a text completion's ``echo``: the
+prompt prefilled whole, its every position scored): the manager refuses them (a bias is often a
+ban, which must not be dropped quietly). Both end a request at its ``stop_token_ids`` (the
+manager takes them as the request's own end tokens). Neither constrains its output to JSON: a
+JSON ``response_format`` is refused (TensorRT-LLM's guided decoding serves it).
 
 Prefix caching (``TOKENBUS_HF_PREFIX_CACHING``, on by default): a prompt's leading blocks of
 ``page_size`` tokens already computed are reused. The manager shares KV blocks between requests
@@ -43,6 +43,7 @@ from collections.abc import AsyncIterator, Callable, Container, Iterable
 from typing import Any
 
 from tokenbus.gpu_consumers.engines import chat_template
+from tokenbus.gpu_consumers.engines.bad_words import token_bad_words
 from tokenbus.gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -320,12 +321,13 @@ class HfEngine:
 
     def _manager_takes(self, sampling: SamplingParams) -> None:
         """``InvalidInput`` for what the manager cannot apply to one request alone: a logit bias (often a
-        ban, which must not be dropped quietly), vLLM's ``min_tokens``, ``allowed_token_ids`` and repetition penalty,
-        the prompt's log probabilities (an echo's), and its ``top_k`` and ``min_p`` where it samples (greedy decoding
-        is the same with them)."""
+        ban, which must not be dropped quietly), vLLM's ``min_tokens``, ``allowed_token_ids``, ``bad_words`` and
+        repetition penalty, the prompt's log probabilities (an echo's), and its ``top_k`` and ``min_p`` where it
+        samples (greedy decoding is the same with them)."""
         asked = [name for name, value in (("logit_bias", sampling.logit_bias), ("min_tokens", sampling.min_tokens),
                                           ("repetition_penalty", sampling.repetition_penalty != 1),
                                           ("allowed_token_ids", sampling.allowed_token_ids),
+                                          ("bad_words", sampling.bad_words),
                                           ("prompt_logprobs", sampling.prompt_logprobs is not None)) if value]
         if self.settings.do_sample:
             asked += [name for name, value in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if value]
@@ -417,6 +419,7 @@ class HfEngine:
             if inp.sampling.top_p is not None:
                 sampling["top_p"] = inp.sampling.top_p
         if self._slots is not None:
+            banned, bad_words = token_bad_words(inp.sampling.bad_words, self.tokenizer, self._vocabulary_size)
             self._slots.add(SlotRequest(internal_id, prompt + list(inp.prefix_token_ids), sequence.max_new_tokens,
                                         sequence.on_delta, sampling.get("temperature", 1.0), sampling.get("top_p", 1.0),
                                         seed=inp.sampling.seed, drawn=len(inp.prefix_token_ids), named=made.blocks,
@@ -427,7 +430,8 @@ class HfEngine:
                                         logprobs=inp.sampling.logprobs, logit_bias=inp.sampling.logit_bias,
                                         prompt_logprobs=None if inp.prefix_token_ids else inp.sampling.prompt_logprobs,
                                         top_k=inp.sampling.top_k, min_p=inp.sampling.min_p,
-                                        allowed_ids=inp.sampling.allowed_token_ids,
+                                        allowed_ids=inp.sampling.allowed_token_ids, banned_ids=banned,
+                                        bad_words=bad_words,
                                         stop_ids=frozenset(inp.sampling.stop_token_ids),
                                         min_new_tokens=max(inp.sampling.min_tokens - len(inp.prefix_token_ids), 0)))
             return sequence

@@ -1,4 +1,5 @@
-"""OpenAI's logit bias, and vLLM's ``allowed_token_ids``, for the slot batching (hf_slots.py).
+"""OpenAI's logit bias, and vLLM's ``allowed_token_ids`` and one-token bad words, for the slot
+batching (hf_slots.py).
 
 Each slot's bias over the vocabulary is a row kept on the device, added to the logits before the
 penalties and the pick, as vLLM adds it: a dense row, so a step adds every biased row's in one
@@ -18,6 +19,7 @@ class Biased(Protocol):
     slot: int
     logit_bias: tuple[tuple[int, float], ...]  # (token id, bias), ids in the vocabulary
     allowed_ids: tuple[int, ...]  # the only tokens it may pick (empty: any)
+    banned_ids: tuple[int, ...]  # tokens it may never pick (vLLM's bad words of one token)
 
 
 class SlotBias:
@@ -32,12 +34,12 @@ class SlotBias:
     def admitted(self, request: Biased, vocabulary: int) -> None:
         """``request`` takes its slot: its bias row written (-inf for the tokens it does not allow)."""
         torch, slot = self._torch, request.slot
-        if not request.logit_bias and not request.allowed_ids:
+        if not request.logit_bias and not request.allowed_ids and not request.banned_ids:
             self.released(slot)
             return
         if self._bias is None:
             self._bias = torch.zeros(self._slots, vocabulary, device=self._device)
-        write_bias_row(self._bias[slot], request.logit_bias, request.allowed_ids)
+        write_bias_row(self._bias[slot], request.logit_bias, request.allowed_ids, request.banned_ids)
         self._biased.add(slot)
 
     def released(self, slot: int) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 from tokenbus.gpu_consumers.engines.base import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from tokenbus.gpu_consumers.engines.blocks import block_hashes, leading_held
+from tokenbus.gpu_consumers.engines.hf_slot_bad_words import SlotBadWords
 from tokenbus.gpu_consumers.engines.hf_slot_bias import SlotBias
 from tokenbus.gpu_consumers.engines.hf_slot_logprobs import ScoredToken, StepScores, prompt_scores, step_scores
 from tokenbus.gpu_consumers.engines.hf_slot_model import SlotModel
@@ -89,6 +90,8 @@ class SlotRequest:
     prompt_logprobs: int | None = None  # the prompt's tokens' too, with this many likeliest: prefilled whole
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to its logit (hf_slot_bias.py)
     allowed_ids: tuple[int, ...] = ()  # vLLM's allowed_token_ids: the only tokens it may pick (hf_slot_bias.py)
+    banned_ids: tuple[int, ...] = ()  # vLLM's bad words of one token: never picked (hf_slot_bias.py)
+    bad_words: tuple[tuple[int, ...], ...] = ()  # and of more: not ended (hf_slot_bad_words.py)
     top_k: int = 0  # vLLM's: sampled from this many likeliest tokens (0: all)
     min_p: float = 0.0  # vLLM's: sampled from tokens at least this share of the likeliest's probability
     stop_ids: frozenset[int] = frozenset()  # vLLM's stop_token_ids: each ends it as an end token does
@@ -118,6 +121,7 @@ class SlotBatcher:
         self._eos = frozenset(eos_token_ids)
         self._penalties = SlotPenalties(slots, self.device)
         self._bias = SlotBias(slots, self.device)
+        self._bad_words = SlotBadWords(slots, self.device)
         self._max_prefill_tokens = max_prefill_tokens
         # Shared with the event loop, under the lock.
         self._lock = threading.Lock()
@@ -239,6 +243,7 @@ class SlotBatcher:
         self._running.pop(request.slot, None)
         self._penalties.released(request.slot)
         self._bias.released(request.slot)
+        self._bad_words.released(request.slot)
         self.positions_held -= request.length
         if self.prefixes is not None:
             self.prefixes.released(request.slot, (request.prompt + request.output)[: request.length] if keep else None)
@@ -309,6 +314,7 @@ class SlotBatcher:
         for request in requests:
             self._penalties.admitted(request, logits.shape[-1])
             self._bias.admitted(request, logits.shape[-1])
+            self._bad_words.admitted(request.slot, request.bad_words, request.prompt[len(request.prompt) - request.drawn:])
         rows = self._torch.tensor(slots, device=self.device)
         held = [(row, r) for row, r in enumerate(requests) if r.min_new_tokens > 0]
         first, picked_from = self._pick(logits, list(requests), rows, held)
@@ -378,11 +384,11 @@ class SlotBatcher:
     def _pick(self, logits: Any, by_row: list[SlotRequest | None], slots: Any,
               held: list[tuple[int, SlotRequest]]) -> tuple[Any, Any]:
         """The next token of each row (of slot ``slots``), on the device, past its request's
-        logit bias and penalties, and with no end token in the ``held`` rows (row, request: short
+        logit bias, penalties and bad words, and with no end token in the ``held`` rows (row, request: short
         of its ``min_new_tokens``): greedy, or with ``do_sample`` the temperature, top-p, top-k,
         min-p and seed of each row's request (``by_row``, read only then; None: a row no request
         holds). With the logits it was picked from (past all that), which log probabilities are of."""
-        logits = self._penalties.apply(self._bias.apply(logits, slots), slots)
+        logits = self._bad_words.apply(self._penalties.apply(self._bias.apply(logits, slots), slots), slots)
         if held:
             logits = logits.clone()
             for row, request in held:
@@ -391,6 +397,7 @@ class SlotBatcher:
                     logits[row, self._torch.tensor(sorted(ends), device=self.device)] = float("-inf")
         picked = self._sampler.sample(logits, by_row) if self._sampler is not None else logits.argmax(-1)
         self._penalties.count(slots, picked)
+        self._bad_words.picked(slots, picked)
         return picked, logits
 
 

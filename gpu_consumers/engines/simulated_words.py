@@ -2,8 +2,8 @@
 it), and how the next word is drawn: uniformly, as from equal logits, or, where a request asks for
 something that reweighs them (a logit bias, OpenAI's presence and frequency penalties, vLLM's
 repetition penalty, ``top_k``, ``min_p``, ``allowed_token_ids``, ``stop_token_ids`` held off by
-``min_tokens``), by
-``drawn_weights``; and a drawn word's log probability under the weights it was drawn from."""
+``min_tokens``, vLLM's ``bad_words``), by ``drawn_weights``; and a drawn word's log probability
+under the weights it was drawn from."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from tokenbus.gpu_consumers.engines.bad_words import bad_word_variants, banned_next
 from tokenbus.gpu_consumers.engines.base import GenerationInput, SamplingParams
 from tokenbus.schemas import TokenLogprob, TopLogprob, message_text
 
@@ -26,20 +27,23 @@ def reweighted(sampling: SamplingParams) -> bool:
     """Whether words are drawn by ``drawn_weights`` rather than uniformly."""
     return (sampling.penalized or bool(sampling.logit_bias) or bool(sampling.top_k) or bool(sampling.min_p)
             or sampling.repetition_penalty != 1 or bool(sampling.stop_token_ids and sampling.min_tokens)
-            or bool(sampling.allowed_token_ids))
+            or bool(sampling.allowed_token_ids) or bool(sampling.bad_words))
 
 
 @dataclass(slots=True)
 class Said:
     """What a sequence's words are weighed against: how often its output holds each word (OpenAI's
     presence and frequency penalties count those), the places of the vocabulary's words its prompt
-    holds (its repetition penalty counts both), and its logit bias and allowed words, read once a
-    sequence rather than once a word."""
+    holds (its repetition penalty counts both), its logit bias and allowed words, and its bad words
+    (vLLM's, as word sequences, with the output's words in order), read once a sequence rather than
+    once a word."""
 
     counts: dict[int, int] = field(default_factory=dict)
     prompt_words: frozenset[int] = frozenset()
     bias: dict[int, float] = field(default_factory=dict)
     allowed: frozenset[int] = frozenset()  # (empty: any)
+    bad: tuple[tuple[int, ...], ...] = ()
+    output: list[int] = field(default_factory=list)  # kept where there are bad words
 
     @classmethod
     def of(cls, inp: GenerationInput) -> Said:
@@ -48,10 +52,14 @@ class Said:
         if sampling.repetition_penalty != 1:
             words = {word for m in inp.messages for word in message_text(m).split()}
             prompt_words = frozenset(i for i, word in enumerate(VOCABULARY) if word in words)
-        return cls(prompt_words=prompt_words, bias=dict(sampling.logit_bias), allowed=frozenset(sampling.allowed_token_ids))
+        bad = tuple(ids for _, ids in bad_word_variants(sampling.bad_words, encode))
+        return cls(prompt_words=prompt_words, bias=dict(sampling.logit_bias), allowed=frozenset(sampling.allowed_token_ids),
+                   bad=bad)
 
     def add(self, token_id: int) -> None:
         self.counts[token_id] = self.counts.get(token_id, 0) + 1
+        if self.bad:
+            self.output.append(token_id)
 
 
 def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
@@ -59,7 +67,7 @@ def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
     ``logit_bias``, is divided by the repetition penalty where positive (multiplied where not) if
     the prompt or the output holds it, and loses the presence and frequency penalties where the
     output holds it: ``exp(logit - (presence + frequency * count))``; a word vLLM's
-    ``allowed_token_ids`` leaves out weighs nothing."""
+    ``allowed_token_ids`` leaves out, or its ``bad_words`` rule out next, weighs nothing."""
     presence, frequency, repetition = sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty
     bias, counts, allowed = said.bias, said.counts, said.allowed
     weights = []
@@ -71,6 +79,8 @@ def word_weights(sampling: SamplingParams, said: Said) -> list[float]:
         if repetition != 1 and (i in counts or i in said.prompt_words):
             logit = logit / repetition if logit > 0 else logit * repetition
         weights.append(math.exp(logit - (presence + frequency * counts[i] if i in counts else 0.0)))
+    for banned in banned_next(said.bad, said.output) if said.bad else ():
+        weights[banned] = 0.0
     return weights
 
 
@@ -140,6 +150,12 @@ def prompt_logprobs(prompt: str, top: int, token_ids: tuple[int, ...] = ()) -> t
         tokens = [(token, token.strip() in VOCABULARY) for token in re.findall(r"\s*\S+", prompt)]
     return tuple(TokenLogprob(token, 0.0) if i == 0 else TokenLogprob(token, uniform if said else -math.inf, likeliest)
                  for i, (token, said) in enumerate(tokens))
+
+
+def encode(text: str) -> list[int]:
+    """``text``'s words as the vocabulary's (none where one is not a word of it: never generated)."""
+    words = text.split()
+    return [VOCABULARY.index(w) for w in words] if all(w in VOCABULARY for w in words) else []
 
 
 def decode(token_ids: tuple[int, ...] | list[int]) -> str:

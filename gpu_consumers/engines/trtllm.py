@@ -29,6 +29,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tokenbus.gpu_consumers.engines import chat_template
+from tokenbus.gpu_consumers.engines.bad_words import bad_word_variants
 from tokenbus.gpu_consumers.engines.base import (
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -374,6 +375,9 @@ class TrtLlmEngine:
             return self._guided_decoding(regex=sampling.guided_regex)
         return self._guided_decoding(json_object=True)
 
+    def _encode_word(self, text: str) -> list[int]:
+        return list(self._llm.tokenizer.encode(text, add_special_tokens=False))
+
     def generate(self, inp: GenerationInput) -> _TrtStream:
         assert self._prompt_tokens is not None and self._token_texts is not None, "the engine is not started"
         tokenizer = self._llm.tokenizer  # the LLM API's wraps a Hugging Face one as .tokenizer
@@ -411,6 +415,8 @@ class TrtLlmEngine:
             repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1 else None,
             min_tokens=s.min_tokens - len(inp.prefix_token_ids) if s.min_tokens > len(inp.prefix_token_ids) else None,
             stop_token_ids=list(s.stop_token_ids) or None,
+            # vLLM's bad words as TensorRT-LLM's own, in each reading vLLM makes of one (engines/bad_words.py)
+            bad=[text for text, _ in bad_word_variants(s.bad_words, self._encode_word)] or None,
             guided_decoding=self._guide(s),
             # (at least one: a build may take 0 for none, as its ``logprobs`` does; the likeliest are cut to those asked)
             prompt_logprobs=max(s.prompt_logprobs or 0, 1) if scored else None,

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from tokenbus.schemas.request_checks import (
     ALLOWED_TOKEN_IDS_MAX,
+    BAD_WORD_CHARS_MAX,
+    BAD_WORDS_MAX,
     PENALTY_MAX,
     STOP_TOKEN_IDS_MAX,
     TEMPERATURE_MAX,
@@ -108,11 +110,11 @@ UNSUPPORTED = {
 # vLLM's sampling extensions that tokenbus does not serve (clients send them in ``extra_body``),
 # with the values that change nothing (and None): a request that sets one to anything else gets a
 # 400 naming it, not an answer sampled as if it had not. (``top_k``, ``min_p``, ``repetition_penalty``,
-# ``min_tokens``, ``stop_token_ids``, ``allowed_token_ids``, ``include_stop_str_in_output`` and
-# ``truncate_prompt_tokens`` are served: GenerationRequest.)
+# ``min_tokens``, ``stop_token_ids``, ``allowed_token_ids``, ``include_stop_str_in_output``,
+# ``truncate_prompt_tokens`` and ``bad_words`` are served: GenerationRequest.)
 VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,),
-    "use_beam_search": (False,), "bad_words": ([],),
+    "use_beam_search": (False,),
     "prompt_logprobs": (), "guided_grammar": (),
 }
 INT64 = 2**63 - 1
@@ -175,6 +177,10 @@ class GenerationRequest(BaseModel):
     # vLLM's: the only tokens the answer may hold.
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
                                                                          max_length=ALLOWED_TOKEN_IDS_MAX)
+    # vLLM's: words the answer may not hold (as the model's tokenizer reads each, with a space before
+    # it and without).
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=BAD_WORD_CHARS_MAX, pattern=r"\S")]] | None = Field(
+        default=None, max_length=BAD_WORDS_MAX)
     # vLLM's: the stop sequence that ended the answer stays in its text.
     include_stop_str_in_output: bool = False
     # vLLM's: the engine keeps the prompt's last this many tokens (left truncation, after templating).

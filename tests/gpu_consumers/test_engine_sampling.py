@@ -23,7 +23,10 @@ from tokenbus.gpu_consumers.engines import (
     SamplingParams,
     SimulatedEngine,
 )
+from tokenbus.gpu_consumers.engines.bad_words import bad_word_variants
 from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
+from tokenbus.gpu_consumers.engines.simulated_words import decode as simulated_decode
+from tokenbus.gpu_consumers.engines.simulated_words import encode as simulated_encode
 from tokenbus.schemas import ChatMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -120,6 +123,50 @@ async def test_allowed_token_ids_are_the_only_tokens_the_output_holds(engine):
         return
     ids = ids_of(await collect(engine, inp))
     assert len(ids) == 16 and set(ids) <= set(allowed)
+
+
+def coder(engine):
+    """How the engine reads a bad word, and writes token ids: its own tokenizer (the simulated
+    engine's: its words)."""
+    if isinstance(engine, SimulatedEngine):
+        return simulated_encode, simulated_decode
+    tokenizer = engine._llm.tokenizer if hasattr(engine, "_llm") else engine.tokenizer
+    return lambda text: tokenizer.encode(text, add_special_tokens=False), tokenizer.decode
+
+
+def holds(ids: list[int], sequence: tuple[int, ...]) -> bool:
+    return any(tuple(ids[i:i + len(sequence)]) == sequence for i in range(len(ids) - len(sequence) + 1))
+
+
+async def test_bad_words_never_end_in_the_output_and_a_takeover_keeps_to_them(engine):
+    """vLLM's ``bad_words``: a word of two tokens and one of one, each read by the engine's own
+    tokenizer as vLLM reads it (as it is, and with a space before it), taken from the plain
+    output, which holds them; the output asked to leave them out holds none of their readings, and
+    a sequence taken over midway gives the uninterrupted one's rest. Transformers' manager
+    batching refuses them."""
+    plain = ids_of(await collect(engine, request(71, "say it plainly", max_tokens=24)))
+    encode, decode = coder(engine)
+    words = []
+    for length in (2, 1):  # the first stretch of the plain output that reads back as a word it holds
+        for i in range(4, len(plain) - length):
+            word = decode(plain[i:i + length]).strip()
+            readings = [ids for _, ids in bad_word_variants([word], encode)] if word else []
+            if any(len(ids) == length and holds(plain, ids) for ids in readings):
+                words.append((word, readings))
+                break
+    assert len(words) == 2, f"no stretch of {plain} reads back as a word"
+    inp = request(71, "say it plainly", max_tokens=24, bad_words=tuple(word for word, _ in words))
+    if getattr(engine, "batching", None) == "manager":
+        with pytest.raises(InvalidInput, match="takes no bad_words"):
+            engine.generate(inp)
+        return
+    for asked in (words[:1], words):  # the word of two tokens alone (ruled out on the device in the slots), then both
+        inp = request(71, "say it plainly", max_tokens=24, bad_words=tuple(word for word, _ in asked))
+        outs = await collect(engine, inp)
+        ids = ids_of(outs)
+        assert ids != plain and len(ids) == 24
+        assert not any(holds(ids, reading) for _, readings in asked for reading in readings)
+    await continues_after_takeover(engine, inp, outs, 10)
 
 
 async def test_top_k_and_min_p_keep_the_likeliest_tokens_alone(engine):

@@ -151,7 +151,7 @@ async def test_a_logit_bias_reaches_the_engine_and_an_id_it_lacks_is_a_bad_reque
 
 async def test_vllm_s_sampling_extensions_reach_the_engine(client):
     """vLLM's sampling extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
-    ``stop_token_ids``, ``allowed_token_ids``), as its clients send them (``extra_body``), travel on the bus to the
+    ``stop_token_ids``, ``allowed_token_ids``, ``bad_words``), as its clients send them (``extra_body``), travel on the bus to the
     engine, for chat and text completions: each answer is what the stack's engine gives the request
     asking them (a word's id is its place in the simulated vocabulary)."""
     messages = [{"role": "user", "content": "Keep to the likeliest."}]
@@ -173,6 +173,15 @@ async def test_vllm_s_sampling_extensions_reach_the_engine(client):
     expected = await expected_output(messages, seed=47, max_tokens=12, allowed_token_ids=(2, 3))
     assert allowed.choices[0].message.content == expected.text
     assert set(expected.text.split()) <= {VOCABULARY[2], VOCABULARY[3]}
+    plain = await expected_output(messages, seed=47, max_tokens=20)
+    said = plain.text.split()
+    bad = [f"  {said[2]} {said[3]}", said[5]]  # a word of two tokens (leading spaces dropped) and one of one
+    refused = await client.chat.completions.create(model=MODEL, messages=messages, seed=47, max_tokens=20,
+                                                   extra_body={"bad_words": bad})
+    expected = await expected_output(messages, seed=47, max_tokens=20, bad_words=tuple(bad))
+    assert refused.choices[0].message.content == expected.text != plain.text
+    kept = expected.text.split()
+    assert said[5] not in kept and (said[2], said[3]) not in set(zip(kept, kept[1:], strict=False))
 
 
 class Trip(pydantic.BaseModel):

@@ -63,6 +63,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # end the output ("stop") as the end token would
     guided_decoding: Any = None  # llmapi.GuidedDecodingParams: the output is its answer's tokens, then "stop"
     prompt_logprobs: int | None = None  # each prompt token's after the first, with this many likeliest
+    bad: str | list[str] | None = None  # words (each tokenized as it is) whose last token never ends them
 
 
 @dataclass
@@ -130,6 +131,8 @@ class RequestOutput:
         self._guided = self._guided_tokens()
         self._stop_ids = {stop: ids for stop in params.stop or []
                           if (ids := llm.tokenizer.encode(stop, add_special_tokens=False))}
+        bad = [params.bad] if isinstance(params.bad, str) else params.bad or []
+        self._bad_ids = [ids for word in bad if (ids := llm.tokenizer.encode(word, add_special_tokens=False))]
         self._engine = asyncio.get_running_loop().create_task(self._iterate())
 
     def abort(self) -> None:
@@ -145,8 +148,8 @@ class RequestOutput:
                 return
             held = set(self._params.stop_token_ids or []) if len(self.generated) < (self._params.min_tokens or 0) else set()
             token = (guided[len(self.generated)] if guided is not None else
-                     self._llm.token_for(self.prompt_token_ids + self.generated, self._penalized() | held,
-                                         self._logits_processors()))
+                     self._llm.token_for(self.prompt_token_ids + self.generated,
+                                         self._penalized() | held | self._banned(), self._logits_processors()))
             self.generated.append(token)
             pending.append(token)
             # Stop strings end generation whether or not outputs carry text, matched as the real
@@ -179,6 +182,11 @@ class RequestOutput:
         if not (params.presence_penalty or params.frequency_penalty):
             return set()
         return set(self.prompt_token_ids[params.prompt_ignore_length:] + self.generated)
+
+    def _banned(self) -> set[int]:
+        """The bad words' last tokens the next may not be: each where the output ends with the rest of it."""
+        return {ids[-1] for ids in self._bad_ids
+                if len(ids) == 1 or self.generated[len(self.generated) - len(ids) + 1:] == ids[:-1]}
 
     def _guided_tokens(self) -> list[int] | None:
         """A guided request's whole output (its answer's tokens); None for an unguided one. The real
