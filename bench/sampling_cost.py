@@ -5,8 +5,9 @@ The same requests (a short question each, ``OUTPUT_TOKENS`` tokens generated pas
 ``CONCURRENCY`` at once, plain and with each of ``ASKED`` on every request: OpenAI's presence and
 frequency penalties (the slots' counts, taken off the logits), vLLM's repetition penalty (a mark of
 the tokens the prompt and output hold, a select over the logits), log probabilities with five
-likeliest tokens (a log-softmax and a top-k a step) and a logit bias on OpenAI's most tokens (300:
-a bias row a slot, added to the logits). Rounds alternate between them, so each option is
+likeliest tokens (a log-softmax and a top-k a step), a logit bias on OpenAI's most tokens (300:
+a bias row a slot, added to the logits) and vLLM's bad words (16: the one-token ones in the bias
+row, the longer ones each slot's last tokens compared on the device a step). Rounds alternate between them, so each option is
 measured beside plain decoding on a machine whose speed drifts; output tokens/s and the ratio to
 plain. Then what scoring a prompt costs (a text completion's ``echo`` with ``logprobs``, as
 evaluation harnesses send it): ``SCORED_REQUESTS`` distinct text prompts of about
@@ -30,6 +31,11 @@ from typing import Any
 from tokenbus.gpu_consumers.engines import GenerationInput, SamplingParams
 from tokenbus.schemas import ChatMessage
 
+# vLLM's bad words: phrases of two and three words (each read with and without a space before it,
+# about 32 token sequences on the device) and a few single words.
+BAD_WORDS = ("red bus", "blue train", "green tram", "yellow ferry", "over the hill", "under the bridge",
+             "far away", "long ago", "once more", "right now", "by the way", "in the end", "zebra", "quokka",
+             "axolotl", "narwhal")
 # What a request may ask beyond plain greedy decoding, as a request sets it, for the rows that
 # measure what each costs the engine: OpenAI's penalties, vLLM's repetition penalty, log
 # probabilities with five likeliest, and a logit bias on OpenAI's most tokens (300; small, so that
@@ -37,7 +43,8 @@ from tokenbus.schemas import ChatMessage
 ASKED: dict[str, dict[str, Any]] = {"penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
                                     "repetition penalty": {"repetition_penalty": 1.2},
                                     "logprobs (top 5)": {"logprobs": 5},
-                                    "logit bias (300 tokens)": {"logit_bias": tuple((1000 + i, -1.0) for i in range(300))}}
+                                    "logit bias (300 tokens)": {"logit_bias": tuple((1000 + i, -1.0) for i in range(300))},
+                                    "bad words (16)": {"bad_words": BAD_WORDS}}
 PLAIN = "plain"
 # A prompt scored with this many likeliest tokens a place (lm-evaluation-harness asks for one).
 SCORED: dict[str, int] = {"prompt logprobs (top 1)": 1, "prompt logprobs (top 5)": 5}
