@@ -411,6 +411,11 @@ class ReplyRouter:
         stream = self._streams.get(request_id)
         if stream is None or self._stream_partitions.get(request_id) != tp:
             return
+        if stream.forward is not None:
+            # One of a group's (a response's choices): it takes fetched records alone, so that the
+            # group's events come in the log's order, which its resume by one event id relies on
+            # (a hand-over from one writer can overtake another writer's records fetched later).
+            return
         stream.offer(ReplyEvent(event, handed.partition, offset))
         if stream.done:
             self.close(request_id)

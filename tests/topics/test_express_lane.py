@@ -20,7 +20,7 @@ from tests.topics.express import codec, handed_over
 from tests.topics.test_batching import publishing
 from tests.waiting import wait_for
 from tokenbus.schemas import TokenEvent
-from tokenbus.topics import ReplyRouter, TopicCatalog, make_producer
+from tokenbus.topics import ReplyGroup, ReplyRouter, TopicCatalog, make_producer
 from tokenbus.topics.clients import PROFILES
 from tokenbus.topics.doorbell import Doorbell
 from tokenbus.topics.lane_watch import LaneWatch
@@ -268,3 +268,41 @@ async def test_output_moderation_takes_each_record_of_a_rolled_log_once_in_order
         await admin.close()
     assert [offset for offset, *_ in handled] == list(range(len(handled)))
     assert [text for *_, text in handled] == [f"a:{n}" for n in range(len(handled))]
+
+
+async def test_a_group_s_members_take_fetched_events_alone_so_the_group_keeps_the_log_s_order(embedded):
+    """A response's choices (ReplyGroup) come in the order of the log, which resuming them by one
+    event id relies on: a hand-over from one writer, ahead of another writer's record at a lower
+    offset, is left to the fetch."""
+    router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
+    await router.start()
+    producer = make_producer(embedded)
+    await producer.start()
+    assert embedded.doorbell_url
+    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+    log = TopicPartition(router.reply_topic, router.reply_partition)
+
+    def event(request_id: str, seq: int, final: bool = False) -> bytes:
+        return codec.encode(TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq],
+                                       finish_reason="stop" if final else None))
+
+    async def write(request_id: str, seq: int, final: bool = False) -> int:
+        written = await producer.send_and_wait(log.topic, event(request_id, seq, final), key=request_id.encode(),
+                                               partition=log.partition)
+        return int(written.offset)
+
+    try:
+        group = ReplyGroup("choices", [router.open("choices-0"), router.open("choices-1")])
+        # choices-0's writer hands its first event over at the offset it will have, before
+        # choices-1's writer has written the record before it.
+        lane.hand_over(log.topic, log.partition, 1, b"choices-0", event("choices-0", 0))
+        await asyncio.sleep(0.3)
+        assert [await write("choices-1", 0), await write("choices-0", 0)] == [0, 1]
+        await write("choices-1", 1, final=True)
+        await write("choices-0", 1, final=True)
+        offsets = [r.offset async for r in group.events(idle_timeout=10)]
+    finally:
+        await lane.close()
+        await producer.stop()
+        await router.stop()
+    assert offsets == [0, 1, 2, 3]
