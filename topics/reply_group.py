@@ -4,7 +4,7 @@ order and drops its own repeats (reply_stream.py) and forwards what it delivers 
 reply router (or a replay) offers it: so the group's events come out in the order they were read
 from the log, which is what lets a client resume the group by one event id or by a chunk count.
 (For that order a member takes fetched records alone, not the express lane's hand-overs, which
-could overtake another writer's records: topics/replies.py.)
+could overtake another writer's records: topics/replies.py.)"""
 
 from __future__ import annotations
 
