@@ -90,26 +90,44 @@ async def test_what_one_pass_hands_over_goes_to_redis_at_once_and_arrives_in_ord
     assert (lane.publisher.writes, lane.publisher.dropped) == (2, 0)
 
 
-async def test_a_router_takes_a_handed_over_event_once_whichever_copy_comes_first(embedded):
-    router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
-    await router.start()
-    producer = make_producer(embedded)
-    await producer.start()
-    assert embedded.doorbell_url
-    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
-    log = TopicPartition(router.reply_topic, router.reply_partition)
+class LaneToRouter:
+    """A reply router on a rolled log of its own, a producer that writes token events to that log,
+    and the express lane that hands them to the router."""
 
-    async def write(request_id: str, seq: int, final: bool = False) -> int:
-        event = TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq], finish_reason="stop" if final else None)
-        written = await producer.send_and_wait(log.topic, codec.encode(event), key=request_id.encode(),
-                                               partition=log.partition)
+    def __init__(self, embedded) -> None:
+        assert embedded.doorbell_url
+        self.router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
+        self.producer = make_producer(embedded)
+        self.lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
+
+    async def __aenter__(self) -> LaneToRouter:
+        await self.router.start()
+        await self.producer.start()
+        self.log = TopicPartition(self.router.reply_topic, self.router.reply_partition)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.lane.close()
+        await self.producer.stop()
+        await self.router.stop()
+
+    @staticmethod
+    def event(request_id: str, seq: int, final: bool = False) -> bytes:
+        return codec.encode(TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq],
+                                       finish_reason="stop" if final else None))
+
+    async def write(self, request_id: str, seq: int, final: bool = False) -> int:
+        written = await self.producer.send_and_wait(self.log.topic, self.event(request_id, seq, final),
+                                                    key=request_id.encode(), partition=self.log.partition)
         return int(written.offset)
 
-    def hand(request_id: str, seq: int, offset: int) -> None:
-        value = codec.encode(TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq]))
-        lane.hand_over(log.topic, log.partition, offset, request_id.encode(), value)
+    def hand(self, request_id: str, seq: int, offset: int) -> None:
+        self.lane.hand_over(self.log.topic, self.log.partition, offset, request_id.encode(), self.event(request_id, seq))
 
-    try:
+
+async def test_a_router_takes_a_handed_over_event_once_whichever_copy_comes_first(embedded):
+    async with LaneToRouter(embedded) as bus:
+        router, write, hand = bus.router, bus.write, bus.hand
         early, late = router.open("req-early"), router.open("req-late")
         early_events, late_events = early.events(idle_timeout=10), late.events(idle_timeout=10)
         # Handed over before it is in the log (its writer is slow to be fetched): the stream has it
@@ -127,10 +145,6 @@ async def test_a_router_takes_a_handed_over_event_once_whichever_copy_comes_firs
         await write("req-late", 1, final=True)
         rest_early = [r.event.seq async for r in early_events]
         rest_late = [r.event.seq async for r in late_events]
-    finally:
-        await lane.close()
-        await producer.stop()
-        await router.stop()
     assert rest_early == [1] and rest_late == [1]
     assert router.open_streams == 0
 
@@ -274,35 +288,14 @@ async def test_a_group_s_members_take_fetched_events_alone_so_the_group_keeps_th
     """A response's choices (ReplyGroup) come in the order of the log, which resuming them by one
     event id relies on: a hand-over from one writer, ahead of another writer's record at a lower
     offset, is left to the fetch."""
-    router = ReplyRouter(embedded, partitions=[0], rotate_every_s=3600, roll_logs=True, keep_s=60.0)
-    await router.start()
-    producer = make_producer(embedded)
-    await producer.start()
-    assert embedded.doorbell_url
-    lane = Doorbell(embedded.doorbell_url, embedded.topic_prefix, ring_every_s=60)
-    log = TopicPartition(router.reply_topic, router.reply_partition)
-
-    def event(request_id: str, seq: int, final: bool = False) -> bytes:
-        return codec.encode(TokenEvent(request_id, seq, f"{request_id}:{seq}", [seq],
-                                       finish_reason="stop" if final else None))
-
-    async def write(request_id: str, seq: int, final: bool = False) -> int:
-        written = await producer.send_and_wait(log.topic, event(request_id, seq, final), key=request_id.encode(),
-                                               partition=log.partition)
-        return int(written.offset)
-
-    try:
-        group = ReplyGroup("choices", [router.open("choices-0"), router.open("choices-1")])
+    async with LaneToRouter(embedded) as bus:
+        group = ReplyGroup("choices", [bus.router.open("choices-0"), bus.router.open("choices-1")])
         # choices-0's writer hands its first event over at the offset it will have, before
         # choices-1's writer has written the record before it.
-        lane.hand_over(log.topic, log.partition, 1, b"choices-0", event("choices-0", 0))
+        bus.hand("choices-0", 0, offset=1)
         await asyncio.sleep(0.3)
-        assert [await write("choices-1", 0), await write("choices-0", 0)] == [0, 1]
-        await write("choices-1", 1, final=True)
-        await write("choices-0", 1, final=True)
+        assert [await bus.write("choices-1", 0), await bus.write("choices-0", 0)] == [0, 1]
+        await bus.write("choices-1", 1, final=True)
+        await bus.write("choices-0", 1, final=True)
         offsets = [r.offset async for r in group.events(idle_timeout=10)]
-    finally:
-        await lane.close()
-        await producer.stop()
-        await router.stop()
     assert offsets == [0, 1, 2, 3]
