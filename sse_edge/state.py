@@ -23,7 +23,7 @@ from tokenbus.sse_edge.plumbing.history import ConversationHistory
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
 from tokenbus.sse_edge.plumbing.ratelimit import Bucket, RateLimiter
-from tokenbus.sse_edge.plumbing.relay import RelayHooks
+from tokenbus.sse_edge.plumbing.relay import Choices, RelayHooks
 from tokenbus.sse_edge.plumbing.streams import StreamRecord, StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.keys import KeyStore
@@ -179,25 +179,23 @@ class TurnHooks(RelayHooks):
     its token buckets (none for a resumed stream: the edge that admitted it charges them), a
     client that went away has the generation cancelled unless it resumes within the grace window,
     and a stream nothing answered is closed as incomplete. A response with several choices
-    (``choices``, each a generation of its own) does so for each choice that has not ended."""
+    (``choices``, each a generation of its own) does so for each choice the relay has not seen end."""
 
-    __slots__ = ("_edge", "_request_id", "_token_buckets", "_open_choices")
+    __slots__ = ("_edge", "_request_id", "_token_buckets", "_choices")
 
     def __init__(self, edge: EdgeState, request_id: str, token_buckets: list[Bucket] | None = None,
-                 choices: Sequence[str] = ()) -> None:
+                 choices: Choices | None = None) -> None:
         self._edge = edge
         self._request_id = request_id
         self._token_buckets = token_buckets
-        self._open_choices = set(choices) if choices else None
+        self._choices = choices if choices is not None and choices.several else None
 
     async def on_final(self, event: TokenEvent) -> None:
         if self._token_buckets:
             self._edge.admission.charge_completion(self._token_buckets, event.completion_tokens or 0)
-        if self._open_choices is not None:
-            self._open_choices.discard(event.request_id)
 
     def _unfinished(self) -> list[str]:
-        return [self._request_id] if self._open_choices is None else sorted(self._open_choices)
+        return [self._request_id] if self._choices is None else self._choices.unfinished()
 
     def on_abandoned(self) -> None:
         self._edge.in_background(self._edge.cancel_unless_resumed(self._request_id, self._unfinished()))

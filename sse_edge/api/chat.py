@@ -132,7 +132,7 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_requests: li
         tracing.end(span, exc)
         raise
     choices = Choices(response_id, reply_stream.request_ids, per_prompt)
-    hooks = TurnHooks(edge, response_id, admitted.token_buckets, choices.ids if choices.several else ())
+    hooks = TurnHooks(edge, response_id, admitted.token_buckets, choices)
     events = live_events(edge, reply_stream, span, registering)
     text = first.text_prompt  # answered in a text completion's shapes
     # As OpenAI's responses say it (the openai client's ``_request_id``): here, the completion's id.

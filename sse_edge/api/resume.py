@@ -108,7 +108,7 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
                     idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec, members=record.choices)
     choices = Choices(record.request_id, record.choices, record.choices_per_prompt)
     # Nothing to charge: the edge that admitted the turn does.
-    hooks = TurnHooks(edge, record.request_id, choices=record.choices)
+    hooks = TurnHooks(edge, record.request_id, choices=choices)
     if stream:
         created_at_ms = record.created_at_ms
         if not created_at_ms and record.request:  # a record written before the request's time was kept

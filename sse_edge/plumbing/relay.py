@@ -103,6 +103,10 @@ class Choices:
     def index_of(self, request_id: str) -> int:
         return self.ids.index(request_id) if self.several else 0
 
+    def unfinished(self) -> list[str]:
+        """The choices whose final event has not been counted in."""
+        return sorted(self._open)
+
     def ended(self, event: TokenEvent) -> bool:
         """Count a choice's final event in; whether every choice has now ended."""
         self._open.discard(event.request_id)
