@@ -20,7 +20,7 @@ from tokenbus.gpu_consumers.engines import (
 from tokenbus.gpu_consumers.scheduler import Pending
 from tokenbus.gpu_consumers.token_log import Published
 from tokenbus.schemas import now_ms
-from tokenbus.schemas.request_checks import INVALID_REQUEST
+from tokenbus.schemas.request_checks import DEADLINE_PASSED, INVALID_REQUEST
 
 
 def stop_reason(cancel_reason: str) -> str:
@@ -74,7 +74,7 @@ class RunningSequence:
         if self.cancelled:
             return _one(StepOutput("", (), 0, len(request.prefix_token_ids) + len(published.token_ids), FINISH_CANCELLED))
         if self._expired(published):
-            return _one(StepOutput("", (), 0, 0, FINISH_ERROR, "deadline passed while queued"))
+            return _one(StepOutput("", (), 0, 0, FINISH_ERROR, DEADLINE_PASSED))
         if self.refused is None:
             try:
                 self.stream = engine.generate(self._input(published))

@@ -35,6 +35,8 @@ REQUEST_ID_MAX_CHARS = 256
 # The reason a request out of range is refused with on the bus (a dead letter's reason, and the
 # start of its answer's ``error``: "invalid_request: why"), which an edge turns into a 400.
 INVALID_REQUEST = "invalid_request"
+# The error of a request whose deadline (``deadline_ms``) passed before a GPU consumer began it.
+DEADLINE_PASSED = "deadline passed while queued"
 TOP_LOGPROBS_MAX = 20  # OpenAI's chat completions: top_logprobs in [0, 20], and only with logprobs
 LOGIT_BIAS_MAX = 100.0  # OpenAI's: each bias in [-100, 100]
 LOGIT_BIAS_MAX_TOKENS = 300  # tokens one request may bias (OpenAI's limit)

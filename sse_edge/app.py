@@ -9,12 +9,14 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenbus.sse_edge.api.batches import cancel_batch, create_batch, list_batches, retrieve_batch
 from tokenbus.sse_edge.api.cancel import cancel_completion
 from tokenbus.sse_edge.api.chat import chat_completions
 from tokenbus.sse_edge.api.completions import completions
 from tokenbus.sse_edge.api.console import console, console_root
 from tokenbus.sse_edge.api.continuation import continue_turn
 from tokenbus.sse_edge.api.conversations import list_conversations, list_messages
+from tokenbus.sse_edge.api.files import delete_file, file_content, list_files, retrieve_file, upload_file
 from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_key
 from tokenbus.sse_edge.api.models import list_models, retrieve_model
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
@@ -85,6 +87,15 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/files", upload_file, methods=["POST"]),
+            Route("/v1/files", list_files, methods=["GET"]),
+            Route("/v1/files/{file_id}", retrieve_file, methods=["GET"]),
+            Route("/v1/files/{file_id}", delete_file, methods=["DELETE"]),
+            Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
+            Route("/v1/batches", create_batch, methods=["POST"]),
+            Route("/v1/batches", list_batches, methods=["GET"]),
+            Route("/v1/batches/{batch_id}", retrieve_batch, methods=["GET"]),
+            Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),

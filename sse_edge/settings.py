@@ -120,6 +120,14 @@ class EdgeSettings(BaseSettings):
     # none: turns are just left out), and how long a summary may be.
     history_summaries: Annotated[dict[str, str], NoDecode] = {}
     history_summary_max_tokens: int = 256
+    # OpenAI's Files and Batch APIs. An uploaded file's largest size (kept in Redis), how long
+    # files and batches are kept, a batch's most requests (OpenAI's: 200 MB, 30 days, 50,000),
+    # how long an upload may take, and the tier a batch's requests run at (unset: the lowest).
+    max_file_bytes: int = Field(default=100_000_000, ge=1)
+    file_ttl_s: int = 30 * 86_400
+    file_body_timeout_s: float = 300.0
+    max_batch_requests: int = Field(default=50_000, ge=1)
+    batch_tier: str | None = None
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",
@@ -134,6 +142,16 @@ class EdgeSettings(BaseSettings):
                 raise ValueError("reply_partitions_per_ordinal needs a host name ending with -<ordinal>")
             first = int(ordinal.group(1)) * block
             self.reply_partitions = list(range(first, first + block))
+        return self
+
+    @property
+    def batch_requests_tier(self) -> str:
+        return self.batch_tier or self.bus.tiers[-1]
+
+    @model_validator(mode="after")
+    def _batch_tier_is_a_tier(self) -> EdgeSettings:
+        if self.batch_tier is not None and self.batch_tier not in self.bus.tiers:
+            raise ValueError(f"batch_tier {self.batch_tier!r} must be one of TOKENBUS_TIERS {self.bus.tiers}")
         return self
 
     @model_validator(mode="after")

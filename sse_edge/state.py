@@ -1,5 +1,5 @@
 """Everything one edge process holds: its bus client (the SDK's, with the broker watch),
-Redis (keys, rate limits, stream records), admission, metrics, and the transcript store."""
+Redis (keys, rate limits, stream records, files and batches), admission, metrics, and the transcript store."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from tokenbus.sse_edge.plumbing.ratelimit import Bucket, RateLimiter
 from tokenbus.sse_edge.plumbing.relay import Choices, RelayHooks
 from tokenbus.sse_edge.plumbing.streams import StreamRecord, StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
+from tokenbus.stores.batches import BatchStore
+from tokenbus.stores.files import FileStore
 from tokenbus.stores.keys import KeyStore
 from tokenbus.stores.redis_client import redis_client
 from tokenbus.stores.transcripts import TranscriptStore, open_store
@@ -54,6 +56,8 @@ class EdgeState:
         self.auth = Authenticator(self.keys, settings.key_cache_ttl_s)
         self.limiter = RateLimiter(self.redis, settings.redis_prefix, settings.redis_failure_mode)
         self.streams = StreamRegistry(self.redis, settings.redis_prefix, settings.stream_ttl_s)
+        self.files = FileStore(self.redis, settings.redis_prefix, settings.file_ttl_s)
+        self.batches = BatchStore(self.redis, settings.redis_prefix, settings.file_ttl_s)
         self.queues = QueueDepthMonitor(settings.bus, gauge=self.metrics.queue_depth)
         self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings, self.metrics)
         self._background: set[asyncio.Task[None]] = set()

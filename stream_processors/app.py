@@ -2,7 +2,7 @@
 metrics and usage reports, and a timer exporting each processor's consumer lag.
 
 Agents stay thin (decode, hand to a handler, move on); the handlers live with their job
-(``moderation/``, ``transcripts/``, ``billing/``) and know nothing of faust.
+(``moderation/``, ``transcripts.py``, ``billing.py``, ``batches.py``) and know nothing of faust.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenbus.moderation import Policy
 from tokenbus.schemas import ChatRequest, Completion, TokenEvent
+from tokenbus.stores.batches import BatchStore
 from tokenbus.stores.billing.clickhouse import UsageWriter
 from tokenbus.stores.billing.prices import PriceTable
 from tokenbus.stores.billing.report import UsageQuery, reconcile, request_usage, usage_report
+from tokenbus.stores.redis_client import redis_client
 from tokenbus.stores.transcripts import open_store
+from tokenbus.stream_processors.batches import BatchOutcomes
 from tokenbus.stream_processors.billing import ClickHouseSink
 from tokenbus.stream_processors.context import ProcessorContext
 from tokenbus.stream_processors.moderation.ingress import IngressModeration
@@ -113,6 +116,8 @@ def create_app(settings: ProcessorSettings | None = None) -> faust.App:
     if "transcripts" in jobs:
         add_transcripts(app, ctx, policy)
     sink = add_billing(app, ctx) if "billing" in jobs else None
+    if "batches" in jobs:
+        add_batches(app, ctx)
     add_pages(app, ctx, sink)
     add_lag_timer(app, ctx)
     add_fetch_pacing(app, ctx, pacer)
@@ -179,6 +184,18 @@ def add_transcripts(app: faust.App, ctx: ProcessorContext, policy: Policy) -> No
     async def write_transcripts(stream: faust.StreamT) -> None:
         async for event in stream.events():
             await ctx.process(writer.name, event.message, Completion, writer.handle)
+
+
+def add_batches(app: faust.App, ctx: ProcessorContext) -> None:
+    settings = ctx.settings
+    client = redis_client(settings.redis_url, settings.redis_cluster)
+    ctx.closing.append(client.aclose)
+    outcomes = BatchOutcomes(BatchStore(client, settings.redis_prefix))
+
+    @app.agent(topic(app, ctx.catalog.completions), name=outcomes.name)
+    async def keep_batch_outcomes(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            await ctx.process(outcomes.name, event.message, Completion, outcomes.handle)
 
 
 def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tokenbus.producers import PrefixRouter, RequestPublisher
 from tokenbus.schemas import DecodeError, Record, SchemaRegistryError
@@ -43,7 +45,7 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     """Failures of something outside the record (a store, the broker, the schema registry): retry,
     never dead-letter."""
     errors: list[type[BaseException]] = [OSError, KafkaError, sqlite3.OperationalError, TimeoutError,
-                                         SchemaRegistryError]
+                                         SchemaRegistryError, RedisConnectionError, RedisTimeoutError]
     try:
         from clickhouse_connect.driver.exceptions import OperationalError
 
@@ -87,6 +89,7 @@ class ProcessorContext:
         self._placement: PrefixRouter | None = None
         self._publisher_lock = asyncio.Lock()
         self.positions: dict[tuple[str, str, int], int] = {}  # (processor, topic, partition) -> next offset
+        self.closing: list[Callable[[], Awaitable[None]]] = []  # what the jobs opened, closed on stop
 
     async def producer(self) -> AIOKafkaProducer:
         async with self._producer_lock:
@@ -102,6 +105,8 @@ class ProcessorContext:
             await self._placement.stop()
         if self._producer is not None:
             await self._producer.stop()
+        for close in self.closing:
+            await close()
 
     async def sender(self) -> RecordSender:
         await self.producer()

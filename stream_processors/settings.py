@@ -16,7 +16,7 @@ from tokenbus.topics.collector import GC_THRESHOLD
 from tokenbus.topics.event_loops import EventLoop
 from tokenbus.topics.settings import split_csv
 
-JOBS = ("moderation", "transcripts", "billing")
+JOBS = ("moderation", "transcripts", "billing", "batches")
 
 
 class ProcessorSettings(BaseSettings):
@@ -28,8 +28,13 @@ class ProcessorSettings(BaseSettings):
     moderation: ModerationSettings = Field(default_factory=ModerationSettings)
     # The consumer group is `<topic prefix><app_id>`; workers sharing it share the partitions.
     app_id: str = "processors"
-    # Which jobs this worker runs: moderation, transcripts, billing (ClickHouse: usage and decisions).
+    # Which jobs this worker runs: moderation, transcripts, billing (ClickHouse: usage and decisions),
+    # batches (each batch request's outcome, kept in Redis for the edge's Batch API).
     jobs: Annotated[list[str], NoDecode] = list(JOBS)
+    # The Redis the edges keep batches in (TOKENBUS_EDGE_REDIS_*): the batches job writes there.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_cluster: bool = False
+    redis_prefix: str = "tokenbus:"
     host: str = "127.0.0.1"
     port: int = 8702
     loop: EventLoop = "auto"  # topics/event_loops.py

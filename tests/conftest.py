@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,9 @@ from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
 from tokenbus.moderation.policy import DEFAULT_POLICY_FILE
+from tokenbus.stores.batches import BatchStore
+from tokenbus.stores.files import FileStore
+from tokenbus.stores.redis_client import redis_client
 from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
 
 # The simulated engine every stack process runs; tests rebuild it in-process to know
@@ -144,6 +147,17 @@ def embedded(bus: BusSettings) -> BusSettings:
     """``bus`` with the embedded broker's client profile (doorbell, express lane, pacing)."""
     assert bus.doorbell_url, "the test stack runs Redis, so its bus has a doorbell"
     return bus.model_copy(update={"broker": "embedded"})
+
+
+@pytest.fixture
+async def batch_stores() -> AsyncIterator[tuple[BatchStore, FileStore]]:
+    """The batch and file stores on the real Redis, under a prefix of their own (removed after)."""
+    client = redis_client("redis://127.0.0.1:6379/0")
+    prefix = f"test-batches-{uuid.uuid4().hex[:8]}:"
+    yield BatchStore(client, prefix, ttl_s=60), FileStore(client, prefix, ttl_s=60)
+    async for key in client.scan_iter(f"{prefix}*"):
+        await client.delete(key)
+    await client.aclose()
 
 
 @pytest.fixture(scope="session")

@@ -195,12 +195,14 @@ class EmbeddedStack:
         return worker
 
     def start_processors(self, name: str, port: int, env: dict[str, str] | None = None) -> ManagedProcess:
-        """The faust worker: moderation, transcripts and billing (one process owns chDB's directory)."""
+        """The faust worker: moderation, transcripts, billing and batches (one process owns chDB's directory)."""
         processors_env = {
             **self.bus_env(),
             "TOKENBUS_PROC_HOST": self.settings.host,
             "TOKENBUS_PROC_PORT": str(port),
             "TOKENBUS_PROC_DATA_DIR": str(self.run_dir / f"{name}-data"),
+            "TOKENBUS_PROC_REDIS_URL": self.settings.redis_url,
+            "TOKENBUS_PROC_REDIS_PREFIX": self.settings.redis_prefix,
             **(env or {}),
         }
         processors = self._spawn(name, [sys.executable, "-m", "tokenbus.stream_processors"], processors_env,

@@ -43,17 +43,23 @@ def chunk_id(event_id: str, index: int, chunks: int) -> str:
 
 
 def generation_error(event: TokenEvent) -> ApiError | None:
-    if event.finish_reason in CLIENT_FINISH_REASONS:
+    return finish_error(event.finish_reason, event.error)
+
+
+def finish_error(finish_reason: str | None, error: str | None) -> ApiError | None:
+    """The error a generation that ended so (a final event's, a Completion's) is answered with;
+    None where it ended as a client expects."""
+    if finish_reason in CLIENT_FINISH_REASONS:
         return None
-    if event.finish_reason == "cancelled" and not event.error:
+    if finish_reason == "cancelled" and not error:
         # OpenAI's chat completions know no cancelled finish: the stream ends with an error event
         # that says so, not with a server error (the client, or its disconnect, asked for it).
         return ApiError(409, "The generation was cancelled before it finished.", "invalid_request_error",
                         code="generation_cancelled")
-    if event.error and event.error.startswith(REFUSED_AS_ASKED):  # the engine cannot do what it asks
-        return InvalidRequest(f"The model cannot serve the request as asked: {event.error[len(REFUSED_AS_ASKED):]}",
+    if error and error.startswith(REFUSED_AS_ASKED):  # the engine cannot do what it asks
+        return InvalidRequest(f"The model cannot serve the request as asked: {error[len(REFUSED_AS_ASKED):]}",
                               code=INVALID_REQUEST)
-    message = event.error or f"generation ended: {event.finish_reason}"
+    message = error or f"generation ended: {finish_reason}"
     return ServerError(f"The model could not complete the request: {message}", code="generation_failed")
 
 

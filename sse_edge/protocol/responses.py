@@ -113,15 +113,16 @@ def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
 def completion_body(
     request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
     tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0, text_completion: bool = False,
-    logprobs: Sequence[TokenLogprob] = (), prompt_logprobs: Sequence[TokenLogprob] = (),
+    logprobs: Sequence[TokenLogprob] = (), prompt_logprobs: Sequence[TokenLogprob] = (), created: int | None = None,
 ) -> dict[str, Any]:
     """A ``chat.completion``; with ``text_completion``, the ``text_completion`` of OpenAI's legacy
     ``/v1/completions`` (a choice's ``text`` in place of its message: with ``echo``, the prompt and
     then the completion). ``logprobs``: its content tokens', where the request asked for them, after
-    an echoed prompt's (``prompt_logprobs``, protocol/logprobs.py)."""
+    an echoed prompt's (``prompt_logprobs``, protocol/logprobs.py). ``created``: now, unless given."""
+    created = int(time.time()) if created is None else created
     if text_completion:
         scored = TextLogprobs().of(logprobs, prompt_logprobs) if logprobs or prompt_logprobs else None
-        return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        return {"id": request_id, "object": "text_completion", "created": created, "model": model,
                 "system_fingerprint": None,
                 "choices": [{"index": 0, "text": text, "logprobs": scored, "finish_reason": finish_reason}],
                 "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens)}
@@ -131,7 +132,7 @@ def completion_body(
     return {
         "id": request_id,
         "object": "chat.completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "system_fingerprint": None,
         "choices": [

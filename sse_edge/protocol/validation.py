@@ -76,7 +76,12 @@ def parse_body(body: dict[str, Any], model: type[Body]) -> Body:
 
 
 def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequest:
-    body = json_object(raw)
+    return chat_request_of(json_object(raw), settings)
+
+
+def chat_request_of(body: dict[str, Any], settings: EdgeSettings) -> ChatCompletionRequest:
+    """A chat completion's body, checked (an ``ApiError`` says what is wrong): an HTTP request's, or
+    a line's of a batch."""
     reject_unsupported(body)
     reject_vllm_sampling(body)
     chat = parse_body(body, ChatCompletionRequest)
@@ -87,8 +92,11 @@ def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequ
 
 
 def parse_completion_request(raw: bytes, settings: EdgeSettings) -> CompletionRequest:
+    return completion_request_of(json_object(raw), settings)
+
+
+def completion_request_of(body: dict[str, Any], settings: EdgeSettings) -> CompletionRequest:
     """A text completion's body (``/v1/completions``): a prompt, as text or as token ids, or a batch of them."""
-    body = json_object(raw)
     reject_unsupported(body, TEXT_UNSUPPORTED)
     reject_vllm_sampling(body)
     completion = parse_body(body, CompletionRequest)

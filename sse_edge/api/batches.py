@@ -1,0 +1,224 @@
+"""OpenAI's Batch API: ``POST /v1/batches`` (a file of requests, uploaded with purpose ``batch``,
+run within ``24h``), ``GET /v1/batches/{batch_id}``, ``GET /v1/batches`` and
+``POST /v1/batches/{batch_id}/cancel``.
+
+A batch is the bus's own kind of work: each request line is checked as its endpoint would check
+it (a file with a bad line fails whole, naming its lines, and nothing is published), then
+published at the batch tier (``TOKENBUS_EDGE_BATCH_TIER``, the lowest by default) as the request
+``{batch_id}-{line}``, with the batch in its annotations and its window's end as its deadline. The
+GPU consumers serve it after the tiers above it; its Completions are billed like any other; the
+batches processor keeps each one's outcome, and the edge asked about the batch once all are in
+writes its output and error files (plumbing/batch_output.py). No rate limit or queue-depth limit
+applies: the request log is the queue. The tenant always comes from the key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tokenbus.schemas import ChatRequest
+from tokenbus.sse_edge.api.chat import chat_bus_request, check_model
+from tokenbus.sse_edge.api.completions import text_bus_requests
+from tokenbus.sse_edge.api.files import cursor_page, file_not_found
+from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable, from_validation_error
+from tokenbus.sse_edge.plumbing import batch_output
+from tokenbus.sse_edge.protocol.batches import (
+    COMPLETION_WINDOW_S,
+    BatchLine,
+    CreateBatchRequest,
+    batch_body,
+    line_error,
+    list_body,
+)
+from tokenbus.sse_edge.protocol.validation import chat_request_of, completion_request_of, json_object, parse_body, read_body
+from tokenbus.sse_edge.state import EdgeState
+from tokenbus.stores.batches import (
+    BATCH,
+    BATCH_LINE,
+    CANCELLING,
+    CUSTOM_ID,
+    FAILED,
+    IN_PROGRESS,
+    VALIDATING,
+    Batch,
+    batch_request_id,
+    new_batch_id,
+)
+from tokenbus.stores.files import PURPOSE_BATCH
+from tokenbus.stores.keys import ApiKey
+
+ERRORS_SHOWN = 100  # a failed batch names this many of its bad lines
+PUBLISH_WINDOW = 256  # requests in flight to the broker at once while a batch is published
+# What a line may not ask: a batch's answer is one whole response a request, without log probabilities.
+NOT_IN_A_BATCH = {"stream": "Streaming", "n": "More than one choice", "logprobs": "Log probabilities",
+                  "prompt_logprobs": "Prompt log probabilities"}
+
+
+async def create_batch(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
+    asked = parse_body(json_object(raw), CreateBatchRequest)
+    stored = await edge.files.get(key.tenant, asked.input_file_id)
+    content = await edge.files.content(key.tenant, asked.input_file_id) if stored else None
+    if stored is None or content is None:
+        raise file_not_found(asked.input_file_id)
+    if stored.purpose != PURPOSE_BATCH:
+        raise InvalidRequest(f"The file {stored.id} was not uploaded for a batch (its purpose is `{stored.purpose}`).",
+                             param="input_file_id", code="invalid_file_purpose")
+    now = int(time.time())
+    batch = Batch(new_batch_id(), key.tenant, asked.endpoint, stored.id, asked.completion_window, VALIDATING, now,
+                  now + COMPLETION_WINDOW_S[asked.completion_window], metadata=asked.metadata or {})
+    requests, errors = await bus_requests(edge, key, batch, content)
+    if errors:
+        batch.status, batch.times[FAILED], batch.errors = FAILED, now, errors[:ERRORS_SHOWN]
+        await edge.batches.create(batch)
+        return JSONResponse(batch_body(batch))
+    batch.status, batch.times[IN_PROGRESS], batch.total = IN_PROGRESS, now, len(requests)
+    await edge.batches.create(batch)  # before any request goes out: its outcome may come at once
+    try:
+        await publish_all(edge, requests)
+    except KafkaError as exc:
+        await cancel_all(edge, [r.request_id for r in requests], "its batch could not be published")
+        await edge.batches.move(batch.id, (IN_PROGRESS,), FAILED, errors=json.dumps(
+            [line_error(0, f"The batch could not be published: {type(exc).__name__}.", "service_unavailable")]))
+        raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
+    return JSONResponse(batch_body(batch))
+
+
+async def bus_requests(edge: EdgeState, key: ApiKey, batch: Batch,
+                       content: bytes) -> tuple[list[ChatRequest], list[dict[str, Any]]]:
+    """The batch's requests, one a line; or what is wrong with its lines."""
+    made: list[ChatRequest] = []
+    errors: list[dict[str, Any]] = []
+    custom_ids: set[str] = set()
+    deadline_ms = batch.expires_at * 1000
+    tier = edge.settings.batch_requests_tier
+    for file_line, text in enumerate(content.splitlines(), start=1):
+        if not text.strip():
+            continue
+        if len(made) + len(errors) >= edge.settings.max_batch_requests:
+            errors.append(line_error(file_line, f"A batch may have at most {edge.settings.max_batch_requests} "
+                                     "requests.", "too_many_requests"))
+            break
+        index = len(made) + len(errors)  # the request's line among the file's requests
+        try:
+            line = BatchLine.model_validate_json(text)
+        except ValidationError as exc:
+            failed = from_validation_error(exc)
+            errors.append(line_error(file_line, failed.message, "invalid_request", failed.param))
+            continue
+        try:
+            request_id = batch_request_id(batch.id, index)
+            bus_request = await line_request(edge, key, batch, line, request_id)
+        except ApiError as exc:
+            errors.append(line_error(file_line, exc.message, exc.code or "invalid_request", exc.param))
+            continue
+        if line.custom_id in custom_ids:
+            errors.append(line_error(file_line, f"The custom_id {line.custom_id!r} is used by an earlier line.",
+                                     "duplicate_custom_id", "custom_id"))
+            continue
+        custom_ids.add(line.custom_id)
+        bus_request.tier, bus_request.deadline_ms = tier, deadline_ms
+        bus_request.annotations = {**bus_request.annotations, BATCH: batch.id, BATCH_LINE: str(index),
+                                   CUSTOM_ID: line.custom_id}
+        made.append(bus_request)
+    if not made and not errors:
+        errors.append(line_error(0, "The file has no requests.", "empty_file"))
+    return made, errors
+
+
+async def line_request(edge: EdgeState, key: ApiKey, batch: Batch, line: BatchLine, request_id: str) -> ChatRequest:
+    """A line's request, checked as its endpoint checks one (an ``ApiError`` says what is wrong)."""
+    if line.url != batch.endpoint:
+        raise InvalidRequest(f"The line's url {line.url!r} is not the batch's endpoint {batch.endpoint!r}.",
+                             param="url", code="invalid_url")
+    for name, what in NOT_IN_A_BATCH.items():
+        if asks(name, line.body.get(name)):
+            raise InvalidRequest(f"{what} cannot be asked in a batch.", param=f"body.{name}", code="invalid_value")
+    if batch.endpoint == "/v1/completions":
+        completion = completion_request_of(line.body, edge.settings)
+        check_model(edge, key, completion.model)
+        prompts = await text_bus_requests(completion, edge, key, request_id)
+        if len(prompts) > 1:
+            raise InvalidRequest("A batch's line has one prompt.", param="body.prompt", code="invalid_value")
+        return prompts[0]
+    chat = chat_request_of(line.body, edge.settings)
+    check_model(edge, key, chat.model)
+    if chat.conversation_id is not None:
+        raise InvalidRequest("A batch's requests cannot belong to a conversation.",
+                             param="body.metadata.conversation_id", code="invalid_value")
+    return (await chat_bus_request(chat, edge, key, request_id))[0]
+
+
+def asks(name: str, value: object) -> bool:
+    """Does a body's ``name`` ask for something other than its default?"""
+    if value is None or value is False:
+        return False
+    return value != 1 if name == "n" else True
+
+
+async def publish_all(edge: EdgeState, requests: list[ChatRequest]) -> None:
+    ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
+    for start in range(0, len(requests), PUBLISH_WINDOW):
+        window = requests[start:start + PUBLISH_WINDOW]
+        await asyncio.gather(*(edge.bus.publish(r, topic=ingress) for r in window))
+
+
+async def cancel_all(edge: EdgeState, request_ids: list[str], reason: str) -> None:
+    for start in range(0, len(request_ids), PUBLISH_WINDOW):
+        await asyncio.gather(*(edge.bus.cancel(r, reason) for r in request_ids[start:start + PUBLISH_WINDOW]))
+
+
+async def retrieve_batch(request: Request) -> Response:
+    edge, _, batch = await tenant_batch(request)
+    return JSONResponse(batch_body(batch))
+
+
+async def list_batches(request: Request) -> Response:
+    edge: EdgeState = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    page, has_more = cursor_page(await edge.batches.list(key.tenant), request, default_limit=20, max_limit=100)
+    return JSONResponse(list_body([batch_body(await finished(edge, b)) for b in page], has_more))
+
+
+async def cancel_batch(request: Request) -> Response:
+    """Cancel what has not run: the batch is ``cancelling`` until each of its requests has ended
+    (a running one within an engine step), then ``cancelled``, with what was answered in its
+    output file."""
+    edge, key, batch = await tenant_batch(request)
+    if not await edge.batches.move(batch.id, (IN_PROGRESS,), CANCELLING):
+        if batch.status == CANCELLING:
+            return JSONResponse(batch_body(batch))
+        raise Conflict(f"A batch that is {batch.status} cannot be cancelled.", code="batch_not_cancellable")
+    answered = await edge.batches.outcomes(batch.id)
+    await cancel_all(edge, [batch_request_id(batch.id, line) for line in range(batch.total) if line not in answered],
+                     "cancelled with its batch")
+    return JSONResponse(batch_body(await finished(edge, await edge.batches.get(key.tenant, batch.id) or batch)))
+
+
+async def tenant_batch(request: Request) -> tuple[EdgeState, ApiKey, Batch]:
+    edge: EdgeState = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    batch_id = request.path_params["batch_id"]
+    batch = await edge.batches.get(key.tenant, batch_id)
+    if batch is None:
+        raise NotFound(f"No such Batch object: {batch_id}", param="batch_id", code="batch_not_found")
+    return edge, key, await finished(edge, batch)
+
+
+async def finished(edge: EdgeState, batch: Batch) -> Batch:
+    """The batch, finished first if it is due (plumbing/batch_output.py)."""
+    if not batch_output.due(batch, time.time()):
+        return batch
+    needs_input = batch.completed + batch.failed < batch.total  # lines never answered: their custom_id
+    content = await edge.files.content(batch.tenant, batch.input_file_id) if needs_input else None
+    return await batch_output.finish(edge.batches, edge.files, batch, content)
+

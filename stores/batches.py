@@ -1,0 +1,188 @@
+"""Batches, as OpenAI's Batch API keeps them: a file of requests run at a low tier, whose
+answers are gathered into an output file. Kept in Redis, which every edge and stream processor
+shares:
+
+- the batch: a hash (its status and when it reached each, its counts, files and metadata);
+- its outcomes: a hash of one entry a request line, the line's number to what its Completion said
+  (``batch_outcome``), written by the stream processor that reads the ``completions`` topic. An
+  entry is written once, and counted (the batch's ``completed`` or ``failed``) as it is, in one
+  script: a Completion read twice, after a processor's restart or a request's redelivery, is
+  counted once. Both keys carry the batch id as their hash tag, so a Redis Cluster keeps them on
+  one shard, as a script needs;
+- each tenant's batches: a sorted set by creation time.
+
+A batch's requests are ``{batch_id}-{line}`` on the bus, and carry the batch and the line in
+their annotations, which every Completion copies. A status moves only from the ones it may come
+from (``move``, one script: two edges finishing the same batch do it once)."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenbus.schemas import Completion
+from tokenbus.stores.redis_client import RedisClient
+
+BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
+# A batch request's annotations (ChatRequest.annotations, copied onto its Completion).
+BATCH = "batch"
+BATCH_LINE = "batch_line"
+CUSTOM_ID = "custom_id"
+
+VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
+COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
+FAILED_FINISHES = ("error", "cancelled")
+RUNNING = (IN_PROGRESS, CANCELLING)  # requests still out on the bus
+ENDED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
+
+# Sets the status (KEYS[1]'s field) to ARGV[2] if it is one of ARGV[1] (comma-separated), and
+# the fields that follow in pairs; 1 if it did.
+MOVE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 0 end
+for allowed in string.gmatch(ARGV[1], '[^,]+') do
+  if allowed == status then
+    redis.call('HSET', KEYS[1], 'status', ARGV[2])
+    for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+    return 1
+  end
+end
+return 0
+"""
+# Keeps a line's outcome (KEYS[2] field ARGV[1] = ARGV[2]) unless it has one, counting it in the
+# batch's ARGV[3] field; 1 if it was new.
+RECORD = """
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+
+
+def batch_request_id(batch_id: str, line: int) -> str:
+    return f"{batch_id}-{line}"
+
+
+@dataclass(slots=True)
+class Batch:
+    id: str
+    tenant: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    created_at: int  # seconds, as OpenAI's batch objects say every time
+    expires_at: int
+    total: int = 0  # request lines
+    metadata: dict[str, str] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # what made it fail (OpenAI's line errors)
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    times: dict[str, int] = field(default_factory=dict)  # status -> when it was reached (`in_progress_at`...)
+    completed: int = 0  # requests that answered; set when the batch ends
+    failed: int = 0  # requests that did not (their lines are in the error file)
+
+    @property
+    def running(self) -> bool:
+        return self.status in RUNNING
+
+
+def new_batch_id() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+def answered(completion: Completion) -> bool:
+    """Did the request get an answer (its line goes to the output file), or fail (the error file)?"""
+    return completion.error is None and not completion.cancelled and completion.finish_reason not in FAILED_FINISHES
+
+
+def batch_outcome(completion: Completion) -> dict[str, Any]:
+    """What a batch keeps of one request's Completion: enough for its line of the output (or error)
+    file, whose shapes the edge makes."""
+    prompt_tokens, cached_tokens = completion.billed_prompt_tokens
+    return {"answered": answered(completion), "custom_id": completion.annotations.get(CUSTOM_ID, ""),
+            "request_id": completion.request_id,
+            "model": completion.model, "created": completion.created_at_ms // 1000, "text": completion.text,
+            "tool_calls": [[c.id, c.name, c.arguments] for c in completion.tool_calls],
+            "finish_reason": completion.finish_reason, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion.completion_tokens, "cached_tokens": cached_tokens,
+            "error": completion.error, "cancelled": completion.cancelled}
+
+
+class BatchStore:
+    def __init__(self, client: RedisClient, prefix: str = "tokenbus:", ttl_s: int = 30 * 86_400) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._ttl_s = ttl_s
+        self._move = client.register_script(MOVE)
+        self._record = client.register_script(RECORD)
+
+    def _batch(self, batch_id: str) -> str:
+        return f"{self._prefix}batch:{{{batch_id}}}"
+
+    def _outcomes(self, batch_id: str) -> str:
+        return f"{self._prefix}batch:{{{batch_id}}}:outcomes"
+
+    def _listing(self, tenant: str) -> str:
+        return f"{self._prefix}batches:{tenant}"
+
+    async def create(self, batch: Batch) -> None:
+        await self._redis.hset(self._batch(batch.id), mapping={
+            "tenant": batch.tenant, "endpoint": batch.endpoint, "input_file_id": batch.input_file_id,
+            "completion_window": batch.completion_window, "status": batch.status, "created_at": batch.created_at,
+            "expires_at": batch.expires_at, "total": batch.total, "metadata": json.dumps(batch.metadata),
+            "errors": json.dumps(batch.errors),
+            **{f"{status}_at": at for status, at in batch.times.items()}})
+        await self._redis.expire(self._batch(batch.id), self._ttl_s)
+        await self._redis.zadd(self._listing(batch.tenant), {batch.id: batch.created_at})
+
+    async def get(self, tenant: str, batch_id: str) -> Batch | None:
+        """The tenant's batch; None for another tenant's."""
+        if not BATCH_ID.fullmatch(batch_id):
+            return None
+        raw = await self._redis.hgetall(self._batch(batch_id))
+        if not raw:
+            return None
+        d = {k.decode(): v.decode() for k, v in raw.items()}
+        if d["tenant"] != tenant:
+            return None
+        return Batch(batch_id, tenant, d["endpoint"], d["input_file_id"], d["completion_window"], d["status"],
+                     int(d["created_at"]), int(d["expires_at"]), int(d["total"]), json.loads(d["metadata"]),
+                     json.loads(d["errors"]), d.get("output_file_id") or None, d.get("error_file_id") or None,
+                     {k[:-3]: int(v) for k, v in d.items() if k.endswith("_at") and k not in ("created_at", "expires_at")},
+                     int(d.get("completed", 0)), int(d.get("failed", 0)))
+
+    async def list(self, tenant: str) -> list[Batch]:
+        """The tenant's batches, newest first."""
+        found = []
+        for raw_id in await self._redis.zrevrange(self._listing(tenant), 0, -1):
+            batch = await self.get(tenant, raw_id.decode())
+            if batch is None:
+                await self._redis.zrem(self._listing(tenant), raw_id)  # expired
+            else:
+                found.append(batch)
+        return found
+
+    async def move(self, batch_id: str, allowed: tuple[str, ...], status: str, **fields: str | int) -> bool:
+        """Set the batch's status (and the time it got there, and ``fields``) if it is one of
+        ``allowed`` now; whether it was."""
+        args: list[str | int] = [",".join(allowed), status, f"{status}_at", int(time.time())]
+        for name, value in fields.items():
+            args += [name, value]
+        return bool(await self._move(keys=[self._batch(batch_id)], args=args))
+
+    async def record_outcome(self, batch_id: str, line: int, outcome: dict[str, Any]) -> bool:
+        """Keep a request's outcome (``batch_outcome``) unless its line has one already, and count
+        it; whether it was new."""
+        counter = "completed" if outcome["answered"] else "failed"
+        value = json.dumps(outcome, separators=(",", ":"))
+        return bool(await self._record(keys=[self._batch(batch_id), self._outcomes(batch_id)],
+                                       args=[str(line), value, counter, self._ttl_s]))
+
+    async def outcomes(self, batch_id: str) -> dict[int, dict[str, Any]]:
+        raw = await self._redis.hgetall(self._outcomes(batch_id))
+        return {int(line): json.loads(outcome) for line, outcome in raw.items()}
