@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenbus.sse_edge.protocol.batches import CreateBatchRequest
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueRequest
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
 from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
@@ -48,6 +49,47 @@ MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"], 
 MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"}, "data": {"type": "array", "items": MODEL}}}
 
+NULLABLE_ID = {"type": ["string", "null"]}
+NULLABLE_TIME = {"type": ["integer", "null"]}
+FILE = {"type": "object", "required": ["id", "object", "bytes", "created_at", "filename", "purpose"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "file"}, "bytes": {"type": "integer"},
+    "created_at": {"type": "integer"}, "expires_at": NULLABLE_TIME, "filename": {"type": "string"},
+    "purpose": {"enum": ["batch", "batch_output"]}}}
+BATCH = {"type": "object", "required": ["id", "object", "endpoint", "input_file_id", "completion_window", "status",
+                                        "created_at", "request_counts"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "batch"}, "endpoint": {"type": "string"},
+    "errors": {"type": ["object", "null"]}, "input_file_id": {"type": "string"},
+    "completion_window": {"type": "string"},
+    "status": {"enum": ["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                        "cancelled"]},
+    "output_file_id": NULLABLE_ID, "error_file_id": NULLABLE_ID, "created_at": {"type": "integer"},
+    **{f"{at}_at": NULLABLE_TIME for at in ("in_progress", "expires", "finalizing", "completed", "failed", "expired",
+                                            "cancelling", "cancelled")},
+    "request_counts": {"type": "object", "required": ["total", "completed", "failed"], "properties": {
+        "total": {"type": "integer"}, "completed": {"type": "integer"}, "failed": {"type": "integer"}}},
+    "metadata": {"type": ["object", "null"]}}}
+
+
+def _list_of(item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": ["object", "data", "has_more"], "properties": {
+        "object": {"const": "list"}, "data": {"type": "array", "items": item}, "has_more": {"type": "boolean"},
+        "first_id": NULLABLE_ID, "last_id": NULLABLE_ID}}
+
+
+def _page_parameters(max_limit: int) -> list[dict[str, Any]]:
+    return [{"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": max_limit}},
+            {"name": "after", "in": "query", "required": False, "description": "The last id of the page before",
+             "schema": {"type": "string"}}]
+
+
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _path_id(name: str) -> list[dict[str, Any]]:
+    return [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}]
+
 
 def _errors(*codes: int) -> dict[str, Any]:
     error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
@@ -75,10 +117,12 @@ def openapi_spec() -> dict[str, Any]:
     text_schema = CompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     continue_schema = ContinueRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     create_key_schema = CreateKeyRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    create_batch_schema = CreateBatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
                   "CompletionRequest": text_schema, **text_schema.pop("$defs", {}),
                   "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {}),
-                  "CreateKeyRequest": create_key_schema, "ApiKey": API_KEY}
+                  "CreateKeyRequest": create_key_schema, "ApiKey": API_KEY,
+                  "CreateBatchRequest": create_batch_schema, "File": FILE, "Batch": BATCH}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
@@ -165,6 +209,52 @@ def openapi_spec() -> dict[str, Any]:
                 "operationId": "revokeKey", "security": secured, "description": "A tenant admin key only",
                 "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "Revoked"}, **_errors(401, 403, 404)}}},
+            "/v1/files": {
+                "post": {"operationId": "createFile", "security": secured,
+                         "description": "Upload a batch's input: JSON lines, each a request (custom_id, method, url, "
+                                        "body). The only purpose is `batch`.",
+                         "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+                             "type": "object", "required": ["file", "purpose"], "properties": {
+                                 "file": {"type": "string", "format": "binary"},
+                                 "purpose": {"type": "string", "enum": ["batch"]}}}}}},
+                         "responses": {"200": _json("The file", FILE), **_errors(400, 401, 408, 413)}},
+                "get": {"operationId": "listFiles", "security": secured,
+                        "parameters": [*_page_parameters(10_000),
+                                       {"name": "purpose", "in": "query", "required": False,
+                                        "schema": {"type": "string"}},
+                                       {"name": "order", "in": "query", "required": False,
+                                        "schema": {"enum": ["asc", "desc"]}}],
+                        "responses": {"200": _json("The tenant's files", _list_of(FILE)), **_errors(400, 401)}},
+            },
+            "/v1/files/{file_id}": {
+                "get": {"operationId": "retrieveFile", "security": secured, "parameters": _path_id("file_id"),
+                        "responses": {"200": _json("The file", FILE), **_errors(401, 404)}},
+                "delete": {"operationId": "deleteFile", "security": secured, "parameters": _path_id("file_id"),
+                           "responses": {"200": _json("Deleted", {"type": "object"}), **_errors(401, 404)}},
+            },
+            "/v1/files/{file_id}/content": {"get": {
+                "operationId": "downloadFile", "security": secured, "parameters": _path_id("file_id"),
+                "responses": {"200": {"description": "The file's bytes (a batch's output: JSON lines)",
+                                      "content": {"application/jsonl": {"schema": {"type": "string"}},
+                                                  "application/octet-stream": {"schema": {"type": "string"}}}},
+                              **_errors(401, 404)}}},
+            "/v1/batches": {
+                "post": {"operationId": "createBatch", "security": secured,
+                         "description": "Run an uploaded file's requests at the batch tier; a file with a bad line "
+                                        "fails whole (status `failed`, its lines named in `errors`).",
+                         "requestBody": {"required": True, "content": {"application/json": {
+                             "schema": {"$ref": "#/components/schemas/CreateBatchRequest"}}}},
+                         "responses": {"200": _json("The batch", BATCH), **_errors(400, 401, 404, 408, 413, 503)}},
+                "get": {"operationId": "listBatches", "security": secured, "parameters": _page_parameters(100),
+                        "responses": {"200": _json("The tenant's batches, newest first", _list_of(BATCH)),
+                                      **_errors(400, 401)}},
+            },
+            "/v1/batches/{batch_id}": {"get": {
+                "operationId": "retrieveBatch", "security": secured, "parameters": _path_id("batch_id"),
+                "responses": {"200": _json("The batch", BATCH), **_errors(401, 404)}}},
+            "/v1/batches/{batch_id}/cancel": {"post": {
+                "operationId": "cancelBatch", "security": secured, "parameters": _path_id("batch_id"),
+                "responses": {"200": _json("The batch, cancelling (or cancelled)", BATCH), **_errors(401, 404, 409)}}},
             "/healthz": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
             "/readyz": {"get": {"operationId": "ready", "responses": {"200": {"description": "ready"},
                                                                      "503": {"description": "not ready"}}}},
