@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from bench import (
+    batch,
     broker_scan,
     capacity,
     chat_turn,
@@ -58,6 +59,7 @@ SCENARIOS = {
     "turn_profile": turn_profile,
     "chat_turn": chat_turn,
     "choices": choices,
+    "batch": batch,
     "tracing": tracing,
     "prefix_routing": prefix_routing,
     "prefix_cache": prefix_cache,
