@@ -1,6 +1,7 @@
 """Stream processors under faults: a SIGKILL or a SIGTERM mid-batch, and ClickHouse away for a while.
-Either way every completion ends up billed exactly once and written to its transcript
-exactly once. (`make faults` repeats each case TOKENBUS_FAULT_RUNS times.)"""
+Either way every completion ends up billed exactly once, written to its transcript exactly once
+and, where it answers a request of a batch (the Batch API), counted in its batch exactly once.
+(`make faults` repeats each case TOKENBUS_FAULT_RUNS times.)"""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from tests.faults.conftest import FAULT_RUNS
 from tests.stream_processors.helpers import Processors, eventually
 from tokenbus.infra.devstack.stack import EmbeddedStack
 from tokenbus.schemas import AvroCodec, ChatMessage, Completion
+from tokenbus.stores.batches import BATCH, BATCH_LINE, CUSTOM_ID, IN_PROGRESS, Batch, BatchStore, new_batch_id
+from tokenbus.stores.redis_client import redis_client
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.topics import TopicCatalog, make_consumer, make_producer, topic_partitions
 
@@ -23,11 +26,22 @@ pytestmark = pytest.mark.stack
 CODEC = AvroCodec()
 
 
-def completions(tenant: str, count: int, start: int = 0) -> list[Completion]:
+def completions(tenant: str, count: int, start: int = 0, batch_id: str = "") -> list[Completion]:
+    """Completions of ``tenant``'s requests; with ``batch_id``, each answers that batch's line ``i``."""
     at = int(time.time() * 1000)
     return [Completion(f"{tenant}-{i}", "tokenbus-sim", "standard", f"answer {i}", "stop", 7, i % 50 + 1, at, at,
-                       at + 10, tenant=tenant, messages=[ChatMessage("user", f"question {i}")])
+                       at + 10, tenant=tenant, messages=[ChatMessage("user", f"question {i}")],
+                       annotations={BATCH: batch_id, BATCH_LINE: str(i), CUSTOM_ID: f"q{i}"} if batch_id else {})
             for i in range(start, start + count)]
+
+
+async def batch_of(store: BatchStore, tenant: str, total: int) -> str:
+    """A batch of ``total`` requests, in progress (as an edge makes one)."""
+    now = int(time.time())
+    batch = Batch(new_batch_id(), tenant, "/v1/chat/completions", "file-x", "24h", IN_PROGRESS, now, now + 86_400,
+                  total=total)
+    await store.create(batch)
+    return batch.id
 
 
 async def publish(stack: EmbeddedStack, records: list[Completion]) -> None:
@@ -92,7 +106,10 @@ async def test_stopped_mid_batch_loses_and_doubles_nothing(side_stack, run, sig)
     tenant = f"{sig.name.lower()}-{uuid.uuid4().hex[:6]}"
     processors = Processors(side_stack.processors_url)
     side_stack.start_processors("processors", side_stack.settings.processors_port)
-    first, rest = completions(tenant, 400), completions(tenant, 400, start=400)
+    redis = redis_client(side_stack.settings.redis_url)
+    batches = BatchStore(redis, side_stack.settings.redis_prefix)
+    batch_id = await batch_of(batches, tenant, 800)
+    first, rest = completions(tenant, 400, batch_id=batch_id), completions(tenant, 400, start=400, batch_id=batch_id)
     await publish(side_stack, first)
 
     async def halfway():
@@ -108,6 +125,11 @@ async def test_stopped_mid_batch_loses_and_doubles_nothing(side_stack, run, sig)
     await publish(side_stack, rest)  # arrives while no processor runs
     side_stack.start_processors("processors", side_stack.settings.processors_port)
     await settle_exactly(side_stack, tenant, first + rest)
+    batch = await batches.get(tenant, batch_id)
+    assert (batch.completed, batch.failed) == (800, 0)  # each line once, however often it was read
+    outcomes = await batches.outcomes(batch_id)
+    assert sorted(outcomes) == list(range(800)) and outcomes[799]["text"] == "answer 799"
+    await redis.aclose()
 
 
 @pytest.mark.parametrize("run", range(FAULT_RUNS))
