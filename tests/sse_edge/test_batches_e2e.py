@@ -76,6 +76,18 @@ async def test_a_batch_s_output_is_the_engine_s_answer_to_each_line_in_line_orde
         assert line["response"]["request_id"] == body["id"] == f"{batch.id}-{output.index(line)}"
     listed = await client.batches.list()
     assert [b.id for b in listed.data] == [batch.id]
+
+    async def billed():  # at the batch tier (the key's own is interactive), every line once
+        async with httpx.AsyncClient(timeout=30) as http:
+            usage = await http.get(f"{edge_url}/v1/usage", params={"bucket": "day"},
+                                   headers={"Authorization": f"Bearer {tenant_key}"})
+        rows = usage.json()["data"] if usage.status_code == 200 else []
+        return rows if sum(r["requests"] for r in rows) == 3 else None
+
+    rows = await eventually(billed)
+    assert {r["tier"] for r in rows} == {"batch"}
+    assert sum(r["completion_tokens"] for r in rows) == sum(
+        line["response"]["body"]["usage"]["completion_tokens"] for line in output)
     files = {f.id: f.purpose for f in (await client.files.list()).data}
     assert files == {uploaded.id: "batch", done.output_file_id: "batch_output"}
 
