@@ -7,6 +7,7 @@ again after ``STALE_FINALIZING_S``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -31,6 +32,7 @@ STALE_FINALIZING_S = 60
 EXPIRY_GRACE_S = 600
 EXPIRED_LINE = {"code": "batch_expired",
                 "message": "This request could not be executed before the completion window expired."}
+YIELD_EVERY = 256  # lines written between turns of the event loop
 CANCELLED_LINE = {"code": "batch_cancelled", "message": "This request was cancelled with its batch."}
 
 
@@ -51,6 +53,8 @@ async def finish(batches: BatchStore, files: FileStore, batch: Batch, input_file
     failed: list[str] = []
     expired = False
     for line in range(batch.total):
+        if line % YIELD_EVERY == YIELD_EVERY - 1:
+            await asyncio.sleep(0)  # the edge's open streams go on while a big batch is written
         outcome = outcomes.get(line)
         expired = expired or outcome is None or outcome["error"] == DEADLINE_PASSED
         written = json.dumps(output_line(batch, line, outcome, custom_ids.get(line, "")), separators=(",", ":"),
