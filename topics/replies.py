@@ -403,14 +403,15 @@ class ReplyRouter:
         self._pacer.handed_over(handed.topic, handed.partition, offset)
         if offset < self._positions.get(tp, 0):  # fetched already
             return
+        # By key first, as a fetched record: events of requests no one here reads (a batch's) stay undecoded.
+        request_id = handed.key.decode(errors="replace") if handed.key else ""
+        stream = self._streams.get(request_id)
+        if stream is None or self._stream_partitions.get(request_id) != tp:
+            return
         try:
             event = self._codec.decode(handed.value, TokenEvent)
         except (DecodeError, SchemaRegistryError):
             return  # the fetch brings it too, and counts it (or waits for the registry)
-        request_id = event.request_id
-        stream = self._streams.get(request_id)
-        if stream is None or self._stream_partitions.get(request_id) != tp:
-            return
         if stream.forward is not None:
             # One of a group's (a response's choices): it takes fetched records alone, so that the
             # group's events come in the log's order, which its resume by one event id relies on
