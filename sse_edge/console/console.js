@@ -1,4 +1,4 @@
-// The tokenbus console: four views over the public API, called with the key the user pastes.
+// The tokenbus console: five views over the public API, called with the key the user pastes.
 // The key stays in this tab's sessionStorage (no cookie, never in a URL). Everything shown is set
 // as text (textContent), never parsed as HTML: a prompt holding markup is displayed, not run.
 
@@ -61,7 +61,8 @@ function row(cells, numeric = []) {
 
 // -- tabs ---------------------------------------------------------------------------------------
 
-const VIEWS = { playground: loadModels, usage: loadUsage, conversations: () => loadConversations(true), keys: loadKeys };
+const VIEWS = { playground: loadModels, usage: loadUsage, conversations: () => loadConversations(true),
+                batches: loadBatches, keys: loadKeys };
 
 function show(tab) {
   for (const button of document.querySelectorAll("nav button")) {
@@ -274,11 +275,64 @@ function downloadCsv() {
   const columns = ["bucket", "model", "tier", "requests", "cancelled", "prompt_tokens", "cached_prompt_tokens",
                    "completion_tokens", "input_cost_nanousd", "output_cost_nanousd", "cost_usd"];
   const lines = [columns.join(",")].concat(usageRows.map((r) => columns.map((c) => csvField(r[c])).join(",")));
-  const link = element("a", null, { download: `tokenbus-usage-${$("usage-since").value}-${$("usage-until").value}.csv` });
-  link.href = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
+  save(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }),
+       `tokenbus-usage-${$("usage-since").value}-${$("usage-until").value}.csv`);
+}
+
+function save(blob, name) {
+  const link = element("a", null, { download: name });
+  link.href = URL.createObjectURL(blob);
   document.body.append(link);
   link.click();
   link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000); // once the download has surely read it
+}
+
+// -- batches -----------------------------------------------------------------------------------
+
+async function loadBatches() {
+  const batches = (await (await api("/v1/batches?limit=100")).json()).data;
+  $("batch-table").tBodies[0].replaceChildren(...batches.map((b) => {
+    const actions = element("span");
+    for (const [label, fileId, suffix] of [["Output", b.output_file_id, "output"], ["Errors", b.error_file_id, "errors"]]) {
+      if (!fileId) continue;
+      const button = element("button", label, { type: "button", "data-file": suffix });
+      button.addEventListener("click", () => downloadFile(fileId, `${b.id}_${suffix}.jsonl`).catch(showError));
+      actions.append(button);
+    }
+    if (b.status === "in_progress") {
+      const cancel = element("button", "Cancel", { type: "button", "data-cancel": b.id });
+      cancel.addEventListener("click", () => cancelBatch(b.id).catch(showError));
+      actions.append(cancel);
+    }
+    const problems = b.errors ? b.errors.data.map((e) => `line ${e.line}: ${e.message}`).join("; ") : "";
+    const counts = b.request_counts;
+    return row([b.id, problems ? `${b.status} (${problems})` : b.status, counts.total, counts.completed, counts.failed,
+                new Date(b.created_at * 1000).toLocaleString(), actions], [2, 3, 4]);
+  }));
+}
+
+async function startBatch(event) {
+  event.preventDefault();
+  const file = $("batch-file").files[0];
+  if (!file) throw new ApiError("Choose a file of requests (JSON lines) first.");
+  const form = new FormData();
+  form.append("purpose", "batch");
+  form.append("file", file);
+  const uploaded = await (await api("/v1/files", { method: "POST", body: form })).json();
+  await api("/v1/batches", { method: "POST", json: {
+    input_file_id: uploaded.id, endpoint: $("batch-endpoint").value, completion_window: "24h" } });
+  $("batch-file").value = "";
+  await loadBatches();
+}
+
+async function downloadFile(fileId, name) {
+  save(await (await api(`/v1/files/${encodeURIComponent(fileId)}/content`)).blob(), name);
+}
+
+async function cancelBatch(batchId) {
+  await api(`/v1/batches/${encodeURIComponent(batchId)}/cancel`, { method: "POST" });
+  await loadBatches();
 }
 
 // -- conversations ---------------------------------------------------------------------------
@@ -397,5 +451,7 @@ $("usage-show").addEventListener("click", () => loadUsage().catch(showError));
 $("usage-csv").addEventListener("click", downloadCsv);
 $("conv-refresh").addEventListener("click", () => loadConversations(true).catch(showError));
 $("conv-more").addEventListener("click", () => loadConversations(false).catch(showError));
+$("batch-create").addEventListener("submit", (event) => startBatch(event).catch(showError));
+$("batch-refresh").addEventListener("click", () => loadBatches().catch(showError));
 $("keys-create").addEventListener("submit", (event) => createKey(event).catch(showError));
 keyChanged();

@@ -1,6 +1,7 @@
 """The web console in a real browser (headless Chromium, driven by Playwright) against the
 session's stack: paste a key, stream an answer, stop one, read usage, conversations and keys,
-a prompt of HTML shown as text, and one tenant seeing nothing of another's. Each view's
+run a batch and download its output, a prompt of HTML shown as text, and one tenant seeing
+nothing of another's. Each view's
 screenshot is saved under .artifacts/console/ (not committed; README shows copies)."""
 
 from __future__ import annotations
@@ -198,6 +199,35 @@ def test_an_admin_creates_and_revokes_a_key_and_the_revoked_key_is_refused(page,
     assert refused.status_code == 401
 
 
+def test_a_batch_started_from_a_file_runs_and_its_output_downloads(page, stack, tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    lines = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 8}}
+             for i in range(3)]
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    open_console(page, stack, new_key(stack))
+    page.click("nav button[data-tab=batches]")
+    page.set_input_files("#batch-file", str(requests))
+    page.click("#batch-start")
+    page.wait_for_selector("#batch-table tbody tr")
+    cells = page.locator("#batch-table tbody tr").first.locator("td").all_text_contents()
+    assert cells[0].startswith("batch_") and cells[2] == "3"
+    reload_until_shown(page, "#batch-refresh", "#batch-table button[data-file=output]", "the batch to complete")
+    cells = page.locator("#batch-table tbody tr").first.locator("td").all_text_contents()
+    assert cells[1:5] == ["completed", "3", "3", "0"]
+    screenshot(page, "batches")
+    with page.expect_download() as download:
+        page.click("#batch-table button[data-file=output]")
+    output = [json.loads(line) for line in Path(download.value.path()).read_text().splitlines()]
+    assert [line["custom_id"] for line in output] == ["q0", "q1", "q2"] and download.value.suggested_filename.endswith(
+        "_output.jsonl")
+    requests.write_text("{not json\n")  # a bad file: the batch fails, its line named
+    page.set_input_files("#batch-file", str(requests))
+    page.click("#batch-start")
+    expect(page.locator("#batch-table tbody tr").first.locator("td").nth(1)).to_contain_text("failed (line 1:")
+    assert page.dialogs == [] and page.is_hidden("#error")
+
+
 def test_one_tenant_sees_nothing_of_another(page, stack):
     first = new_key(stack)
     open_console(page, stack, first)
@@ -212,6 +242,9 @@ def test_one_tenant_sees_nothing_of_another(page, stack):
     page.click("#usage-show")
     page.wait_for_timeout(1000)
     assert page.locator("#usage-table tbody tr").count() == 0
+    page.click("nav button[data-tab=batches]")
+    page.wait_for_timeout(1000)
+    assert page.locator("#batch-table tbody tr").count() == 0
     page.click("nav button[data-tab=keys]")
     page.wait_for_selector("#keys-self dd")
     assert other_tenant in page.text_content("#keys-self") and page.is_hidden("#keys-admin")
