@@ -1,7 +1,8 @@
 """``tokenbus trace ID``: one chat turn's timeline, from the bus and the stores.
 
 ``ID`` is the completion id a client sees (``chatcmpl-...``, ``cmpl-...``: the request id; a response
-of several choices, OpenAI's ``n``, has a request a choice, ``ID-0``, ``ID-1``, ...). The records of
+of several choices, OpenAI's ``n``, has a request a choice, ``ID-0``, ``ID-1``, ...; a batch of the
+Batch API a request a line, ``batch_...-0``, ...: its output file names each). The records of
 the request are found on the bus and dated by their own fields or by the broker's timestamps
 (CreateTime: set by the process that wrote them), then the transcript store's row and the
 billing row, each with its write time:
@@ -156,8 +157,10 @@ def render(stages: list[Stage]) -> str:
 def cmd_trace(args: argparse.Namespace) -> int:
     stages = asyncio.run(trace(args.request_id, BusSettings(), TranscriptSettings(), args.processors_url))
     if not stages:
-        # A response of several choices (OpenAI's n, a batch of prompts) has no request of its own.
-        print(f"no request {args.request_id} on the bus (a response of several choices is traced choice by choice: "
+        # A response of several choices (OpenAI's n, a batch of prompts) has no request of its own,
+        # nor has a batch of the Batch API.
+        each = "line by line" if args.request_id.startswith("batch_") else "choice by choice"
+        print(f"no request {args.request_id} on the bus (a response of several choices, or a batch, is traced {each}: "
               f"{args.request_id}-0, {args.request_id}-1, ...)")
         return 1
     print(render(stages))
