@@ -138,7 +138,8 @@ class BatchStore:
             "errors": json.dumps(batch.errors),
             **{f"{status}_at": at for status, at in batch.times.items()}})
         await self._redis.expire(self._batch(batch.id), self._ttl_s)
-        await self._redis.zadd(self._listing(batch.tenant), {batch.id: batch.created_at})
+        # By the time it was stored, to the microsecond: batches made in the same second list in order.
+        await self._redis.zadd(self._listing(batch.tenant), {batch.id: time.time()})
 
     async def get(self, tenant: str, batch_id: str) -> Batch | None:
         """The tenant's batch; None for another tenant's."""

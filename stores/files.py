@@ -57,7 +57,7 @@ class FileStore:
             "tenant": tenant, "purpose": purpose, "filename": filename, "bytes": made.bytes,
             "created_at": now, "expires_at": made.expires_at or 0})
         await self._redis.expire(self._meta(made.id), self._ttl_s)
-        await self._redis.zadd(self._listing(tenant), {made.id: now})
+        await self._redis.zadd(self._listing(tenant), {made.id: time.time()})  # in order within a second too
         return made
 
     async def get(self, tenant: str, file_id: str) -> StoredFile | None:

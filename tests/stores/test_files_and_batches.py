@@ -55,8 +55,7 @@ async def test_files_are_read_back_by_their_tenant_only_newest_first(redis):
     await files.create("other", PURPOSE_BATCH, "c.jsonl", b"x")
     assert await files.content("acme", first.id) == b'{"a": 1}\n' and first.bytes == 9
     assert await files.get("other", first.id) is None and await files.content("other", first.id) is None
-    listed = [f.id for f in await files.list("acme")]
-    assert set(listed) == {first.id, second.id} and len(listed) == 2
+    assert [f.id for f in await files.list("acme")] == [second.id, first.id]  # made within a second: still in order
     assert await files.delete("other", first.id) is False  # not its file
     assert await files.delete("acme", first.id) is True
     assert await files.get("acme", first.id) is None and [f.id for f in await files.list("acme")] == [second.id]
@@ -100,3 +99,14 @@ async def test_a_status_moves_only_from_where_it_may(redis):
     assert stored.status == COMPLETED and stored.output_file_id == "file-y" and stored.completed == 1
     assert set(stored.times) == {CANCELLING, FINALIZING, COMPLETED}
     assert await batches.move(new_batch_id(), RUNNING, FINALIZING) is False  # no such batch
+
+
+async def test_batches_list_newest_first_even_within_one_second(redis):
+    client, prefix = redis
+    batches = BatchStore(client, prefix, ttl_s=60)
+    now = int(time.time())
+    made = [Batch(new_batch_id(), "acme", "/v1/completions", "file-x", "24h", IN_PROGRESS, now, now + 86_400)
+            for _ in range(5)]
+    for batch in made:
+        await batches.create(batch)
+    assert [b.id for b in await batches.list("acme")] == [b.id for b in reversed(made)]
