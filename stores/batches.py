@@ -54,10 +54,13 @@ end
 return 0
 """
 # Keeps a line's outcome (KEYS[2] field ARGV[1] = ARGV[2]) unless it has one, counting it in the
-# batch's ARGV[3] field; 1 if it was new.
+# batch's ARGV[3] field and its tokens in the batch's usage; 1 if it was new.
 RECORD = """
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
+redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'cached_tokens', ARGV[6])
+redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
 """
@@ -83,8 +86,12 @@ class Batch:
     output_file_id: str | None = None
     error_file_id: str | None = None
     times: dict[str, int] = field(default_factory=dict)  # status -> when it was reached (`in_progress_at`...)
-    completed: int = 0  # requests that answered; set when the batch ends
+    completed: int = 0  # requests that answered
     failed: int = 0  # requests that did not (their lines are in the error file)
+    model: str = ""  # its first request's
+    input_tokens: int = 0  # the usage of its requests so far, as billed
+    cached_tokens: int = 0
+    output_tokens: int = 0
 
     @property
     def running(self) -> bool:
@@ -134,6 +141,7 @@ class BatchStore:
         await self._redis.hset(self._batch(batch.id), mapping={
             "tenant": batch.tenant, "endpoint": batch.endpoint, "input_file_id": batch.input_file_id,
             "completion_window": batch.completion_window, "status": batch.status, "created_at": batch.created_at,
+            "model": batch.model,
             "expires_at": batch.expires_at, "total": batch.total, "metadata": json.dumps(batch.metadata),
             "errors": json.dumps(batch.errors),
             **{f"{status}_at": at for status, at in batch.times.items()}})
@@ -155,7 +163,8 @@ class BatchStore:
                      int(d["created_at"]), int(d["expires_at"]), int(d["total"]), json.loads(d["metadata"]),
                      json.loads(d["errors"]), d.get("output_file_id") or None, d.get("error_file_id") or None,
                      {k[:-3]: int(v) for k, v in d.items() if k.endswith("_at") and k not in ("created_at", "expires_at")},
-                     int(d.get("completed", 0)), int(d.get("failed", 0)))
+                     int(d.get("completed", 0)), int(d.get("failed", 0)), d.get("model", ""),
+                     int(d.get("input_tokens", 0)), int(d.get("cached_tokens", 0)), int(d.get("output_tokens", 0)))
 
     async def list(self, tenant: str) -> list[Batch]:
         """The tenant's batches, newest first."""
@@ -182,7 +191,8 @@ class BatchStore:
         counter = "completed" if outcome["answered"] else "failed"
         value = json.dumps(outcome, separators=(",", ":"))
         return bool(await self._record(keys=[self._batch(batch_id), self._outcomes(batch_id)],
-                                       args=[str(line), value, counter, self._ttl_s]))
+                                       args=[str(line), value, counter, self._ttl_s, outcome["prompt_tokens"],
+                                             outcome["cached_tokens"], outcome["completion_tokens"]]))
 
     async def outcomes(self, batch_id: str) -> dict[int, dict[str, Any]]:
         raw = await self._redis.hgetall(self._outcomes(batch_id))

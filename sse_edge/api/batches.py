@@ -82,7 +82,7 @@ async def create_batch(request: Request) -> Response:
         batch.status, batch.times[FAILED], batch.errors = FAILED, now, errors[:ERRORS_SHOWN]
         await edge.batches.create(batch)
         return JSONResponse(batch_body(batch))
-    batch.status, batch.times[IN_PROGRESS], batch.total = IN_PROGRESS, now, len(requests)
+    batch.status, batch.times[IN_PROGRESS], batch.total, batch.model = IN_PROGRESS, now, len(requests), requests[0].model
     await edge.batches.create(batch)  # before any request goes out: its outcome may come at once
     try:
         await publish_all(edge, requests)

@@ -68,7 +68,10 @@ def batch_body(batch: Batch) -> dict[str, Any]:
             "status": batch.status, "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
             "created_at": batch.created_at, "expires_at": batch.expires_at, **times,
             "request_counts": {"total": batch.total, "completed": batch.completed, "failed": batch.failed},
-            "metadata": batch.metadata or None}
+            "metadata": batch.metadata or None, "model": batch.model or None,
+            "usage": {"input_tokens": batch.input_tokens, "input_tokens_details": {"cached_tokens": batch.cached_tokens},
+                      "output_tokens": batch.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": batch.input_tokens + batch.output_tokens}}
 
 
 def list_body(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

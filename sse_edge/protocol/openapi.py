@@ -67,7 +67,9 @@ BATCH = {"type": "object", "required": ["id", "object", "endpoint", "input_file_
                                             "cancelling", "cancelled")},
     "request_counts": {"type": "object", "required": ["total", "completed", "failed"], "properties": {
         "total": {"type": "integer"}, "completed": {"type": "integer"}, "failed": {"type": "integer"}}},
-    "metadata": {"type": ["object", "null"]}}}
+    "metadata": {"type": ["object", "null"]}, "model": NULLABLE_ID,
+    "usage": {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"], "properties": {
+        "input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}}
 
 
 def _list_of(item: dict[str, Any]) -> dict[str, Any]:

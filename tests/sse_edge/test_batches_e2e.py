@@ -60,7 +60,7 @@ async def test_a_batch_s_output_is_the_engine_s_answer_to_each_line_in_line_orde
     assert batch.status == "in_progress" and batch.request_counts.total == 3 and batch.metadata == {"job": "nightly"}
 
     done = await ended(client, batch.id)
-    assert done.status == "completed" and done.error_file_id is None
+    assert done.status == "completed" and done.error_file_id is None and done.model == MODEL
     assert (done.request_counts.completed, done.request_counts.failed) == (3, 0)
     assert done.in_progress_at <= done.finalizing_at <= done.completed_at
     output = lines_of((await client.files.content(done.output_file_id)).content)
@@ -74,6 +74,10 @@ async def test_a_batch_s_output_is_the_engine_s_answer_to_each_line_in_line_orde
             want.text, want.finish_reason)
         assert body["usage"]["completion_tokens"] == want.completion_tokens
         assert line["response"]["request_id"] == body["id"] == f"{batch.id}-{output.index(line)}"
+    bodies = [line["response"]["body"] for line in output]
+    assert done.usage.output_tokens == sum(b["usage"]["completion_tokens"] for b in bodies)
+    assert done.usage.input_tokens == sum(b["usage"]["prompt_tokens"] for b in bodies) > 0
+    assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
     listed = await client.batches.list()
     assert [b.id for b in listed.data] == [batch.id]
 

@@ -78,6 +78,7 @@ async def test_an_outcome_counts_once_however_often_its_completion_is_read(redis
     assert await batches.record_outcome(batch.id, 1, failed) is True
     stored = await batches.get("acme", batch.id)
     assert (stored.completed, stored.failed, stored.total) == (1, 1, 3)
+    assert (stored.input_tokens, stored.output_tokens) == (10, 4)  # 5 and 2 each, the repeat not counted
     assert stored.metadata == {"job": "nightly"} and stored.times == {IN_PROGRESS: now}
     assert (await batches.outcomes(batch.id))[1]["error"] == "engine failed"
     assert await batches.get("other", batch.id) is None
