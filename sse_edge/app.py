@@ -19,6 +19,7 @@ from tokenbus.sse_edge.api.conversations import list_conversations, list_message
 from tokenbus.sse_edge.api.files import delete_file, file_content, list_files, retrieve_file, upload_file
 from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_key
 from tokenbus.sse_edge.api.models import list_models, retrieve_model
+from tokenbus.sse_edge.api.moderations import moderations
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
 from tokenbus.sse_edge.api.resume import resume_stream
 from tokenbus.sse_edge.api.usage import tenant_usage
@@ -87,6 +88,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/moderations", moderations, methods=["POST"]),
             Route("/v1/files", upload_file, methods=["POST"]),
             Route("/v1/files", list_files, methods=["GET"]),
             Route("/v1/files/{file_id}", retrieve_file, methods=["GET"]),

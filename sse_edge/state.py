@@ -44,10 +44,11 @@ class EdgeState:
     def __init__(self, settings: EdgeSettings) -> None:
         self.settings = settings
         self.metrics = EdgeMetrics()
+        self.policy = settings.moderation.load_policy()  # inline moderation's, and /v1/moderations'
         self.bus = TokenbusClient(settings.bus, settings.reply_partitions, settings.stream_idle_timeout_s,
                                   rotate_every_s=settings.reply_rotate_s,
                                   rotate_after_streams=settings.reply_rotate_streams,
-                                  policy=settings.moderation.load_policy() if settings.route == "inline" else None,
+                                  policy=self.policy if settings.route == "inline" else None,
                                   on_review=self._count_decision, on_placed=self._count_placement)
         self.watch = BrokerWatch(self.bus.producer, self.bus.router, settings.broker_check_s, settings.broker_grace_s)
         self.redis = redis_client(settings.redis_url, settings.redis_cluster, socket_connect_timeout=0.5,

@@ -59,6 +59,13 @@ class Admission:
             headers[FALLBACK_HEADER] = model
         return Admitted(served, [b for b in buckets if b.dimension == "tokens" and b.limit > 0], headers)
 
+    async def admit_call(self, key: ApiKey) -> dict[str, str]:
+        """A call that generates nothing (``/v1/moderations``): one request on the key's and its
+        tenant's per-minute limits (no model's); the rate-limit headers."""
+        tenant = await self._auth.tenant_limits(key.tenant)
+        return await self._charge([Bucket(f"{name}:rpm", "requests", limits.rpm, 1) for name, limits in
+                                   ((f"key:{key.key_id}", key.limits), (f"tenant:{key.tenant}", tenant))])
+
     def charge_completion(self, token_buckets: list[Bucket], completion_tokens: int) -> None:
         """Charge what a request generated to its token buckets, with the others ending now (best
         effort: Redis may be away)."""

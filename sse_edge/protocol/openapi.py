@@ -8,6 +8,7 @@ from tokenbus.sse_edge.protocol.batches import CreateBatchRequest
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueRequest
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
 from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
+from tokenbus.sse_edge.protocol.moderations import ModerationRequest
 
 ERROR = {
     "type": "object",
@@ -71,6 +72,13 @@ BATCH = {"type": "object", "required": ["id", "object", "endpoint", "input_file_
     "usage": {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"], "properties": {
         "input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}}
 
+MODERATION = {"type": "object", "required": ["id", "model", "results"], "properties": {
+    "id": {"type": "string"}, "model": {"type": "string"}, "results": {"type": "array", "items": {
+        "type": "object", "required": ["flagged", "categories", "category_scores", "action"], "properties": {
+            "flagged": {"type": "boolean"}, "action": {"enum": ["allow", "flag", "redact", "block"]},
+            "categories": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            "category_scores": {"type": "object", "additionalProperties": {"type": "number"}}}}}}}
+
 
 def _list_of(item: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": ["object", "data", "has_more"], "properties": {
@@ -120,11 +128,13 @@ def openapi_spec() -> dict[str, Any]:
     continue_schema = ContinueRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     create_key_schema = CreateKeyRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     create_batch_schema = CreateBatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    moderation_schema = ModerationRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
                   "CompletionRequest": text_schema, **text_schema.pop("$defs", {}),
                   "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {}),
                   "CreateKeyRequest": create_key_schema, "ApiKey": API_KEY,
-                  "CreateBatchRequest": create_batch_schema, "File": FILE, "Batch": BATCH}
+                  "CreateBatchRequest": create_batch_schema, "File": FILE, "Batch": BATCH,
+                  "ModerationRequest": moderation_schema, **moderation_schema.pop("$defs", {})}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
@@ -211,6 +221,13 @@ def openapi_spec() -> dict[str, Any]:
                 "operationId": "revokeKey", "security": secured, "description": "A tenant admin key only",
                 "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "Revoked"}, **_errors(401, 403, 404)}}},
+            "/v1/moderations": {"post": {
+                "operationId": "createModeration", "security": secured,
+                "description": "Each text decided by the edge's moderation policy as a prompt on the key's tier: "
+                               "the policy's categories, flagged unless the decision is `allow` (`action`).",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/ModerationRequest"}}}},
+                "responses": {"200": _json("One result an input", MODERATION), **_errors(400, 401, 408, 413, 429)}}},
             "/v1/files": {
                 "post": {"operationId": "createFile", "security": secured,
                          "description": "Upload a batch's input: JSON lines, each a request (custom_id, method, url, "
