@@ -24,7 +24,7 @@ from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
 from tokenbus.moderation.policy import DEFAULT_POLICY_FILE
 from tokenbus.stores.batches import BatchStore
 from tokenbus.stores.files import FileStore
-from tokenbus.stores.redis_client import redis_client
+from tokenbus.stores.redis_client import RedisClient, redis_client
 from tokenbus.topics import BusSettings, TopicCatalog, ensure_topics
 
 # The simulated engine every stack process runs; tests rebuild it in-process to know
@@ -147,6 +147,20 @@ def embedded(bus: BusSettings) -> BusSettings:
     """``bus`` with the embedded broker's client profile (doorbell, express lane, pacing)."""
     assert bus.doorbell_url, "the test stack runs Redis, so its bus has a doorbell"
     return bus.model_copy(update={"broker": "embedded"})
+
+
+@pytest.fixture(params=["server", "cluster"])
+async def each_redis(request: pytest.FixtureRequest) -> AsyncIterator[tuple[RedisClient, str]]:
+    """A client of the real Redis, one server and then a three-primary Redis Cluster, and a key
+    prefix of its own (its keys are removed after)."""
+    cluster = request.param == "cluster"
+    url = request.getfixturevalue("redis_cluster").url if cluster else "redis://127.0.0.1:6379/0"
+    client = redis_client(url, cluster)
+    prefix = f"test-{uuid.uuid4().hex[:8]}:"
+    yield client, prefix
+    async for key in client.scan_iter(f"{prefix}*"):
+        await client.delete(key)
+    await client.aclose()
 
 
 @pytest.fixture

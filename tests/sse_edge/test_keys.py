@@ -1,7 +1,6 @@
 """API keys against the real Redis (one server, and a three-primary Redis Cluster): stored hashed,
 verified, revoked; auth when Redis is down."""
 
-import uuid
 
 import pytest
 import redis.asyncio as redis
@@ -9,21 +8,14 @@ import redis.asyncio as redis
 from tokenbus.sse_edge.errors import ApiError
 from tokenbus.sse_edge.plumbing.auth import Authenticator
 from tokenbus.stores.keys import KeyStore, Limits, hash_key, parse_key_id
-from tokenbus.stores.redis_client import redis_client
 
 UNREACHABLE = "redis://127.0.0.1:1/0"
 
 
-@pytest.fixture(params=["server", "cluster"])
-async def store(request):
-    cluster = request.param == "cluster"
-    url = request.getfixturevalue("redis_cluster").url if cluster else "redis://127.0.0.1:6379/0"
-    client = redis_client(url, cluster)
-    prefix = f"test-keys-{uuid.uuid4().hex[:8]}:"
-    yield KeyStore(client, prefix), client, prefix
-    async for key in client.scan_iter(f"{prefix}*"):
-        await client.delete(key)
-    await client.aclose()
+@pytest.fixture
+def store(each_redis):
+    client, prefix = each_redis
+    return KeyStore(client, prefix), client, prefix
 
 
 async def test_keys_are_stored_only_as_hashes(store):

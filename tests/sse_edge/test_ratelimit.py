@@ -20,12 +20,10 @@ from tokenbus.sse_edge.plumbing.ratelimit import (
 from tokenbus.stores.redis_client import redis_client
 
 
-@pytest.fixture(params=["server", "cluster"])
-async def limiter(request):
-    cluster = request.param == "cluster"
-    client = redis_client(request.getfixturevalue("redis_cluster").url if cluster else "redis://127.0.0.1:6379/0", cluster)
-    yield RateLimiter(client, f"test-rl-{uuid.uuid4().hex[:8]}:")
-    await client.aclose()
+@pytest.fixture
+def limiter(each_redis):
+    client, prefix = each_redis
+    return RateLimiter(client, prefix)
 
 
 def buckets(rpm: int, tpm: int, tokens: int, name: str = "k") -> list[Bucket]:

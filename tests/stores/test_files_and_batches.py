@@ -4,9 +4,6 @@ own, an outcome counts once however often its Completion is read, a status moves
 where it may."""
 
 import time
-import uuid
-
-import pytest
 
 from tokenbus.schemas import ChatMessage, ChatRequest, Completion, ToolCall
 from tokenbus.stores.batches import (
@@ -24,19 +21,6 @@ from tokenbus.stores.batches import (
     new_batch_id,
 )
 from tokenbus.stores.files import PURPOSE_BATCH, FileStore
-from tokenbus.stores.redis_client import redis_client
-
-
-@pytest.fixture(params=["server", "cluster"])
-async def redis(request):
-    cluster = request.param == "cluster"
-    url = request.getfixturevalue("redis_cluster").url if cluster else "redis://127.0.0.1:6379/0"
-    client = redis_client(url, cluster)
-    prefix = f"test-batches-{uuid.uuid4().hex[:8]}:"
-    yield client, prefix
-    async for key in client.scan_iter(f"{prefix}*"):
-        await client.delete(key)
-    await client.aclose()
 
 
 def completion(batch_id: str, line: int, **outcome) -> Completion:
@@ -47,8 +31,8 @@ def completion(batch_id: str, line: int, **outcome) -> Completion:
     return Completion.for_request(request, **{**made, **outcome})
 
 
-async def test_files_are_read_back_by_their_tenant_only_newest_first(redis):
-    client, prefix = redis
+async def test_files_are_read_back_by_their_tenant_only_newest_first(each_redis):
+    client, prefix = each_redis
     files = FileStore(client, prefix, ttl_s=60)
     first = await files.create("acme", PURPOSE_BATCH, "a.jsonl", b'{"a": 1}\n')
     second = await files.create("acme", PURPOSE_BATCH, "b.jsonl", b"")
@@ -62,8 +46,8 @@ async def test_files_are_read_back_by_their_tenant_only_newest_first(redis):
     assert await files.get("acme", "file-../../etc") is None
 
 
-async def test_an_outcome_counts_once_however_often_its_completion_is_read(redis):
-    client, prefix = redis
+async def test_an_outcome_counts_once_however_often_its_completion_is_read(each_redis):
+    client, prefix = each_redis
     batches = BatchStore(client, prefix, ttl_s=60)
     now = int(time.time())
     batch = Batch(new_batch_id(), "acme", "/v1/chat/completions", "file-x", "24h", IN_PROGRESS, now, now + 86_400,
@@ -85,8 +69,8 @@ async def test_an_outcome_counts_once_however_often_its_completion_is_read(redis
     assert [b.id for b in await batches.list("acme")] == [batch.id] and await batches.list("other") == []
 
 
-async def test_a_status_moves_only_from_where_it_may(redis):
-    client, prefix = redis
+async def test_a_status_moves_only_from_where_it_may(each_redis):
+    client, prefix = each_redis
     batches = BatchStore(client, prefix, ttl_s=60)
     now = int(time.time())
     batch = Batch(new_batch_id(), "acme", "/v1/completions", "file-x", "24h", IN_PROGRESS, now, now + 86_400, total=1)
@@ -102,8 +86,8 @@ async def test_a_status_moves_only_from_where_it_may(redis):
     assert await batches.move(new_batch_id(), RUNNING, FINALIZING) is False  # no such batch
 
 
-async def test_batches_list_newest_first_even_within_one_second(redis):
-    client, prefix = redis
+async def test_batches_list_newest_first_even_within_one_second(each_redis):
+    client, prefix = each_redis
     batches = BatchStore(client, prefix, ttl_s=60)
     now = int(time.time())
     made = [Batch(new_batch_id(), "acme", "/v1/completions", "file-x", "24h", IN_PROGRESS, now, now + 86_400)
