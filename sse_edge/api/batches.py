@@ -201,7 +201,7 @@ async def cancel_batch(request: Request) -> Response:
         if batch.status == CANCELLING:
             return JSONResponse(batch_body(batch))
         raise Conflict(f"A batch that is {batch.status} cannot be cancelled.", code="batch_not_cancellable")
-    answered = await edge.batches.outcomes(batch.id)
+    answered = await edge.batches.answered_lines(batch.id)
     await cancel_all(edge, [batch_request_id(batch.id, line) for line in range(batch.total) if line not in answered],
                      "cancelled with its batch")
     return JSONResponse(batch_body(await finished(edge, await edge.batches.get(key.tenant, batch.id) or batch)))
