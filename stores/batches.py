@@ -54,8 +54,11 @@ end
 return 0
 """
 # Keeps a line's outcome (KEYS[2] field ARGV[1] = ARGV[2]) unless it has one, counting it in the
-# batch's ARGV[3] field and its tokens in the batch's usage; 1 if it was new.
+# batch's ARGV[3] field and its tokens in the batch's usage; 1 if it was new. Only while the batch
+# (KEYS[1]) runs: one finishing has its files written from the outcomes it had, and its counts are theirs.
 RECORD = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'in_progress' and status ~= 'cancelling' then return 0 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[5])
@@ -186,8 +189,8 @@ class BatchStore:
         return bool(await self._move(keys=[self._batch(batch_id)], args=args))
 
     async def record_outcome(self, batch_id: str, line: int, outcome: dict[str, Any]) -> bool:
-        """Keep a request's outcome (``batch_outcome``) unless its line has one already, and count
-        it; whether it was new."""
+        """Keep a request's outcome (``batch_outcome``) unless its line has one already or the batch
+        no longer runs, and count it; whether it was kept."""
         counter = "completed" if outcome["answered"] else "failed"
         value = json.dumps(outcome, separators=(",", ":"))
         return bool(await self._record(keys=[self._batch(batch_id), self._outcomes(batch_id)],

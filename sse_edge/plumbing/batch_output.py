@@ -17,6 +17,7 @@ from tokenbus.sse_edge.protocol.batches import BatchLine
 from tokenbus.sse_edge.protocol.responses import completion_body
 from tokenbus.stores.batches import (
     CANCELLED,
+    CANCELLING,
     COMPLETED,
     EXPIRED,
     FINALIZING,
@@ -47,6 +48,7 @@ async def finish(batches: BatchStore, files: FileStore, batch: Batch, input_file
     """Write the batch's files and end it, unless another edge is doing so; the batch as it is then."""
     if not await batches.move(batch.id, (*RUNNING, FINALIZING) if batch.status == FINALIZING else RUNNING, FINALIZING):
         return await batches.get(batch.tenant, batch.id) or batch
+    batch = await batches.get(batch.tenant, batch.id) or batch  # cancelled since it was read?
     outcomes = await batches.outcomes(batch.id)
     custom_ids = custom_ids_of(input_file) if input_file is not None and len(outcomes) < batch.total else {}
     answered: list[str] = []
@@ -64,7 +66,7 @@ async def finish(batches: BatchStore, files: FileStore, batch: Batch, input_file
                                 "".join(f"{line}\n" for line in answered).encode())
     errors = await files.create(batch.tenant, PURPOSE_BATCH_OUTPUT, f"{batch.id}_error.jsonl",
                                 "".join(f"{line}\n" for line in failed).encode()) if failed else None
-    status = CANCELLED if "cancelling" in batch.times else EXPIRED if expired else COMPLETED
+    status = CANCELLED if CANCELLING in batch.times else EXPIRED if expired else COMPLETED
     await batches.move(batch.id, (FINALIZING,), status, output_file_id=output.id,
                        error_file_id=errors.id if errors else "", completed=len(answered), failed=len(failed))
     return await batches.get(batch.tenant, batch.id) or batch

@@ -9,7 +9,7 @@ import time
 from tests.stores.test_files_and_batches import completion
 from tokenbus.schemas.request_checks import DEADLINE_PASSED
 from tokenbus.sse_edge.plumbing import batch_output
-from tokenbus.stores.batches import COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS, Batch, new_batch_id
+from tokenbus.stores.batches import COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS, Batch, batch_outcome, new_batch_id
 from tokenbus.stream_processors.batches import BatchOutcomes
 
 
@@ -44,6 +44,9 @@ async def test_an_answered_batch_is_finished_once_with_its_files_in_line_order(b
     assert "engine failed" in errors[0]["response"]["body"]["error"]["message"]
     again = await batch_output.finish(batches, files, batch, None)  # a second edge: nothing more written
     assert again.output_file_id == done.output_file_id and len(await files.list("acme")) == 2
+    late = completion(batch.id, 1, text="a redelivery after the end")
+    assert await batches.record_outcome(batch.id, 1, batch_outcome(late)) is False  # ended: its counts stay
+    assert (await batches.get("acme", batch.id)).completed == 2
 
 
 async def test_a_batch_past_its_window_ends_expired_naming_the_lines_never_answered(batch_stores):
