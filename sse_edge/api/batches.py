@@ -57,9 +57,10 @@ from tokenbus.stores.keys import ApiKey
 ERRORS_SHOWN = 100  # a failed batch names this many of its bad lines
 PUBLISH_WINDOW = 256  # requests in flight to the broker at once while a batch is published
 YIELD_EVERY = 32  # lines checked between turns of the event loop (a line takes ~0.1-0.3 ms)
-# What a line may not ask: a batch's answer is one whole response a request, without log probabilities.
+# What a line may not ask: a batch's answer is one whole response a request, as its Completion
+# records it (without log probabilities or an echoed prompt).
 NOT_IN_A_BATCH = {"stream": "Streaming", "n": "More than one choice", "logprobs": "Log probabilities",
-                  "prompt_logprobs": "Prompt log probabilities"}
+                  "prompt_logprobs": "Prompt log probabilities", "echo": "Echoing the prompt"}
 
 
 async def create_batch(request: Request) -> Response:

@@ -121,16 +121,17 @@ async def test_a_file_with_bad_lines_fails_whole_and_names_them(edge_url, tenant
         json.dumps(chat_line("streamed", "x", 1, stream=True)),
         json.dumps(chat_line("nobody", "x", 1, model="no-such-model")),
         json.dumps(chat_line("too-hot", "x", 1, temperature=7)),
+        json.dumps(chat_line("echoed", "x", 1, echo=True)),
     ]
     uploaded = await client.files.create(file=("bad.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
     batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                         completion_window="24h")
     assert batch.status == "failed" and batch.failed_at is not None and batch.request_counts.total == 0
     errors = {e.line: (e.code, e.param) for e in batch.errors.data}
-    assert set(errors) == {2, 3, 4, 5, 6, 7}
+    assert set(errors) == {2, 3, 4, 5, 6, 7, 8}
     assert errors[3] == ("invalid_url", "url") and errors[4] == ("duplicate_custom_id", "custom_id")
     assert errors[5] == ("invalid_value", "body.stream") and errors[6][0] == "model_not_found"
-    assert errors[7][1] == "temperature"
+    assert errors[7][1] == "temperature" and errors[8] == ("invalid_value", "body.echo")
     assert (await client.batches.retrieve(batch.id)).status == "failed"
 
     with pytest.raises(openai.NotFoundError):
