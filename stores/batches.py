@@ -12,7 +12,9 @@ shares:
 - each tenant's batches: a sorted set by creation time.
 
 A batch's requests are ``{batch_id}-{line}`` on the bus, and carry the batch and the line in
-their annotations, which every Completion copies. A status moves only from the ones it may come
+their annotations, which every Completion copies. The batch says how many are published; an edge
+that finds that count stale takes the publishing over (``take_over_publishing``, one script: one
+edge does). A status moves only from the ones it may come
 from (``move``, one script: two edges finishing the same batch do it once)."""
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ CUSTOM_ID = "custom_id"
 VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
 COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
 FAILED_FINISHES = ("error", "cancelled")
+NOT_STATUS_TIMES = ("created_at", "expires_at")
 RUNNING = (IN_PROGRESS, CANCELLING)  # requests still out on the bus
 ENDED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
 
@@ -52,6 +55,15 @@ for allowed in string.gmatch(ARGV[1], '[^,]+') do
   end
 end
 return 0
+"""
+# Takes over publishing a batch (KEYS[1]) whose publisher has not moved since ARGV[1]: moves
+# published_at_ms on (to ARGV[2], and past ARGV[1] whatever the clocks say) if it is still ARGV[1]
+# and the batch is in progress; 1 if it did.
+TAKE_OVER = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 0 end
+if redis.call('HGET', KEYS[1], 'published_at_ms') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'published_at_ms', math.max(tonumber(ARGV[2]), tonumber(ARGV[1]) + 1))
+return 1
 """
 # Keeps a line's outcome (KEYS[2] field ARGV[1] = ARGV[2]) unless it has one, counting it in the
 # batch's ARGV[3] field and its tokens in the batch's usage; 1 if it was new. Only while the batch
@@ -92,6 +104,9 @@ class Batch:
     completed: int = 0  # requests that answered
     failed: int = 0  # requests that did not (their lines are in the error file)
     model: str = ""  # its first request's
+    key_id: str = ""  # the key that made it (its requests are that key's)
+    published: int = 0  # its requests on the bus so far (the first ones), and when that last grew
+    published_at_ms: int = 0
     input_tokens: int = 0  # the usage of its requests so far, as billed
     cached_tokens: int = 0
     output_tokens: int = 0
@@ -130,6 +145,7 @@ class BatchStore:
         self._ttl_s = ttl_s
         self._move = client.register_script(MOVE)
         self._record = client.register_script(RECORD)
+        self._take_over = client.register_script(TAKE_OVER)
 
     def _batch(self, batch_id: str) -> str:
         return f"{self._prefix}batch:{{{batch_id}}}"
@@ -144,7 +160,8 @@ class BatchStore:
         await self._redis.hset(self._batch(batch.id), mapping={
             "tenant": batch.tenant, "endpoint": batch.endpoint, "input_file_id": batch.input_file_id,
             "completion_window": batch.completion_window, "status": batch.status, "created_at": batch.created_at,
-            "model": batch.model,
+            "model": batch.model, "key_id": batch.key_id, "published": batch.published,
+            "published_at_ms": batch.published_at_ms,
             "expires_at": batch.expires_at, "total": batch.total, "metadata": json.dumps(batch.metadata),
             "errors": json.dumps(batch.errors),
             **{f"{status}_at": at for status, at in batch.times.items()}})
@@ -165,9 +182,11 @@ class BatchStore:
         return Batch(batch_id, tenant, d["endpoint"], d["input_file_id"], d["completion_window"], d["status"],
                      int(d["created_at"]), int(d["expires_at"]), int(d["total"]), json.loads(d["metadata"]),
                      json.loads(d["errors"]), d.get("output_file_id") or None, d.get("error_file_id") or None,
-                     {k[:-3]: int(v) for k, v in d.items() if k.endswith("_at") and k not in ("created_at", "expires_at")},
-                     int(d.get("completed", 0)), int(d.get("failed", 0)), d.get("model", ""),
-                     int(d.get("input_tokens", 0)), int(d.get("cached_tokens", 0)), int(d.get("output_tokens", 0)))
+                     {k[:-3]: int(v) for k, v in d.items() if k.endswith("_at") and k not in NOT_STATUS_TIMES},
+                     completed=int(d.get("completed", 0)), failed=int(d.get("failed", 0)), model=d.get("model", ""),
+                     key_id=d.get("key_id", ""), published=int(d.get("published", 0)),
+                     published_at_ms=int(d.get("published_at_ms", 0)), input_tokens=int(d.get("input_tokens", 0)),
+                     cached_tokens=int(d.get("cached_tokens", 0)), output_tokens=int(d.get("output_tokens", 0)))
 
     async def list(self, tenant: str) -> list[Batch]:
         """The tenant's batches, newest first."""
@@ -187,6 +206,17 @@ class BatchStore:
         for name, value in fields.items():
             args += [name, value]
         return bool(await self._move(keys=[self._batch(batch_id)], args=args))
+
+    async def published(self, batch_id: str, lines: int) -> None:
+        """The batch's first ``lines`` requests are on the bus (its publisher is alive)."""
+        await self._redis.hset(self._batch(batch_id), mapping={"published": lines,
+                                                               "published_at_ms": int(time.time() * 1000)})
+
+    async def take_over_publishing(self, batch: Batch) -> bool:
+        """Claim the publishing of a batch whose publisher stopped (it has not moved since
+        ``batch.published_at_ms``); whether this caller has it now."""
+        return bool(await self._take_over(keys=[self._batch(batch.id)],
+                                          args=[batch.published_at_ms, int(time.time() * 1000)]))
 
     async def record_outcome(self, batch_id: str, line: int, outcome: dict[str, Any]) -> bool:
         """Keep a request's outcome (``batch_outcome``) unless its line has one already or the batch

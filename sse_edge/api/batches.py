@@ -9,12 +9,14 @@ published at the batch tier (``TOKENBUS_EDGE_BATCH_TIER``, the lowest by default
 GPU consumers serve it after the tiers above it; its Completions are billed like any other; the
 batches processor keeps each one's outcome, and the edge asked about the batch once all are in
 writes its output and error files (plumbing/batch_output.py). No rate limit or queue-depth limit
-applies: the request log is the queue. The tenant always comes from the key."""
+applies: the request log is the queue. An edge that stops while it publishes a batch leaves the
+rest to the next edge asked about it (``publish_rest``). The tenant always comes from the key."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -54,7 +56,10 @@ from tokenbus.stores.batches import (
 from tokenbus.stores.files import PURPOSE_BATCH
 from tokenbus.stores.keys import ApiKey
 
+log = logging.getLogger(__name__)
+
 ERRORS_SHOWN = 100  # a failed batch names this many of its bad lines
+STALE_PUBLISHING_S = 60  # a batch whose published count has not grown this long: its edge stopped
 PUBLISH_WINDOW = 256  # requests in flight to the broker at once while a batch is published
 YIELD_EVERY = 32  # lines checked between turns of the event loop (a line takes ~0.1-0.3 ms)
 # What a line may not ask: a batch's answer is one whole response a request, as its Completion
@@ -77,7 +82,8 @@ async def create_batch(request: Request) -> Response:
                              param="input_file_id", code="invalid_file_purpose")
     now = int(time.time())
     batch = Batch(new_batch_id(), key.tenant, asked.endpoint, stored.id, asked.completion_window, VALIDATING, now,
-                  now + COMPLETION_WINDOW_S[asked.completion_window], metadata=asked.metadata or {})
+                  now + COMPLETION_WINDOW_S[asked.completion_window], metadata=asked.metadata or {},
+                  key_id=key.key_id, published_at_ms=now * 1000)
     requests, errors = await bus_requests(edge, key, batch, content)
     if errors:
         batch.status, batch.times[FAILED], batch.errors = FAILED, now, errors[:ERRORS_SHOWN]
@@ -86,7 +92,7 @@ async def create_batch(request: Request) -> Response:
     batch.status, batch.times[IN_PROGRESS], batch.total, batch.model = IN_PROGRESS, now, len(requests), requests[0].model
     await edge.batches.create(batch)  # before any request goes out: its outcome may come at once
     try:
-        await publish_all(edge, requests)
+        await publish_all(edge, batch.id, requests)
     except KafkaError as exc:
         await cancel_all(edge, [r.request_id for r in requests], "its batch could not be published")
         await edge.batches.move(batch.id, (IN_PROGRESS,), FAILED, errors=json.dumps(
@@ -169,11 +175,36 @@ def asks(name: str, value: object) -> bool:
     return value != 1 if name == "n" else True
 
 
-async def publish_all(edge: EdgeState, requests: list[ChatRequest]) -> None:
+async def publish_all(edge: EdgeState, batch_id: str, requests: list[ChatRequest], start: int = 0) -> None:
+    """Publish the batch's requests from ``start`` on, a window at a time, saying after each how
+    many are out (so that another edge can go on from there should this one stop)."""
     ingress = edge.bus.catalog.ingress if edge.settings.route == "ingress" else None
-    for start in range(0, len(requests), PUBLISH_WINDOW):
-        window = requests[start:start + PUBLISH_WINDOW]
+    for first in range(start, len(requests), PUBLISH_WINDOW):
+        window = requests[first:first + PUBLISH_WINDOW]
         await asyncio.gather(*(edge.bus.publish(r, topic=ingress) for r in window))
+        await edge.batches.published(batch_id, first + len(window))
+
+
+async def publish_rest(edge: EdgeState, batch: Batch) -> None:
+    """Go on publishing a batch whose edge stopped halfway (its published count stale), from that
+    count: its requests are made again from its file, with the same ids. The window the stopped
+    edge had in flight may go out twice; the pipeline is idempotent by request id (a line keeps
+    its first outcome, billing and transcripts count a request once). A key revoked since, or a
+    file deleted, leaves the rest unpublished: those lines expire with the batch."""
+    if not await edge.batches.take_over_publishing(batch):
+        return  # another edge has it
+    key = await edge.keys.get(batch.key_id)
+    content = await edge.files.content(batch.tenant, batch.input_file_id)
+    if key is None or key.revoked or content is None:
+        return
+    requests, errors = await bus_requests(edge, key, batch, content)
+    if errors or len(requests) != batch.total:  # the edge's settings changed since: not the batch it was
+        log.warning("batch %s: %d lines no longer pass; they stay unpublished", batch.id, len(errors))
+        return
+    try:
+        await publish_all(edge, batch.id, requests, start=batch.published)
+    except KafkaError as exc:  # it is stale again in a minute, and the next edge asked tries
+        log.warning("batch %s: publishing the rest failed: %s", batch.id, type(exc).__name__)
 
 
 async def cancel_all(edge: EdgeState, request_ids: list[str], reason: str) -> None:
@@ -219,8 +250,13 @@ async def tenant_batch(request: Request) -> tuple[EdgeState, ApiKey, Batch]:
 
 
 async def finished(edge: EdgeState, batch: Batch) -> Batch:
-    """The batch, finished first if it is due (plumbing/batch_output.py)."""
-    if not batch_output.due(batch, time.time()):
+    """The batch, finished first if it is due (plumbing/batch_output.py); one whose edge stopped
+    publishing it goes on being published meanwhile."""
+    now = time.time()
+    stalled = now - batch.published_at_ms / 1000 > STALE_PUBLISHING_S
+    if batch.status == IN_PROGRESS and batch.published < batch.total and stalled:
+        edge.in_background(publish_rest(edge, batch))
+    if not batch_output.due(batch, now):
         return batch
     needs_input = batch.completed + batch.failed < batch.total  # lines never answered: their custom_id
     content = await edge.files.content(batch.tenant, batch.input_file_id) if needs_input else None

@@ -5,6 +5,7 @@ order; bad files fail whole, naming their lines; a cancelled batch ends with wha
 no tenant sees another's files or batches."""
 
 import json
+import time
 import uuid
 
 import httpx
@@ -14,6 +15,9 @@ import pytest
 from tests.conftest import MODEL, SLOW_MODEL, UNSERVED_MODEL
 from tests.expected import expected_output
 from tests.stream_processors.helpers import eventually
+from tokenbus.stores.batches import IN_PROGRESS, Batch, BatchStore, new_batch_id
+from tokenbus.stores.keys import parse_key_id
+from tokenbus.stores.redis_client import redis_client
 
 pytestmark = pytest.mark.stack
 
@@ -94,6 +98,33 @@ async def test_a_batch_s_output_is_the_engine_s_answer_to_each_line_in_line_orde
         line["response"]["body"]["usage"]["completion_tokens"] for line in output)
     files = {f.id: f.purpose for f in (await client.files.list()).data}
     assert files == {uploaded.id: "batch", done.output_file_id: "batch_output"}
+
+
+async def test_a_batch_whose_edge_stopped_publishing_it_is_published_by_the_next_edge_asked(stack, edge_url,
+                                                                                               tenant_key):
+    """As an edge killed before it published a batch's first window leaves it: stored, in
+    progress, nothing published, its published count a minute old. The next edge asked about it
+    takes the publishing over, and the batch completes with every line answered."""
+    client = client_of(edge_url, tenant_key)
+    asked = [("a", "name a river", 21), ("b", "name a sea", 22), ("c", "name a lake", 23)]
+    uploaded = await client.files.create(file=("resumed.jsonl", jsonl([chat_line(*a) for a in asked])), purpose="batch")
+    async with httpx.AsyncClient(timeout=30) as http:
+        tenant = (await http.get(f"{edge_url}/v1/keys/self", headers={"Authorization": f"Bearer {tenant_key}"})).json()
+    redis = redis_client(stack.settings.redis_url)
+    batches = BatchStore(redis, stack.settings.redis_prefix)
+    then = int(time.time()) - 120
+    stopped = Batch(new_batch_id(), tenant["tenant"], "/v1/chat/completions", uploaded.id, "24h", IN_PROGRESS, then,
+                    then + 86_400, total=3, model=MODEL, key_id=parse_key_id(tenant_key), published=0,
+                    published_at_ms=then * 1000, times={IN_PROGRESS: then})
+    await batches.create(stopped)
+    done = await ended(client, stopped.id)
+    await redis.aclose()
+    assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (3, 0)
+    output = lines_of((await client.files.content(done.output_file_id)).content)
+    assert [line["custom_id"] for line in output] == ["a", "b", "c"]
+    for line, (_, content, seed) in zip(output, asked, strict=True):
+        want = await expected_output([{"role": "user", "content": content}], seed=seed, max_tokens=30)
+        assert line["response"]["body"]["choices"][0]["message"]["content"] == want.text
 
 
 async def test_a_text_completion_batch_answers_in_text_completion_shapes(edge_url, tenant_key):

@@ -96,3 +96,18 @@ async def test_batches_list_newest_first_even_within_one_second(each_redis):
     for batch in made:
         await batches.create(batch)
     assert [b.id for b in await batches.list("acme")] == [b.id for b in reversed(made)]
+
+
+async def test_one_caller_takes_over_a_stalled_publishing(each_redis):
+    client, prefix = each_redis
+    batches = BatchStore(client, prefix, ttl_s=60)
+    now = int(time.time())
+    batch = Batch(new_batch_id(), "acme", "/v1/completions", "file-x", "24h", IN_PROGRESS, now - 120, now + 86_400,
+                  total=600, key_id="k", published_at_ms=(now - 120) * 1000)
+    await batches.create(batch)
+    await batches.published(batch.id, 256)
+    assert await batches.take_over_publishing(batch) is False  # it moved since it was read: its edge is alive
+    moved = await batches.get("acme", batch.id)
+    assert (moved.published, moved.key_id) == (256, "k") and moved.published_at_ms >= now * 1000
+    assert await batches.take_over_publishing(moved) is True
+    assert await batches.take_over_publishing(moved) is False  # a second edge, with the same stale read
