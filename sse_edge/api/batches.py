@@ -76,7 +76,7 @@ async def create_batch(request: Request) -> Response:
     stored = await edge.files.get(key.tenant, asked.input_file_id)
     content = await edge.files.content(key.tenant, asked.input_file_id) if stored else None
     if stored is None or content is None:
-        raise file_not_found(asked.input_file_id)
+        raise file_not_found(asked.input_file_id, "input_file_id")
     if stored.purpose != PURPOSE_BATCH:
         raise InvalidRequest(f"The file {stored.id} was not uploaded for a batch (its purpose is `{stored.purpose}`).",
                              param="input_file_id", code="invalid_file_purpose")

@@ -107,8 +107,8 @@ async def tenant_file(request: Request) -> tuple[EdgeState, ApiKey, StoredFile]:
     return edge, key, stored
 
 
-def file_not_found(file_id: str) -> NotFound:
-    return NotFound(f"No such File object: {file_id}", param="file_id", code="file_not_found")
+def file_not_found(file_id: str, param: str = "file_id") -> NotFound:
+    return NotFound(f"No such File object: {file_id}", param=param, code="file_not_found")
 
 
 def cursor_page(items: list[Item], request: Request, default_limit: int, max_limit: int) -> tuple[list[Item], bool]:

@@ -165,9 +165,10 @@ async def test_a_file_with_bad_lines_fails_whole_and_names_them(edge_url, tenant
     assert errors[7][1] == "temperature" and errors[8] == ("invalid_value", "body.echo")
     assert (await client.batches.retrieve(batch.id)).status == "failed"
 
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:
         await client.batches.create(input_file_id="file-" + "0" * 24, endpoint="/v1/chat/completions",
                                     completion_window="24h")
+    assert missing.value.body["param"] == "input_file_id"
     with pytest.raises(openai.BadRequestError) as refused:
         await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                     completion_window="1h")  # the one window is 24h
