@@ -230,3 +230,20 @@ async def test_uploads_that_are_not_a_batch_file_get_clear_errors(edge_url, tena
     assert (not_a_form.status_code, not_a_form.json()["error"]["code"]) == (400, "invalid_content_type")
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "file_not_found")
     assert (bad_limit.status_code, bad_limit.json()["error"]["param"]) == (400, "limit")
+
+
+async def test_files_and_batches_page_with_after_cursors(edge_url, tenant_key):
+    client = client_of(edge_url, tenant_key)
+    made = [(await client.files.create(file=(f"f{i}.jsonl", b"{}\n"), purpose="batch")).id for i in range(3)]
+    first = await client.files.list(limit=2)
+    assert [f.id for f in first.data] == made[:0:-1] and first.has_more  # newest first
+    rest = await client.files.list(limit=2, after=first.data[-1].id)
+    assert [f.id for f in rest.data] == made[:1] and not rest.has_more
+    oldest_first = await client.files.list(order="asc")
+    assert [f.id for f in oldest_first.data] == made
+    every = [f.id async for f in client.files.list(limit=1)]  # the client's auto-paging follows the cursor
+    assert every == made[::-1]
+    async with httpx.AsyncClient(timeout=30) as http:
+        unknown = await http.get(f"{edge_url}/v1/files", params={"after": "file-" + "0" * 24},
+                                 headers={"Authorization": f"Bearer {tenant_key}"})
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (400, "invalid_cursor")
