@@ -17,7 +17,7 @@ from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.queue_depth import QueueDepthMonitor
 from tokenbus.sse_edge.plumbing.ratelimit import Bucket, CompletionCharges, RateLimiter, RedisUnavailable
 from tokenbus.sse_edge.settings import EdgeSettings
-from tokenbus.stores.keys import ApiKey
+from tokenbus.stores.keys import ApiKey, Limits
 
 MODEL_HEADER = "x-tokenbus-model"  # the model that serves the request
 FALLBACK_HEADER = "x-tokenbus-fallback-from"  # the model asked for, when another serves it
@@ -62,9 +62,8 @@ class Admission:
     async def admit_call(self, key: ApiKey) -> dict[str, str]:
         """A call that generates nothing (``/v1/moderations``): one request on the key's and its
         tenant's per-minute limits (no model's); the rate-limit headers."""
-        tenant = await self._auth.tenant_limits(key.tenant)
-        return await self._charge([Bucket(f"{name}:rpm", "requests", limits.rpm, 1) for name, limits in
-                                   ((f"key:{key.key_id}", key.limits), (f"tenant:{key.tenant}", tenant))])
+        levels = await self._levels(key)
+        return await self._charge([Bucket(f"{name}:rpm", "requests", limits.rpm, 1) for name, limits in levels.values()])
 
     def charge_completion(self, token_buckets: list[Bucket], completion_tokens: int) -> None:
         """Charge what a request generated to its token buckets, with the others ending now (best
@@ -104,10 +103,8 @@ class Admission:
     async def quota(self, key: ApiKey) -> dict[str, dict[str, int | None]]:
         """The key's own and its tenant's per-minute limits and what is left of them now (None:
         no limit at that level)."""
-        tenant = await self._auth.tenant_limits(key.tenant)
-        levels = {"key": (f"key:{key.key_id}", key.limits), "tenant": (f"tenant:{key.tenant}", tenant)}
         quota: dict[str, dict[str, int | None]] = {}
-        for level, (name, limits) in levels.items():
+        for level, (name, limits) in (await self._levels(key)).items():
             buckets = [Bucket(f"{name}:rpm", "requests", limits.rpm, 0), Bucket(f"{name}:tpm", "tokens", limits.tpm, 0)]
             limited = [b for b in buckets if b.limit > 0]
             left = dict(zip([b.name for b in limited], await self._limiter.remaining(limited), strict=True))
@@ -118,11 +115,14 @@ class Admission:
             }
         return quota
 
+    async def _levels(self, key: ApiKey) -> dict[str, tuple[str, Limits]]:
+        """The key's own and its tenant's limits, each under the name its buckets take."""
+        return {"key": (f"key:{key.key_id}", key.limits),
+                "tenant": (f"tenant:{key.tenant}", await self._auth.tenant_limits(key.tenant))}
+
     async def _buckets(self, key: ApiKey, model: str, prompt_tokens: int) -> list[Bucket]:
-        tenant = await self._auth.tenant_limits(key.tenant)
         route = await self._auth.route_limits(model, key.tier)
-        levels = [(f"key:{key.key_id}", key.limits), (f"tenant:{key.tenant}", tenant),
-                  (f"route:{model}:{key.tier}", route)]
+        levels = [*(await self._levels(key)).values(), (f"route:{model}:{key.tier}", route)]
         buckets = []
         for name, limits in levels:
             buckets.append(Bucket(f"{name}:rpm", "requests", limits.rpm, 1))
