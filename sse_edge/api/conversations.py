@@ -11,15 +11,9 @@ from starlette.responses import JSONResponse, Response
 
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound
 from tokenbus.sse_edge.protocol.responses import tool_calls_body
+from tokenbus.sse_edge.protocol.validation import page_params
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.transcripts.model import BadCursor, Page, TranscriptMessage
-
-
-def page_params(request: Request, default_limit: int) -> tuple[int, str | None]:
-    raw = request.query_params.get("limit", str(default_limit))
-    if not raw.isdigit() or not 1 <= int(raw) <= 500:
-        raise InvalidRequest("limit must be an integer from 1 to 500.", param="limit", code="invalid_value")
-    return int(raw), request.query_params.get("after") or None
 
 
 def invalid_cursor() -> InvalidRequest:

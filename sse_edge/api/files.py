@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound
 from tokenbus.sse_edge.protocol.batches import file_body, list_body
-from tokenbus.sse_edge.protocol.validation import read_body
+from tokenbus.sse_edge.protocol.validation import page_params, read_body
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.files import PURPOSE_BATCH, StoredFile
 from tokenbus.stores.keys import ApiKey
@@ -114,10 +114,7 @@ def file_not_found(file_id: str, param: str = "file_id") -> NotFound:
 def cursor_page(items: list[Item], request: Request, default_limit: int, max_limit: int) -> tuple[list[Item], bool]:
     """A page of ``items`` (each with an ``id``) after the one the ``after`` parameter names, of
     ``limit`` items; and whether more follow."""
-    raw = request.query_params.get("limit", str(default_limit))
-    if not raw.isdigit() or not 1 <= int(raw) <= max_limit:
-        raise InvalidRequest(f"limit must be an integer from 1 to {max_limit}.", param="limit", code="invalid_value")
-    limit, after = int(raw), request.query_params.get("after")
+    limit, after = page_params(request, default_limit, max_limit)
     start = 0
     if after:
         ids = [item.id for item in items]

@@ -48,6 +48,14 @@ async def read_body(request: Request, max_body_bytes: int, timeout_s: float) -> 
     return bytes(raw)
 
 
+def page_params(request: Request, default_limit: int, max_limit: int = 500) -> tuple[int, str | None]:
+    """A list's page: its ``limit`` (1 to ``max_limit``) and the ``after`` cursor, if any."""
+    raw = request.query_params.get("limit", str(default_limit))
+    if not raw.isdigit() or not 1 <= int(raw) <= max_limit:
+        raise InvalidRequest(f"limit must be an integer from 1 to {max_limit}.", param="limit", code="invalid_value")
+    return int(raw), request.query_params.get("after") or None
+
+
 def body_hash(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
