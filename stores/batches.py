@@ -85,6 +85,12 @@ def batch_request_id(batch_id: str, line: int) -> str:
     return f"{batch_id}-{line}"
 
 
+def may_be_batch_request(key: bytes | None) -> bool:
+    """Whether a record keyed by request id may be a batch request's (its id is ``batch_...-N``),
+    read before the record is decoded: every other one is not."""
+    return key is not None and key.startswith(b"batch_")
+
+
 @dataclass(slots=True)
 class Batch:
     id: str

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenbus.moderation import Policy
 from tokenbus.schemas import ChatRequest, Completion, TokenEvent
-from tokenbus.stores.batches import BatchStore
+from tokenbus.stores.batches import BatchStore, may_be_batch_request
 from tokenbus.stores.billing.clickhouse import UsageWriter
 from tokenbus.stores.billing.prices import PriceTable
 from tokenbus.stores.billing.report import UsageQuery, reconcile, request_usage, usage_report
@@ -195,7 +195,11 @@ def add_batches(app: faust.App, ctx: ProcessorContext) -> None:
     @app.agent(topic(app, ctx.catalog.completions), name=outcomes.name)
     async def keep_batch_outcomes(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            await ctx.process(outcomes.name, event.message, Completion, outcomes.handle)
+            # Most completions answer no batch: they pass by undecoded (billing and transcripts decode their own).
+            if may_be_batch_request(event.message.key):
+                await ctx.process(outcomes.name, event.message, Completion, outcomes.handle)
+            else:
+                ctx.passed(outcomes.name, event.message)
 
 
 def add_billing(app: faust.App, ctx: ProcessorContext) -> ClickHouseSink:

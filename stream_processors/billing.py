@@ -61,7 +61,7 @@ class ClickHouseSink:
         # Decode (dead-lettering what does not decode), then write until ClickHouse takes it.
         decoded: list[tuple[Any, R]] = []
         for message in messages:
-            self.ctx.positions[(processor, message.topic, message.partition)] = message.offset + 1
+            self.ctx.passed(processor, message)
             try:
                 decoded.append((message, await self.ctx.decode_waiting_for_registry(processor, message, record_type)))
             except DecodeError as exc:

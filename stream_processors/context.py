@@ -167,6 +167,10 @@ class ProcessorContext:
             except self.transient as exc:
                 failed = exc
 
+    def passed(self, processor: str, message: Any) -> None:
+        """``processor`` has read ``message`` (its lag counts from the next one)."""
+        self.positions[(processor, message.topic, message.partition)] = message.offset + 1
+
     async def process(self, processor: str, message: Any, record_type: type[RecordT],
                       handle: Callable[[RecordT, Any], Awaitable[None]]) -> None:
         """A faust agent's record, as ``process_record``, and once begun processed to its end
@@ -179,7 +183,7 @@ class ProcessorContext:
         As is for a reader that commits only the records it finished, so that one cut off is
         read again (topics/rolled_logs.py): a task and a shield per record (``run_to_end``)
         cost more than the rest of moderating a token event."""
-        self.positions[(processor, message.topic, message.partition)] = message.offset + 1
+        self.passed(processor, message)
         try:
             record = await self.decode_waiting_for_registry(processor, message, record_type)
         except DecodeError as exc:

@@ -17,7 +17,16 @@ from tests.faults.conftest import FAULT_RUNS
 from tests.stream_processors.helpers import Processors, eventually
 from tokenbus.infra.devstack.stack import EmbeddedStack
 from tokenbus.schemas import AvroCodec, ChatMessage, Completion
-from tokenbus.stores.batches import BATCH, BATCH_LINE, CUSTOM_ID, IN_PROGRESS, Batch, BatchStore, new_batch_id
+from tokenbus.stores.batches import (
+    BATCH,
+    BATCH_LINE,
+    CUSTOM_ID,
+    IN_PROGRESS,
+    Batch,
+    BatchStore,
+    batch_request_id,
+    new_batch_id,
+)
 from tokenbus.stores.redis_client import redis_client
 from tokenbus.stream_processors.settings import ProcessorSettings
 from tokenbus.topics import TopicCatalog, make_consumer, make_producer, topic_partitions
@@ -27,10 +36,12 @@ CODEC = AvroCodec()
 
 
 def completions(tenant: str, count: int, start: int = 0, batch_id: str = "") -> list[Completion]:
-    """Completions of ``tenant``'s requests; with ``batch_id``, each answers that batch's line ``i``."""
+    """Completions of ``tenant``'s requests; with ``batch_id``, each answers that batch's line ``i``
+    (its request id is the line's, as an edge names it)."""
     at = int(time.time() * 1000)
-    return [Completion(f"{tenant}-{i}", "tokenbus-sim", "standard", f"answer {i}", "stop", 7, i % 50 + 1, at, at,
-                       at + 10, tenant=tenant, messages=[ChatMessage("user", f"question {i}")],
+    return [Completion(batch_request_id(batch_id, i) if batch_id else f"{tenant}-{i}", "tokenbus-sim", "standard",
+                       f"answer {i}", "stop", 7, i % 50 + 1, at, at, at + 10, tenant=tenant,
+                       messages=[ChatMessage("user", f"question {i}")],
                        annotations={BATCH: batch_id, BATCH_LINE: str(i), CUSTOM_ID: f"q{i}"} if batch_id else {})
             for i in range(start, start + count)]
 

@@ -18,6 +18,8 @@ from tokenbus.stores.batches import (
     Batch,
     BatchStore,
     batch_outcome,
+    batch_request_id,
+    may_be_batch_request,
     new_batch_id,
 )
 from tokenbus.stores.files import PURPOSE_BATCH, FileStore
@@ -111,3 +113,10 @@ async def test_one_caller_takes_over_a_stalled_publishing(each_redis):
     assert (moved.published, moved.key_id) == (256, "k") and moved.published_at_ms >= now * 1000
     assert await batches.take_over_publishing(moved) is True
     assert await batches.take_over_publishing(moved) is False  # a second edge, with the same stale read
+
+
+def test_only_a_batch_request_s_key_is_read_as_one_before_decoding():
+    batch_id = new_batch_id()
+    assert may_be_batch_request(batch_request_id(batch_id, 7).encode())
+    assert not may_be_batch_request(b"chatcmpl-abc") and not may_be_batch_request(b"cmpl-abc-0")
+    assert not may_be_batch_request(None)
