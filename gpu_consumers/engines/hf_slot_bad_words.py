@@ -25,6 +25,8 @@ class SlotBadWords:
         self._recent: Any = None  # [slots, width]: each slot's last output tokens (-1: none yet)
         self._width = 0
         self._table: tuple[Any, Any, Any, Any] | None = None  # the running words, compiled (``_compiled``)
+        self._row_of: Any = None  # [slots]: each slot's row in a step's logits (-1: none), rewritten each step
+        self._rows: Any = None  # [slots]: 0, 1, 2, ... (a step's rows, its first ones)
 
     def admitted(self, slot: int, words: tuple[tuple[int, ...], ...], published: list[int]) -> None:
         """A request takes ``slot``: its bad words' token sequences (the one-token ones are the bias
@@ -40,6 +42,9 @@ class SlotBadWords:
             if self._recent is not None:
                 grown[:, width - self._width:] = self._recent
             self._recent, self._width = grown, width
+        if self._row_of is None:
+            self._row_of = torch.full((self._slots,), -1, dtype=torch.long, device=self._device)
+            self._rows = torch.arange(self._slots, device=self._device)
         self._recent[slot].fill_(-1)
         tail = published[len(published) - self._width:] if published else []
         if tail:
@@ -74,8 +79,8 @@ class SlotBadWords:
         torch = self._torch
         pair_slots, rest, needed, last = self._compiled()
         matched = ((self._recent[pair_slots] == rest) | ~needed).all(-1)
-        row_of = torch.full((self._slots,), -1, dtype=torch.long, device=self._device)
-        row_of[slots] = torch.arange(slots.shape[0], device=self._device)
+        row_of = self._row_of.fill_(-1)  # kept, not made a step: two small allocations less
+        row_of[slots] = self._rows[:slots.shape[0]]
         rows = row_of[pair_slots]
         ruled_out = torch.where(matched & (rows >= 0), float("-inf"), 0.0)
         # Added, not set: pairs of slots with no row here add 0 to row 0, and two pairs may name one place.
