@@ -19,7 +19,7 @@ from tokenbus.gpu_consumers.engines import StepOutput
 from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, TokenEvent, TokenLogprob, TopLogprob
 from tokenbus.sse_edge.plumbing.relay import event_chunks
-from tokenbus.sse_edge.protocol.responses import ChunkWriter
+from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
 
 ROUNDS = 5
 CALLS = 5_000

@@ -128,6 +128,10 @@ class EdgeSettings(BaseSettings):
     file_body_timeout_s: float = 300.0
     max_batch_requests: int = Field(default=50_000, ge=1)
     batch_tier: str | None = None
+    # OpenAI's Responses API: how long a stored response (``store``, the default) is kept, for
+    # retrieval and for turns that continue it (OpenAI's: 30 days). A chain keeps its newest
+    # ``history_turns`` turns.
+    response_ttl_s: int = Field(default=30 * 86_400, ge=1)
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",

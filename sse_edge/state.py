@@ -1,5 +1,6 @@
-"""Everything one edge process holds: its bus client (the SDK's, with the broker watch),
-Redis (keys, rate limits, stream records, files and batches), admission, metrics, and the transcript store."""
+"""Everything one edge process holds: its bus client (the SDK's, with the broker watch), Redis
+(keys, rate limits, stream records, files, batches, stored responses), admission, metrics, and
+the transcript store."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from tokenbus.stores.batches import BatchStore
 from tokenbus.stores.files import FileStore
 from tokenbus.stores.keys import KeyStore
 from tokenbus.stores.redis_client import redis_client
+from tokenbus.stores.responses import ResponseStore
 from tokenbus.stores.transcripts import TranscriptStore, open_store
 from tokenbus.topics import ReplyStreamError, cancel_task, record_at, replay
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
@@ -59,6 +61,7 @@ class EdgeState:
         self.streams = StreamRegistry(self.redis, settings.redis_prefix, settings.stream_ttl_s)
         self.files = FileStore(self.redis, settings.redis_prefix, settings.file_ttl_s)
         self.batches = BatchStore(self.redis, settings.redis_prefix, settings.file_ttl_s)
+        self.responses = ResponseStore(self.redis, settings.redis_prefix, settings.response_ttl_s)
         self.queues = QueueDepthMonitor(settings.bus, gauge=self.metrics.queue_depth)
         self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings, self.metrics)
         self._background: set[asyncio.Task[None]] = set()

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from tokenbus.schemas import ChatRequest
 from tokenbus.sse_edge.api.chat import chat_bus_request, check_model
 from tokenbus.sse_edge.api.completions import text_bus_requests
-from tokenbus.sse_edge.api.files import cursor_page, file_not_found
+from tokenbus.sse_edge.api.files import file_not_found
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable, from_validation_error
 from tokenbus.sse_edge.plumbing import batch_output
 from tokenbus.sse_edge.protocol.batches import (
@@ -39,7 +39,14 @@ from tokenbus.sse_edge.protocol.batches import (
     line_error,
     list_body,
 )
-from tokenbus.sse_edge.protocol.validation import chat_request_of, completion_request_of, json_object, parse_body, read_body
+from tokenbus.sse_edge.protocol.validation import (
+    chat_request_of,
+    completion_request_of,
+    cursor_page,
+    json_object,
+    parse_body,
+    read_body,
+)
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.batches import (
     BATCH,
@@ -220,7 +227,8 @@ async def retrieve_batch(request: Request) -> Response:
 async def list_batches(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
-    page, has_more = cursor_page(await edge.batches.list(key.tenant), request, default_limit=20, max_limit=100)
+    batches = await edge.batches.list(key.tenant)
+    page, has_more = cursor_page(batches, [b.id for b in batches], request, default_limit=20, max_limit=100)
     return JSONResponse(list_body([batch_body(await finished(edge, b)) for b in page], has_more))
 
 

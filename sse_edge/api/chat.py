@@ -46,7 +46,7 @@ from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamForma
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, GenerationRequest
-from tokenbus.sse_edge.protocol.responses import ChunkWriter
+from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
@@ -111,11 +111,41 @@ async def answer(request: Request, parse: Callable[[bytes, EdgeSettings], Asked]
 async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_requests: list[ChatRequest], stream: bool,
                 include_usage: bool, digest: str, started: float, response_id: str | None = None,
                 per_prompt: int = 1) -> Response:
+    """Start the turn of the response's ``bus_requests`` (``start_turn``) and relay its stream: as
+    SSE, or as one chat.completion."""
+    first = bus_requests[0]
+    turn = await start_turn(request, edge, key, bus_requests, include_usage, digest, response_id, per_prompt)
+    text = first.text_prompt  # answered in a text completion's shapes
+    if stream:
+        writer = ChunkWriter(turn.response_id, turn.model, include_usage, first.created_at_ms // 1000, text=text)
+        stream_format = StreamFormat.for_request(request)
+        frames = sse_frames(turn.events, writer, turn.hooks, edge.metrics, started, stream_format, direct=turn.direct,
+                            choices=turn.choices)
+        return sse_response(frames, edge.settings.heartbeat_s, stream_format, turn.headers, turn.direct)
+    return await collect_completion(request, turn.events, turn.response_id, turn.model, turn.hooks, turn.headers,
+                                    text_completion=text, choices=turn.choices)
+
+
+@dataclasses.dataclass(slots=True)
+class Turn:
+    """A turn published and under way: the response's id, the model that answers (a fallback's,
+    where admission chose one), the response headers, its events and what the relay reports to."""
+
+    response_id: str
+    model: str
+    headers: dict[str, str]
+    events: AsyncGenerator[ReplyEvent, None]
+    hooks: TurnHooks
+    choices: Choices
+    direct: DirectWrites | None  # a live stream of one request: its events may be written as they arrive
+
+
+async def start_turn(request: Request, edge: EdgeState, key: ApiKey, bus_requests: list[ChatRequest],
+                     include_usage: bool, digest: str, response_id: str | None = None, per_prompt: int = 1) -> Turn:
     """Admit the response's ``bus_requests`` (one; or one a choice, ``per_prompt`` choices a
-    prompt, of the response ``response_id``), publish them and relay their stream: as SSE, or as
-    one chat.completion. A response of several choices is admitted as one request with its
-    prompts' tokens. The turn's trace (the client's, when it sends a ``traceparent``) goes on in
-    the request records."""
+    prompt, of the response ``response_id``) and publish them. A response of several choices is
+    admitted as one request with its prompts' tokens. The turn's trace (the client's, when it
+    sends a ``traceparent``) goes on in the request records."""
     first = bus_requests[0]
     response_id = response_id or first.request_id
     span = tracing.start("chat", tracing.from_http(request.headers), tracing.SpanKind.SERVER,
@@ -132,20 +162,11 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_requests: li
         tracing.end(span, exc)
         raise
     choices = Choices(response_id, reply_stream.request_ids, per_prompt)
-    hooks = TurnHooks(edge, response_id, admitted.token_buckets, choices)
-    events = live_events(edge, reply_stream, span, registering)
-    text = first.text_prompt  # answered in a text completion's shapes
     # As OpenAI's responses say it (the openai client's ``_request_id``): here, the completion's id.
     headers = {**admitted.headers, REQUEST_ID_HEADER: response_id}
-    if stream:
-        writer = ChunkWriter(response_id, admitted.model, include_usage, first.created_at_ms // 1000, text=text)
-        stream_format = StreamFormat.for_request(request)
-        direct = DirectWrites(reply_stream) if isinstance(reply_stream, ReplyStream) else None
-        frames = sse_frames(events, writer, hooks, edge.metrics, started, stream_format, direct=direct,
-                            choices=choices)
-        return sse_response(frames, edge.settings.heartbeat_s, stream_format, headers, direct)
-    return await collect_completion(request, events, response_id, admitted.model, hooks, headers,
-                                    text_completion=text, choices=choices)
+    return Turn(response_id, admitted.model, headers, live_events(edge, reply_stream, span, registering),
+                TurnHooks(edge, response_id, admitted.token_buckets, choices), choices,
+                DirectWrites(reply_stream) if isinstance(reply_stream, ReplyStream) else None)
 
 
 def choice_requests(prompts: list[ChatRequest], n: int, response_id: str) -> list[ChatRequest]:

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound
-from tokenbus.sse_edge.protocol.responses import tool_calls_body
+from tokenbus.sse_edge.protocol.completion_bodies import tool_calls_body
 from tokenbus.sse_edge.protocol.validation import page_params
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.transcripts.model import BadCursor, Page, TranscriptMessage

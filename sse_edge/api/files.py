@@ -7,7 +7,6 @@ another tenant's file is not found, whatever its id."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol, TypeVar
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -16,20 +15,12 @@ from starlette.responses import JSONResponse, Response
 
 from tokenbus.sse_edge.errors import InvalidRequest, NotFound
 from tokenbus.sse_edge.protocol.batches import file_body, list_body
-from tokenbus.sse_edge.protocol.validation import page_params, read_body
+from tokenbus.sse_edge.protocol.validation import cursor_page, list_order, read_body
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.files import PURPOSE_BATCH, StoredFile
 from tokenbus.stores.keys import ApiKey
 
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # the form's boundaries, headers and purpose around the file
-
-
-class Listed(Protocol):
-    @property
-    def id(self) -> str: ...
-
-
-Item = TypeVar("Item", bound=Listed)
 
 
 async def upload_file(request: Request) -> Response:
@@ -68,12 +59,10 @@ async def list_files(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     purpose = request.query_params.get("purpose") or None
-    order = request.query_params.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("order must be `asc` or `desc`.", param="order", code="invalid_value")
     files = await edge.files.list(key.tenant, purpose)
-    page, has_more = cursor_page(files if order == "desc" else files[::-1], request, default_limit=10_000,
-                                 max_limit=10_000)
+    if list_order(request) == "asc":
+        files.reverse()
+    page, has_more = cursor_page(files, [f.id for f in files], request, default_limit=10_000, max_limit=10_000)
     return JSONResponse(list_body([file_body(f) for f in page], has_more))
 
 
@@ -109,17 +98,3 @@ async def tenant_file(request: Request) -> tuple[EdgeState, ApiKey, StoredFile]:
 
 def file_not_found(file_id: str, param: str = "file_id") -> NotFound:
     return NotFound(f"No such File object: {file_id}", param=param, code="file_not_found")
-
-
-def cursor_page(items: list[Item], request: Request, default_limit: int, max_limit: int) -> tuple[list[Item], bool]:
-    """A page of ``items`` (each with an ``id``) after the one the ``after`` parameter names, of
-    ``limit`` items; and whether more follow."""
-    limit, after = page_params(request, default_limit, max_limit)
-    start = 0
-    if after:
-        ids = [item.id for item in items]
-        if after not in ids:
-            raise InvalidRequest("The 'after' cursor names no object of this list.", param="after",
-                                 code="invalid_cursor")
-        start = ids.index(after) + 1
-    return items[start:start + limit], start + limit < len(items)

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenbus.sse_edge.errors import model_not_found
-from tokenbus.sse_edge.protocol.responses import model_body, model_list_body
+from tokenbus.sse_edge.protocol.completion_bodies import model_body, model_list_body
 from tokenbus.sse_edge.state import EdgeState
 
 

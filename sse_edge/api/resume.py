@@ -19,7 +19,7 @@ from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.relay import Choices, collect_completion, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
-from tokenbus.sse_edge.protocol.responses import ChunkWriter
+from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.topics import replay

@@ -14,7 +14,7 @@ from typing import Any
 from tokenbus.schemas.request_checks import DEADLINE_PASSED
 from tokenbus.sse_edge.plumbing.relay import finish_error
 from tokenbus.sse_edge.protocol.batches import BatchLine
-from tokenbus.sse_edge.protocol.responses import completion_body
+from tokenbus.sse_edge.protocol.completion_bodies import completion_body
 from tokenbus.stores.batches import (
     CANCELLED,
     CANCELLING,

@@ -103,8 +103,8 @@ class ConversationHistory:
             return History([])
         cached = await self._cached(tenant, conversation_id)
         if cached is not None and cached["newest"] == conversation.last_request_id:
-            return History([_turn_from_json(t) for t in cached["turns"]], conversation.summary)
-        turns = [_turn_from_json(t) for t in cached["turns"]] if cached else []
+            return History([turn_from_json(t) for t in cached["turns"]], conversation.summary)
+        turns = [turn_from_json(t) for t in cached["turns"]] if cached else []
         rows = await self._messages(tenant, conversation_id, cached["cursor"] if cached else None)
         turns = (turns + group_turns(rows))[-self._turns:]
         cursor = rows[-1].cursor if rows else (cached["cursor"] if cached else None)
@@ -146,7 +146,7 @@ class ConversationHistory:
 
     async def _cache(self, tenant: str, conversation_id: str, newest: str, cursor: str | None,
                      turns: list[StoredTurn]) -> None:
-        value = json.dumps({"newest": newest, "cursor": cursor, "turns": [_turn_to_json(t) for t in turns]},
+        value = json.dumps({"newest": newest, "cursor": cursor, "turns": [turn_to_json(t) for t in turns]},
                            separators=(",", ":"))
         try:
             await self._redis.set(self._cache_key(tenant, conversation_id), value, ex=self._ttl_s)
@@ -168,13 +168,13 @@ def group_turns(rows: list[TranscriptMessage]) -> list[StoredTurn]:
     return turns
 
 
-def _turn_to_json(turn: StoredTurn) -> list[Any]:
+def turn_to_json(turn: StoredTurn) -> list[Any]:
     messages = [[m.role, m.content, [[c.id, c.name, c.arguments] for c in m.tool_calls], m.tool_call_id]
                 for m in turn.messages]
     return [turn.request_id, turn.turn_at_ms, messages]
 
 
-def _turn_from_json(data: list[Any]) -> StoredTurn:
+def turn_from_json(data: list[Any]) -> StoredTurn:
     request_id, turn_at_ms, messages = data
     return StoredTurn(request_id, turn_at_ms, tuple(
         ChatMessage(role, content, tuple(ToolCall(*c) for c in calls), call_id) for role, content, calls, call_id in messages))

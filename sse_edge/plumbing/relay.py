@@ -19,8 +19,8 @@ from tokenbus.schemas.request_checks import INVALID_REQUEST
 from tokenbus.sse_edge.errors import ApiError, ClientClosed, InvalidRequest, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd, StreamFormat
+from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter, choices_body, completion_body
 from tokenbus.sse_edge.protocol.logprobs import content_logprobs
-from tokenbus.sse_edge.protocol.responses import ChunkWriter, choices_body, completion_body
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
@@ -268,6 +268,24 @@ async def collect_completion(
     """Wait for the whole completion (a ``text_completion`` for a text prompt), every one of its
     ``choices``; a client that disconnects first abandons it."""
     choices = choices or Choices(request_id)
+    collected = await collect_choices(request, events, choices, hooks)
+    for choice in collected:
+        error = generation_error(choice.final)
+        if error is not None:
+            raise error
+    bodies = [choice.body(request_id, model, text_completion) for choice in collected]
+    if not choices.several:
+        return JSONResponse(bodies[0], headers=headers)
+    for choice in collected:
+        choices.ended(choice.final)
+    return JSONResponse(choices_body(bodies, choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens),
+                        headers=headers)
+
+
+async def collect_choices(request: Request, events: AsyncGenerator[ReplyEvent, None], choices: Choices,
+                          hooks: RelayHooks) -> list[CollectedChoice]:
+    """Every choice's events, delivered whole once each has ended (the hooks told of each final
+    event); a client that disconnects first abandons them (``ClientClosed``)."""
     collecting = asyncio.ensure_future(_collect(events, choices))
     disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
     done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
@@ -284,17 +302,7 @@ async def collect_completion(
         raise stream_error(exc) from None
     for choice in collected:
         await hooks.on_final(choice.final)
-    for choice in collected:
-        error = generation_error(choice.final)
-        if error is not None:
-            raise error
-    bodies = [choice.body(request_id, model, text_completion) for choice in collected]
-    if not choices.several:
-        return JSONResponse(bodies[0], headers=headers)
-    for choice in collected:
-        choices.ended(choice.final)
-    return JSONResponse(choices_body(bodies, choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens),
-                        headers=headers)
+    return collected
 
 
 class CollectedChoice:

@@ -1,4 +1,4 @@
-"""OpenAI chat-completions protocol: the request models (the response bodies: responses.py).
+"""OpenAI chat-completions protocol: the request models (the response bodies: completion_bodies.py).
 
 Kept apart from the serving logic (as vLLM does): nothing here knows about Kafka.
 """

@@ -1,6 +1,6 @@
 """OpenAI's text completions protocol (the legacy ``/v1/completions``): the request model. Its
 response bodies are the chat protocol's in their text form (``ChunkWriter(text=True)``,
-``completion_body(text_completion=True)``, protocol/responses.py).
+``completion_body(text_completion=True)``, protocol/completion_bodies.py).
 
 What vLLM's, TGI's and TensorRT-LLM's servers take from benchmark and evaluation clients (vLLM's
 ``bench serve`` defaults to it): one prompt, continued as it is, with no chat template."""

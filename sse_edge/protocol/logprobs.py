@@ -50,7 +50,7 @@ def _chat_item(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": shown(logprob), "bytes": list(token.encode())}
 
 
-# A streamed chunk's are rendered as text, as its other parts are (protocol/responses.py's ChunkWriter):
+# A streamed chunk's are rendered as text, as its other parts are (protocol/completion_bodies.py's ChunkWriter):
 # json.dumps of the dict above took 13.3 µs a token with five likeliest here, this 4.3.
 def chat_logprobs_json(tokens: Iterable[TokenLogprob]) -> str:
     """``chat_logprobs(tokens)`` as JSON text."""

@@ -1,163 +1,278 @@
-"""OpenAI's response bodies for chat and text completions: a streamed response's chunks
-(``ChunkWriter``), a whole completion (``completion_body``), usage, and the model list. The
-request models are chat.py's and completions.py's; nothing here knows about Kafka either."""
+"""OpenAI's Responses API protocol, the request side: ``POST /v1/responses``'s body and how it reads
+as a chat completion's (``chat_body``), which is how the pipeline serves it. The response object
+and the stream's events are response_objects.py's. Nothing here knows about Kafka.
+
+What a Responses request adds to a chat's is its shapes (``input`` items, flat function tools,
+``text.format``, ``instructions``) and state kept between turns (``store``, ``previous_response_id``,
+served at the edge); the generation itself is a chat turn's. Hosted tools (web search, file
+search, computer use, MCP, ...), background responses and non-text input are not served: a request
+that asks for one gets a 400 naming it."""
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from tokenbus.schemas import TokenLogprob
-from tokenbus.sse_edge.protocol.json_text import json_string
-from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs, chat_logprobs_json
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tokenbus.schemas.request_checks import TEMPERATURE_MAX, TOP_LOGPROBS_MAX
+from tokenbus.sse_edge.errors import ApiError, InvalidRequest, from_validation_error
 
-def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    """OpenAI's usage: ``prompt_tokens_details.cached_tokens`` are the prompt tokens the engine
-    served from its prefix cache (counted in ``prompt_tokens`` too, billed cheaper)."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
+# Fields of OpenAI's Responses request that tokenbus does not serve (beyond the hosted tools and
+# non-text input, which are refused where they appear).
+RESPONSES_UNSUPPORTED = {
+    "background": "background responses (stream, or wait for the response)",
+    "prompt": "stored prompt templates",
+    "conversation": "OpenAI's conversation objects (chain turns with previous_response_id)",
+    "max_tool_calls": "a cap on tool calls (parallel_tool_calls: false allows one)",
+}
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
-class ChunkWriter:
-    """Builds the ``chat.completion.chunk`` bodies of one streamed response; with ``text``, the
-    ``text_completion`` chunks of a text completion (OpenAI's legacy ``/v1/completions``), whose
-    choices carry ``text`` where a chat's carry a ``delta`` (and no role chunk, nor calls)."""
+class TextPart(BaseModel):
+    """A text part of an input message: the user's (``input_text``) or an earlier answer's (``output_text``)."""
 
-    __slots__ = ("request_id", "model", "created", "include_usage", "text", "index", "_content_head",
-                 "_content_tail", "_text_logprobs")
+    model_config = ConfigDict(extra="ignore")  # an output_text's annotations and logprobs
 
-    def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None,
-                 text: bool = False, index: int = 0) -> None:
-        """``created``: the request's time in seconds, so that a stream resumed later carries the
-        same ``created`` as the chunks before it (now when unknown). ``index``: the choice whose
-        chunks these are (a response with several, OpenAI's ``n``, has a writer for each)."""
-        self.request_id = request_id
-        self.model = model
-        self.created = int(time.time()) if created is None else created
-        self.include_usage = include_usage
-        self.text = text
-        self.index = index
-        # Content chunks are the hot path: everything but the delta and finish reason is fixed.
-        head = json.dumps(self._chunk([]), separators=(",", ":"), ensure_ascii=False)
-        choice = f'"choices":[{{"index":{index},' + ('"text":' if text else '"delta":')
-        self._content_head = head[: head.index('"choices":[')] + choice
-        self._content_tail = "]" + (',"usage":null}' if include_usage else "}")
-        self._text_logprobs = TextLogprobs() if text else None
+    type: Literal["input_text", "output_text"]
+    text: str
 
-    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": self.request_id,
-            "object": "text_completion" if self.text else "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # an earlier output's id and status
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[TextPart]
+
+
+class FunctionCallItem(BaseModel):
+    """A call the model made in an earlier turn, given back with its output."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=256)
+    output: str | list[TextPart]
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+ITEM_TYPES: dict[str, type[InputItem]] = {
+    "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem}
+
+
+class FunctionTool(BaseModel):
+    """A function tool, flat as the Responses API writes it (a chat's nests it under ``function``)."""
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(default=None, max_length=4096)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(BaseModel):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # verbosity: the models here have one
+
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """The part of OpenAI's Responses request that tokenbus serves. ``reasoning``, ``service_tier``
+    and the like are accepted and change nothing (the models here do not reason)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=256)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=TEMPERATURE_MAX)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    text: TextConfig | None = None
+    user: str | None = Field(default=None, max_length=256)
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
+    reasoning: dict[str, Any] | None = None
+    seed: int | None = None  # vLLM's sampling extension, as a chat's (OpenAI's Responses API has none)
+
+    @property
+    def logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or [])
+
+    def echoed(self) -> dict[str, Any]:
+        """The request's settings as a response object repeats them."""
+        text = self.text.model_dump(by_alias=True, exclude_none=True) if self.text and self.text.format else None
+        return {
+            "instructions": self.instructions, "max_output_tokens": self.max_output_tokens,
+            "metadata": self.metadata or {}, "parallel_tool_calls": self.parallel_tool_calls is not False,
+            "previous_response_id": self.previous_response_id,
+            "reasoning": self.reasoning or {"effort": None, "summary": None}, "store": self.store,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "text": text or {"format": {"type": "text"}},
+            "tool_choice": self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedFunction)
+            else self.tool_choice or "auto",
+            "tools": self.tools or [], "top_logprobs": self.top_logprobs or 0,
+            "top_p": 1.0 if self.top_p is None else self.top_p, "truncation": self.truncation or "disabled",
+            "user": self.user,
         }
-        if self.include_usage:
-            body["usage"] = usage
-        return body
 
-    def for_choice(self, index: int) -> ChunkWriter:
-        """A writer of the same response's choice ``index``."""
-        return ChunkWriter(self.request_id, self.model, self.include_usage, self.created, self.text, index)
 
-    def role(self) -> dict[str, Any]:
-        return self._chunk([{"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+def parse_input_items(request: ResponsesRequest) -> list[InputItem]:
+    """The ``input`` as items (text alone is one user message), each checked as its type says."""
+    if isinstance(request.input, str):
+        return [MessageItem(role="user", content=request.input)]
+    if not request.input:
+        raise InvalidRequest("'input' is empty.", param="input", code="invalid_value")
+    items: list[InputItem] = []
+    for i, raw in enumerate(request.input):
+        kind = raw.get("type", "message")
+        model = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise InvalidRequest(f"Input items of type '{kind}' are not supported: tokenbus serves messages, "
+                                 "function calls and their outputs.", param=f"input[{i}].type",
+                                 code="unsupported_value")
+        content = raw.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") not in ("input_text", "output_text"):
+                raise InvalidRequest(f"Content of type '{part.get('type')}' is not supported: tokenbus serves text.",
+                                     param=f"input[{i}].content[{j}].type", code="unsupported_value")
+        try:
+            items.append(model.model_validate(raw))
+        except ValidationError as exc:
+            raise with_param_prefix(from_validation_error(exc), f"input[{i}]") from None
+    return items
 
-    def delta(self, text: str, finish_reason: str | None, logprobs: Sequence[TokenLogprob] = (),
-              prompt_logprobs: Sequence[TokenLogprob] = ()) -> str:
-        """A content chunk as JSON text, rendered from the fixed parts; ``logprobs``, its tokens'
-        (protocol/logprobs.py), where the request asked for them, after an echoed prompt's
-        (``prompt_logprobs``: a text completion's first chunk, whose text begins with the prompt)."""
-        if self.text:
-            delta = json_string(text)
+
+def with_param_prefix(error: ApiError, prefix: str) -> ApiError:
+    error.param = f"{prefix}.{error.param}" if error.param else prefix
+    error.message = error.message.replace(" for '", f" for '{prefix}.", 1)
+    return error
+
+
+def function_tools(request: ResponsesRequest) -> list[FunctionTool]:
+    tools = []
+    for i, raw in enumerate(request.tools or []):
+        if raw.get("type") != "function":
+            raise InvalidRequest(f"Tools of type '{raw.get('type')}' are not supported: tokenbus serves function "
+                                 "tools.", param=f"tools[{i}].type", code="unsupported_value")
+        try:
+            tools.append(FunctionTool.model_validate(raw))
+        except ValidationError as exc:
+            raise with_param_prefix(from_validation_error(exc), f"tools[{i}]") from None
+    return tools
+
+
+def text_of(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def chat_messages(request: ResponsesRequest, items: list[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chat messages the request's ``instructions`` and input items read as, and for each the
+    parameter it came from (what an error about the message names). Function calls given back
+    join the assistant message before them, as a chat's ``tool_calls``; their outputs are tool
+    messages."""
+    messages: list[dict[str, Any]] = []
+    sources: list[str] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+        sources.append("instructions")
+    for i, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+                continue
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text_of(item.output)})
         else:
-            delta = '{"content":' + json_string(text) + "}" if text else "{}"
-        finish = "null" if finish_reason is None else json_string(finish_reason)
-        scored = "null"
-        if (logprobs or prompt_logprobs) and self._text_logprobs is not None:
-            scored = json.dumps(self._text_logprobs.of(logprobs, prompt_logprobs), separators=(",", ":"),
-                                ensure_ascii=False)
-        elif logprobs:
-            scored = chat_logprobs_json(logprobs)
-        return f'{self._content_head}{delta},"logprobs":{scored},"finish_reason":{finish}}}{self._content_tail}'
-
-    def tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> str:
-        """A chunk of a function call: the first one of a call has its id and name, later ones
-        more of its arguments (OpenAI's ``delta.tool_calls``)."""
-        call: dict[str, Any] = {"index": index}  # the call's, within the choice's calls
-        if call_id is not None:
-            call.update(id=call_id, type="function", function={"name": name, "arguments": arguments})
-        else:
-            call["function"] = {"arguments": arguments}
-        delta = json.dumps({"tool_calls": [call]}, separators=(",", ":"), ensure_ascii=False)
-        return f'{self._content_head}{delta},"logprobs":null,"finish_reason":null}}{self._content_tail}'
-
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-        return self._chunk([], usage_body(prompt_tokens, completion_tokens, cached_tokens))
+            messages.append({"role": item.role, "content": text_of(item.content)})
+        sources.append(f"input[{i}]")
+    return messages, sources
 
 
-def tool_calls_body(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
-    """``message.tool_calls`` of a response: (id, name, arguments) each."""
-    return [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]
-
-
-def completion_body(
-    request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-    tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0, text_completion: bool = False,
-    logprobs: Sequence[TokenLogprob] = (), prompt_logprobs: Sequence[TokenLogprob] = (), created: int | None = None,
-) -> dict[str, Any]:
-    """A ``chat.completion``; with ``text_completion``, the ``text_completion`` of OpenAI's legacy
-    ``/v1/completions`` (a choice's ``text`` in place of its message: with ``echo``, the prompt and
-    then the completion). ``logprobs``: its content tokens', where the request asked for them, after
-    an echoed prompt's (``prompt_logprobs``, protocol/logprobs.py). ``created``: now, unless given."""
-    created = int(time.time()) if created is None else created
-    if text_completion:
-        scored = TextLogprobs().of(logprobs, prompt_logprobs) if logprobs or prompt_logprobs else None
-        return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": None,
-                "choices": [{"index": 0, "text": text, "logprobs": scored, "finish_reason": finish_reason}],
-                "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens)}
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if tool_calls:
-        message.update(content=text or None, tool_calls=tool_calls_body(tool_calls))
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": chat_logprobs(logprobs) if logprobs else None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens),
+def chat_body(request: ResponsesRequest, items: list[InputItem]) -> tuple[dict[str, Any], list[str]]:
+    """The chat completion request this Responses request is served as (checked then as a chat's
+    is, ``in_responses_terms`` renaming what an error names), and its messages' sources."""
+    messages, sources = chat_messages(request, items)
+    body: dict[str, Any] = {
+        "model": request.model, "messages": messages, "max_completion_tokens": request.max_output_tokens,
+        "temperature": request.temperature, "top_p": request.top_p, "metadata": request.metadata,
+        "user": request.user, "parallel_tool_calls": request.parallel_tool_calls, "seed": request.seed,
     }
+    tools = function_tools(request)
+    if tools:
+        body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                         for t in tools]
+    if request.tool_choice is not None:
+        choice = request.tool_choice
+        body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
+                                                                       "function": {"name": choice.name}}
+    answer = request.text.format if request.text else None
+    if answer is not None and answer.type == "json_schema":
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": answer.name or "response", "schema": answer.json_schema, "strict": answer.strict}}
+    elif answer is not None:
+        body["response_format"] = {"type": answer.type}
+    if request.logprobs:
+        body.update(logprobs=True, top_logprobs=request.top_logprobs)
+    return {k: v for k, v in body.items() if v is not None}, sources
 
 
-def choices_body(bodies: Sequence[dict[str, Any]], prompt_tokens: int, completion_tokens: int,
-                 cached_tokens: int = 0) -> dict[str, Any]:
-    """One response of several choices (OpenAI's ``n``, a batch of prompts) from each choice's
-    own body (``completion_body``), in index order, with the response's usage."""
-    choices = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
-    return {**bodies[0], "choices": choices, "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens)}
+# What a chat's parameter is called in the Responses request it was made from.
+RENAMED = (("max_completion_tokens", "max_output_tokens"), ("response_format.json_schema.schema", "text.format.schema"),
+           ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
+           ("top_logprobs", "top_logprobs"), ("logprobs", "include"))
 
 
-def model_body(model: str, owned_by: str = "tokenbus") -> dict[str, Any]:
-    return {"id": model, "object": "model", "created": 0, "owned_by": owned_by}
-
-
-def model_list_body(models: list[str], owned_by: str = "tokenbus") -> dict[str, Any]:
-    return {"object": "list", "data": [model_body(m, owned_by) for m in models]}
+def in_responses_terms(error: ApiError, sources: list[str]) -> ApiError:
+    """An error the chat request's checks raised, naming the Responses request's parameter."""
+    param = error.param
+    if not param:
+        return error
+    renamed = param
+    if param.startswith("messages["):
+        index, _, rest = param[len("messages["):].partition("]")
+        source = sources[int(index)] if index.isdigit() and int(index) < len(sources) else "input"
+        renamed = source + rest
+    elif param.startswith("tools[") and ".function." in param:
+        renamed = param.replace(".function.", ".", 1)
+    else:
+        for chat_name, responses_name in RENAMED:
+            if param == chat_name or param.startswith(chat_name + "."):
+                renamed = responses_name + param[len(chat_name):]
+                break
+    error.message = error.message.replace(f"'{param}'", f"'{renamed}'")
+    error.param = renamed
+    return error

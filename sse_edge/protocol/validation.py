@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from jsonschema import Draft202012Validator
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from tokenbus.schemas.request_checks import TOKEN_ID_MAX
-from tokenbus.sse_edge.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, from_validation_error
+from tokenbus.sse_edge.errors import ApiError, InvalidRequest, PayloadTooLarge, RequestTimeout, from_validation_error
 from tokenbus.sse_edge.protocol.chat import (
     UNSUPPORTED,
     VLLM_SAMPLING_NEUTRAL,
@@ -23,6 +24,14 @@ from tokenbus.sse_edge.protocol.chat import (
     GenerationRequest,
 )
 from tokenbus.sse_edge.protocol.completions import TEXT_UNSUPPORTED, CompletionRequest
+from tokenbus.sse_edge.protocol.responses import (
+    RESPONSES_UNSUPPORTED,
+    InputItem,
+    ResponsesRequest,
+    chat_body,
+    in_responses_terms,
+    parse_input_items,
+)
 from tokenbus.sse_edge.settings import EdgeSettings
 
 
@@ -54,6 +63,31 @@ def page_params(request: Request, default_limit: int, max_limit: int = 500) -> t
     if not raw.isdigit() or not 1 <= int(raw) <= max_limit:
         raise InvalidRequest(f"limit must be an integer from 1 to {max_limit}.", param="limit", code="invalid_value")
     return int(raw), request.query_params.get("after") or None
+
+
+def list_order(request: Request) -> str:
+    """A list's ``order`` by creation time: ``desc`` (newest first, the default) or ``asc``."""
+    order = request.query_params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be `asc` or `desc`.", param="order", code="invalid_value")
+    return order
+
+
+Listed = TypeVar("Listed")
+
+
+def cursor_page(items: Sequence[Listed], ids: Sequence[str], request: Request, default_limit: int,
+                max_limit: int) -> tuple[list[Listed], bool]:
+    """A page of ``items`` (``ids``, theirs) after the one the ``after`` parameter names, of
+    ``limit`` items; and whether more follow."""
+    limit, after = page_params(request, default_limit, max_limit)
+    start = 0
+    if after:
+        if after not in ids:
+            raise InvalidRequest("The 'after' cursor names no object of this list.", param="after",
+                                 code="invalid_cursor")
+        start = ids.index(after) + 1
+    return list(items[start:start + limit]), start + limit < len(items)
 
 
 def body_hash(raw: bytes) -> str:
@@ -97,6 +131,21 @@ def chat_request_of(body: dict[str, Any], settings: EdgeSettings) -> ChatComplet
     check_tools(chat)
     check_tool_messages(chat)
     return chat
+
+
+def parse_responses_request(raw: bytes, settings: EdgeSettings) -> tuple[ResponsesRequest, list[InputItem],
+                                                                          ChatCompletionRequest]:
+    """A Responses request's body (``/v1/responses``), its input items, and the chat request it is
+    served as, checked as a chat's is (an error names the Responses request's parameter)."""
+    body = json_object(raw)
+    reject_unsupported(body, RESPONSES_UNSUPPORTED)
+    asked = parse_body(body, ResponsesRequest)
+    items = parse_input_items(asked)
+    chat, sources = chat_body(asked, items)
+    try:
+        return asked, items, chat_request_of(chat, settings)
+    except ApiError as exc:
+        raise in_responses_terms(exc, sources) from None
 
 
 def parse_completion_request(raw: bytes, settings: EdgeSettings) -> CompletionRequest:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tokenbus.schemas import AvroCodec, ChatRequest, Completion, Control, ControlAction, ModerationDecision, TokenEvent
 from tokenbus.schemas.codec import SINGLE_OBJECT_MAGIC
 from tokenbus.sse_edge.plumbing.relay import frame
-from tokenbus.sse_edge.protocol.responses import ChunkWriter
+from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
 from tokenbus.stream_processors.context import ProcessorContext
 from tokenbus.stream_processors.settings import ProcessorSettings
 

@@ -16,8 +16,8 @@ from tokenbus.sse_edge.api.chat import live_events
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, frame, generation_error, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
+from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
 from tokenbus.sse_edge.protocol.logprobs import TextLogprobs, chat_logprobs, chat_logprobs_json
-from tokenbus.sse_edge.protocol.responses import ChunkWriter
 from tokenbus.topics import BusSettings, ReplyEvent, ReplyStream
 
 

@@ -1,0 +1,190 @@
+"""OpenAI's Responses API protocol, the response side: the ``response`` object, its output items,
+and a streamed response's events (``ResponseEvents``). The request is responses.py's.
+
+A streamed response is SSE with each event named (``event: response.output_text.delta``), its
+data carrying the same ``type`` and a ``sequence_number`` that counts the stream's events from 0;
+it ends with ``response.completed`` (or ``.incomplete``, ``.failed``, or an ``error`` event),
+and no ``[DONE]``."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from tokenbus.schemas import TokenLogprob
+from tokenbus.sse_edge.protocol.logprobs import chat_logprobs
+
+# How a generation's finish reason reads as a response's status, and why it is incomplete.
+INCOMPLETE_BECAUSE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def item_id(kind: str) -> str:
+    """An output item's id, as OpenAI's look: ``msg_...`` for a message, ``fc_...`` for a function call."""
+    return f"{kind}_{uuid.uuid4().hex}"
+
+
+def status_of(finish_reason: str | None, failed: bool) -> str:
+    if failed:
+        return "cancelled" if finish_reason == "cancelled" else "failed"
+    return "incomplete" if finish_reason in INCOMPLETE_BECAUSE else "completed"
+
+
+def usage_of(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens}
+
+
+def logprobs_of(scored: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """Output text's token scores as the Responses API writes them (a chat's ``logprobs.content``)."""
+    return list(chat_logprobs(scored)["content"]) if scored else []
+
+
+def message_item(id_: str, text: str, status: str, scored: Sequence[TokenLogprob] | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if scored is not None:
+        part["logprobs"] = logprobs_of(scored)
+    return {"type": "message", "id": id_, "status": status, "role": "assistant", "content": [part]}
+
+
+def function_call_item(id_: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": id_, "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+
+
+def output_items(text: str, calls: Sequence[tuple[str, str, str]], status: str,
+                 scored: Sequence[TokenLogprob] | None = None) -> list[dict[str, Any]]:
+    """A whole answer's items: its message (where it has text, or nothing else), then its calls
+    ((call id, name, arguments) each)."""
+    item_status = "incomplete" if status == "incomplete" else "completed"
+    items = [message_item(item_id("msg"), text, item_status, scored)] if text or not calls else []
+    items += [function_call_item(item_id("fc"), call_id, name, arguments, item_status)
+              for call_id, name, arguments in calls]
+    return items
+
+
+def response_object(response_id: str, created_at: int, model: str, echoed: dict[str, Any], status: str,
+                    output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+                    error: dict[str, Any] | None = None, incomplete_reason: str | None = None) -> dict[str, Any]:
+    """A ``response``: ``echoed``, the request's settings as it repeats them (ResponsesRequest.echoed)."""
+    return {
+        "id": response_id, "object": "response", "created_at": created_at, "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "error": error, "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "model": model, "output": output, **echoed, "usage": usage,
+    }
+
+
+def output_text(response: dict[str, Any]) -> str:
+    """The text of a response's messages (the openai client's ``output_text``)."""
+    return "".join(part["text"] for item in response["output"] if item["type"] == "message"
+                   for part in item["content"] if part["type"] == "output_text")
+
+
+class ResponseEvents:
+    """The events of one streamed response, as SSE frames: its items opened as their first piece
+    comes, added to as more come, and closed, in the order they were opened, once it ends."""
+
+    __slots__ = ("response", "logprobs", "_sequence", "_items", "_message", "_calls")
+
+    def __init__(self, response: dict[str, Any], logprobs: bool) -> None:
+        """``response``: the response object as it is in progress (no output, no usage);
+        ``logprobs``: whether the text's token scores were asked for."""
+        self.response = response
+        self.logprobs = logprobs
+        self._sequence = 0
+        self._items: list[dict[str, Any]] = []  # every output item, in output order
+        self._message: dict[str, Any] | None = None  # the message being written
+        self._calls: dict[int, dict[str, Any]] = {}  # the calls being written, by the engine's index
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        data = json.dumps({"type": kind, "sequence_number": self._sequence, **fields}, separators=(",", ":"),
+                          ensure_ascii=False)
+        self._sequence += 1
+        return f"event: {kind}\ndata: {data}\n\n".encode()
+
+    def started(self) -> bytes:
+        return (self._event("response.created", response=self.response)
+                + self._event("response.in_progress", response=self.response))
+
+    def _added(self, item: dict[str, Any]) -> bytes:
+        self._items.append(item)
+        return self._event("response.output_item.added", output_index=len(self._items) - 1, item=item)
+
+    def text(self, delta: str, scored: Sequence[TokenLogprob] = ()) -> bytes:
+        out = b""
+        message = self._message
+        if message is None:
+            message = self._message = message_item(item_id("msg"), "", "in_progress", [] if self.logprobs else None)
+            part = message["content"].pop()  # (each event is written as it is made: the item, then its part)
+            out += self._added(message)
+            message["content"].append(part)
+            out += self._event("response.content_part.added", item_id=message["id"], output_index=len(self._items) - 1,
+                               content_index=0, part=part)
+        part = message["content"][0]
+        part["text"] += delta
+        scores = logprobs_of(scored) if self.logprobs else []
+        if self.logprobs:
+            part["logprobs"] += scores
+        return out + self._event("response.output_text.delta", item_id=message["id"],
+                                 output_index=self._items.index(message), content_index=0, delta=delta,
+                                 logprobs=scores)
+
+    def call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> bytes:
+        """A piece of a function call: the first of a call has its id and name."""
+        out = b""
+        item = self._calls.get(index)
+        if item is None:
+            item = self._calls[index] = function_call_item(item_id("fc"), call_id or item_id("call"), name or "", "",
+                                                           "in_progress")
+            out += self._added(item)
+        item["arguments"] += arguments
+        if not arguments:
+            return out
+        return out + self._event("response.function_call_arguments.delta", item_id=item["id"],
+                                 output_index=self._items.index(item), delta=arguments)
+
+    def _closed(self, status: str) -> bytes:
+        """Each open item's done events, in output order."""
+        out = b""
+        item_status = "incomplete" if status == "incomplete" else "completed"
+        for index, item in enumerate(self._items):
+            item["status"] = item_status
+            if item["type"] == "message":
+                part = item["content"][0]
+                out += self._event("response.output_text.done", item_id=item["id"], output_index=index,
+                                   content_index=0, text=part["text"],
+                                   logprobs=part.get("logprobs", []))
+                out += self._event("response.content_part.done", item_id=item["id"], output_index=index,
+                                   content_index=0, part=part)
+            else:
+                out += self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                   name=item["name"], arguments=item["arguments"])
+            out += self._event("response.output_item.done", output_index=index, item=item)
+        return out
+
+    def ended(self, status: str, usage: dict[str, Any], error: dict[str, Any] | None = None,
+              incomplete_reason: str | None = None) -> tuple[bytes, dict[str, Any]]:
+        """The events that end the stream, and the response as it ended."""
+        out = self._closed(status)
+        response = {**self.response, "status": status, "output": self._items, "usage": usage, "error": error,
+                    "completed_at": int(time.time()) if status == "completed" else None,
+                    "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None}
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status, "response.failed")
+        return out + self._event(kind, response=response), response
+
+    def error(self, error: dict[str, Any]) -> bytes:
+        """An error that ends the stream before the response could (OpenAI's ``error`` event):
+        ``error`` is an OpenAI error's ``error`` object."""
+        return self._event("error", code=error.get("code"), message=error.get("message"), param=error.get("param"))
+
+    @property
+    def text_so_far(self) -> str:
+        return self._message["content"][0]["text"] if self._message is not None else ""
+
+    @property
+    def calls_so_far(self) -> list[tuple[str, str, str]]:
+        return [(c["call_id"], c["name"], c["arguments"]) for c in self._calls.values()]

@@ -1,0 +1,204 @@
+"""OpenAI's Responses API through the real embedded stack, with the official openai client: a turn
+answered whole and streamed as named events, stored and continued with ``previous_response_id``,
+function calls and their outputs given back, retrieval, input items, deletion, and the errors a
+client gets for what is not served."""
+
+import json
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import MODEL, SLOW_MODEL
+from tests.expected import expected_calls, expected_output
+from tests.sse_edge.test_history_e2e import requests_on_the_bus
+from tests.sse_edge.test_tool_calls_e2e import QUESTION, WEATHER, specs
+
+pytestmark = pytest.mark.stack
+
+FLAT_WEATHER = {"type": "function", **WEATHER["function"]}
+
+
+@pytest.fixture
+def client(edge_url, api_key):
+    return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+async def test_a_turn_is_answered_whole_and_stored(client):
+    response = await client.responses.create(model=MODEL, input="Name a river.", instructions="Be brief.",
+                                             extra_body={"seed": 21})
+    expected = await expected_output([{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Name a river."}], seed=21)
+    assert response.id.startswith("resp_") and response.object == "response" and response.status == "completed"
+    assert response.output_text == expected.text and response.model == MODEL
+    (message,) = response.output
+    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert response.usage.input_tokens == expected.prompt_tokens
+    assert response.usage.output_tokens == expected.completion_tokens
+    assert response.usage.total_tokens == expected.prompt_tokens + expected.completion_tokens
+    assert response.instructions == "Be brief." and response.store is True
+
+    again = await client.responses.retrieve(response.id)
+    assert again.model_dump() == response.model_dump()
+    items = await client.responses.input_items.list(response.id)
+    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", "Name a river.")]
+
+
+async def test_a_streamed_turn_is_the_responses_api_events_in_order(client):
+    stream = await client.responses.create(model=MODEL, input="Tell me about the sea.", stream=True,
+                                           extra_body={"seed": 22})
+    events = [event async for event in stream]
+    expected = await expected_output([{"role": "user", "content": "Tell me about the sea."}], seed=22)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == expected.text and len(deltas) > 1
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    done = events[-1].response
+    assert done.status == "completed" and done.output_text == expected.text
+    assert done.usage.output_tokens == expected.completion_tokens
+    assert {e.item_id for e in events if hasattr(e, "item_id")} == {done.output[0].id}
+    # Stored before the stream said it ended: retrievable at once.
+    assert (await client.responses.retrieve(done.id)).output_text == expected.text
+
+
+async def test_previous_response_id_continues_the_chain(client):
+    first = await client.responses.create(model=MODEL, input="Hello.", instructions="Speak plainly.",
+                                          extra_body={"seed": 23})
+    second = await client.responses.create(model=MODEL, input="And then?", previous_response_id=first.id,
+                                           extra_body={"seed": 24})
+    # The first turn's instructions are not carried over; its input and answer are.
+    chain = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": first.output_text},
+             {"role": "user", "content": "And then?"}]
+    expected = await expected_output(chain, seed=24)
+    assert second.output_text == expected.text and second.previous_response_id == first.id
+    assert second.usage.input_tokens == expected.prompt_tokens
+
+    third = await client.responses.create(model=MODEL, input="Last one.", previous_response_id=second.id,
+                                          instructions="Be brief.", stream=True, extra_body={"seed": 25})
+    done = [e async for e in third][-1].response
+    longer = [{"role": "system", "content": "Be brief."}, *chain,
+              {"role": "assistant", "content": second.output_text}, {"role": "user", "content": "Last one."}]
+    assert done.output_text == (await expected_output(longer, seed=25)).text
+
+
+async def test_function_calls_and_their_outputs_round_trip(client):
+    question = QUESTION[0]["content"]
+    first = await client.responses.create(model=MODEL, input=question, tools=[FLAT_WEATHER],
+                                          parallel_tool_calls=False, extra_body={"seed": 11})
+    expected = await expected_calls(QUESTION, specs(WEATHER), seed=11, parallel=False)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == expected
+    assert calls[0].call_id.startswith("call_") and calls[0].id.startswith("fc_")
+    assert first.tools[0].name == "get_weather" and first.status == "completed"
+
+    # The call's output, given back with the chain: the model answers in words.
+    second = await client.responses.create(
+        model=MODEL, previous_response_id=first.id, tools=[FLAT_WEATHER], extra_body={"seed": 11},
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "3 C and rain"}])
+    assert second.output_text and not [i for i in second.output if i.type == "function_call"]
+
+    # The same, stateless: the calls and their outputs given back as input items (store off).
+    streamed = await client.responses.create(model=MODEL, input=question, tools=[FLAT_WEATHER], stream=True,
+                                             parallel_tool_calls=False, store=False, extra_body={"seed": 11})
+    events = [e async for e in streamed]
+    arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    (done_call,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert json.loads(arguments) == expected[0][1] and done_call.arguments == arguments
+    call = [i for i in events[-1].response.output if i.type == "function_call"][0]
+    replayed = await client.responses.create(model=MODEL, store=False, tools=[FLAT_WEATHER], extra_body={"seed": 11},
+                                             input=[{"role": "user", "content": question},
+                                                    call.model_dump(exclude_none=True),
+                                                    {"type": "function_call_output", "call_id": call.call_id,
+                                                     "output": "3 C and rain"}])
+    assert replayed.output_text == second.output_text  # the same prompt, however it was given
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(replayed.id)  # not stored
+
+
+async def test_a_token_limit_ends_a_response_incomplete(client):
+    response = await client.responses.create(model=MODEL, input="Go on at length.", max_output_tokens=3,
+                                             extra_body={"seed": 26})
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 3
+
+
+async def test_stored_responses_are_the_tenants_own_and_can_be_deleted(stack, edge_url, client):
+    made = await client.responses.create(model=MODEL, input="Mine.", extra_body={"seed": 27})
+    other_key = await stack.create_key(f"resp-{uuid.uuid4().hex[:6]}", "standard")
+    other = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=other_key, max_retries=0, timeout=30)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.retrieve(made.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await other.responses.create(model=MODEL, input="Yours?", previous_response_id=made.id)
+    assert refused.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.delete(made.id)
+
+    await client.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(made.id)
+
+
+async def test_what_is_not_served_gets_an_openai_error_naming_it(edge_url, auth):
+    cases = {
+        "tools[0].type": {"input": "x", "tools": [{"type": "web_search_preview"}]},
+        "input[0].content[0].type": {"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "https://example.com/a.png"}]}]},
+        "input[0].type": {"input": [{"type": "reasoning", "summary": []}]},
+        "background": {"input": "x", "background": True},
+        "max_output_tokens": {"input": "x", "max_output_tokens": 10**9},
+        "text.format": {"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {
+            "type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
+        "input[1].call_id": {"input": [{"role": "user", "content": "x"},
+                                       {"type": "function_call", "name": "f", "arguments": "{}"}]},
+        "input": {"input": []},
+        "previous_response_id": {"input": "x", "previous_response_id": "resp_" + "0" * 32},
+    }
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
+        for param, body in cases.items():
+            refused = await http.post("/responses", json={"model": MODEL, **body})
+            assert refused.status_code == 400, (param, refused.text)
+            assert refused.json()["error"]["param"].startswith(param), (param, refused.json())
+        missing = await http.get("/responses/resp_nope")
+        items = await http.get("/responses/resp_nope/input_items")
+    assert missing.status_code == 404 and items.status_code == 404
+
+
+async def test_token_scores_come_when_included(client):
+    response = await client.responses.create(model=MODEL, input="Score me.", include=["message.output_text.logprobs"],
+                                             top_logprobs=2, extra_body={"seed": 28})
+    (part,) = response.output[0].content
+    assert len(part.logprobs) == response.usage.output_tokens
+    assert "".join(s.token for s in part.logprobs) == part.text
+    assert all(len(s.top_logprobs) == 2 and s.logprob <= 0 for s in part.logprobs)
+    plain = await client.responses.create(model=MODEL, input="Score me.", extra_body={"seed": 28})
+    assert plain.output[0].content[0].logprobs is None and plain.output_text == part.text
+
+
+async def test_truncation_auto_leaves_out_the_oldest_turns_that_do_not_fit(stack, edge_url, api_key):
+    """SLOW_MODEL has a 300-token window on the test stack: a chain outgrows it in a few turns."""
+    client = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+    long_input = " ".join(["word"] * 60)
+    previous, ids = None, []
+    for _ in range(3):
+        made = await client.responses.create(model=SLOW_MODEL, input=long_input, max_output_tokens=6,
+                                             previous_response_id=previous)
+        previous = made.id
+        ids.append(made.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model=SLOW_MODEL, input=long_input, max_output_tokens=6,
+                                      previous_response_id=previous)
+    assert refused.value.code == "context_length_exceeded"
+    fitted = await client.responses.create(model=SLOW_MODEL, input=long_input, max_output_tokens=6,
+                                           previous_response_id=previous, truncation="auto")
+    assert fitted.status == "incomplete" and fitted.truncation == "auto"
+    published = (await requests_on_the_bus(stack, {ids[-1], fitted.id}))[fitted.id]
+    users = [m for m in published.messages if m.role == "user"]
+    assert 1 < len(users) < 4  # the newest turns that fit, then its own input
+    assert published.estimated_prompt_tokens + 6 <= 300
