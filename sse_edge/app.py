@@ -21,7 +21,13 @@ from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_ke
 from tokenbus.sse_edge.api.models import list_models, retrieve_model
 from tokenbus.sse_edge.api.moderations import moderations
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
-from tokenbus.sse_edge.api.responses import create_response, delete_response, list_input_items, retrieve_response
+from tokenbus.sse_edge.api.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from tokenbus.sse_edge.api.resume import resume_stream
 from tokenbus.sse_edge.api.usage import tenant_usage
 from tokenbus.sse_edge.errors import HANDLERS
@@ -93,6 +99,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
             Route("/v1/moderations", moderations, methods=["POST"]),
             Route("/v1/files", upload_file, methods=["POST"]),
             Route("/v1/files", list_files, methods=["GET"]),

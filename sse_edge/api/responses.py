@@ -10,9 +10,11 @@ a stored response (``store``, its default) holds its context, which a turn namin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import redis.asyncio as redis
@@ -20,12 +22,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenbus.schemas import ChatMessage, ToolCall
-from tokenbus.sse_edge.api.chat import check_model, prompt_messages, start_turn, to_bus_request
-from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
+from tokenbus.sse_edge.api.chat import (
+    REQUEST_ID_HEADER,
+    check_model,
+    claim_idempotency_key,
+    prompt_messages,
+    start_turn,
+    to_bus_request,
+)
+from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn, turn_from_json, turn_to_json
 from tokenbus.sse_edge.plumbing.relay import collect_choices, generation_error
 from tokenbus.sse_edge.plumbing.response_relay import response_frames
-from tokenbus.sse_edge.plumbing.stream_response import StreamFormat, sse_response
+from tokenbus.sse_edge.plumbing.stream_response import StreamEnd, StreamFormat, sse_response
 from tokenbus.sse_edge.protocol.batches import list_body
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest
 from tokenbus.sse_edge.protocol.response_objects import (
@@ -50,22 +59,41 @@ from tokenbus.stores.responses import StoredResponse, new_response_id
 
 log = logging.getLogger(__name__)
 
+CANCEL_WAIT_S = 3.0  # for a cancelled turn's stream to end and store it
 # The Responses API's clients read SSE: its heartbeat comments are theirs too.
 EVENT_STREAM = StreamFormat(event_ids=True)
 
 
 async def create_response(request: Request) -> Response:
+    """A turn. With an ``Idempotency-Key`` seen before (same body), the turn is not published
+    again: the response it made is answered, once it has ended and been stored."""
     edge: EdgeState = request.app.state.edge
     started = time.perf_counter()
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
     asked, items, chat = parse_responses_request(raw, edge.settings)
     check_model(edge, key, chat.model)
+    response_id, digest = new_response_id(), body_hash(raw)
+    idempotency_key = request.headers.get("idempotency-key")
+    if idempotency_key:
+        earlier = await claim_idempotency_key(edge, key, idempotency_key, digest, response_id)
+        if earlier is not None:
+            return await answered_before(edge, key, earlier.request_id, asked)
+    try:
+        return await respond(request, edge, key, asked, items, chat, response_id, digest, started)
+    except ApiError:
+        if idempotency_key:  # never published: a retry with this key must be able to try again
+            await edge.streams.release(key.tenant, idempotency_key, response_id)
+        raise
+
+
+async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: ResponsesRequest, items: list[InputItem],
+                  chat: ChatCompletionRequest, response_id: str, digest: str, started: float) -> Response:
     earlier = await previous_turns(edge, key, asked)
-    bus_request = to_bus_request(chat, edge, key, new_response_id())
+    bus_request = to_bus_request(chat, edge, key, response_id)
     own = bus_request.messages
     bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
-    turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=body_hash(raw))
+    turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
     in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed(),
                                   "in_progress", [])
     this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
@@ -82,17 +110,37 @@ async def create_response(request: Request) -> Response:
     [choice] = await collect_choices(request, turn.events, turn.choices, turn.hooks)
     final = choice.final
     error = generation_error(final)
-    if error is not None:
-        raise error
-    status = status_of(final.finish_reason, failed=False)
+    status = status_of(final.finish_reason, failed=error is not None)
     calls = [(c.id, c.name, c.arguments) for c in choice.calls]
     response = response_object(
         turn.response_id, in_progress["created_at"], turn.model, asked.echoed(), status,
         output_items(choice.text, calls, status, choice.scored if asked.logprobs else None),
         usage_of(final.prompt_tokens or 0, final.completion_tokens or 0, final.cached_tokens or 0),
+        error=error.body()["error"] if error is not None else None,
         incomplete_reason=INCOMPLETE_BECAUSE.get(final.finish_reason or ""))
-    await on_end(response)
+    await on_end(response)  # a failed one too: retrieving it says how it ended
+    if error is not None:
+        raise error
     return JSONResponse(response, headers=turn.headers)
+
+
+async def answered_before(edge: EdgeState, key: ApiKey, response_id: str, asked: ResponsesRequest) -> Response:
+    """The response an earlier request with this Idempotency-Key made, as this request asks for it."""
+    stored = await stored_response(edge, key, response_id)
+    if stored is None:
+        raise Conflict(f"The response bound to this Idempotency-Key, {response_id}, has not ended yet or was not "
+                       "stored; retrieve it once it has ended.", param="Idempotency-Key", code="idempotency_key_in_use")
+    headers = {REQUEST_ID_HEADER: response_id}
+    if not asked.stream:
+        return Response(stored.body, media_type="application/json", headers=headers)
+    response = json.loads(stored.body)
+    writer = ResponseEvents({**response, "status": "in_progress", "output": [], "usage": None, "error": None,
+                             "incomplete_details": None, "completed_at": None}, asked.logprobs)
+    return sse_response(one_frame(writer.replayed(response)), edge.settings.heartbeat_s, EVENT_STREAM, headers)
+
+
+async def one_frame(written: bytes) -> AsyncGenerator[bytes, None]:
+    yield StreamEnd(written)
 
 
 async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) -> list[StoredTurn]:
@@ -182,8 +230,12 @@ async def tenant_response(request: Request) -> tuple[EdgeState, ApiKey, StoredRe
     response_id = request.path_params["response_id"]
     stored = await stored_response(edge, key, response_id)
     if stored is None:
-        raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
+        raise response_not_found(response_id)
     return edge, key, stored
+
+
+def response_not_found(response_id: str) -> NotFound:
+    return NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
 
 
 async def retrieve_response(request: Request) -> Response:
@@ -202,6 +254,32 @@ async def delete_response(request: Request) -> Response:
         raise Unavailable("Stored responses are unavailable right now; retry shortly.",
                           "responses_unavailable") from None
     return JSONResponse({"id": stored.id, "object": "response", "deleted": True})
+
+
+async def cancel_response(request: Request) -> Response:
+    """Stop a turn's generation now (OpenAI cancels background responses so; here any turn under
+    way, as chat completions' ``cancel``). Answered with the response as it ended (stored, where it
+    is), or, where it is not stored, with its id and ``cancelled``. A response that has ended is as
+    it was."""
+    edge: EdgeState = request.app.state.edge
+    key = await edge.auth.authenticate(request.headers.get("authorization"))
+    response_id = request.path_params["response_id"]
+    stored = await stored_response(edge, key, response_id)
+    if stored is None:
+        try:
+            record = await edge.streams.get(response_id)
+        except (redis.RedisError, OSError):
+            raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
+        if record is None or record.tenant != key.tenant:
+            raise response_not_found(response_id)
+        await edge.bus.cancel(response_id, "cancelled by the client")
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while stored is None and time.monotonic() < deadline:  # its stream ends, and stores it
+            await asyncio.sleep(0.05)
+            stored = await stored_response(edge, key, response_id)
+    if stored is None:
+        return JSONResponse({"id": response_id, "object": "response", "status": "cancelled"})
+    return Response(stored.body, media_type="application/json")
 
 
 async def list_input_items(request: Request) -> Response:

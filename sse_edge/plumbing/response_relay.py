@@ -15,7 +15,13 @@ from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, generation_error, stream_error
 from tokenbus.sse_edge.plumbing.stream_response import StreamEnd
 from tokenbus.sse_edge.protocol.logprobs import content_logprobs
-from tokenbus.sse_edge.protocol.response_objects import INCOMPLETE_BECAUSE, ResponseEvents, status_of, usage_of
+from tokenbus.sse_edge.protocol.response_objects import (
+    INCOMPLETE_BECAUSE,
+    ResponseEvents,
+    logprobs_of,
+    status_of,
+    usage_of,
+)
 from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
 
 ResponseEnded = Callable[[dict[str, Any]], Awaitable[None]]
@@ -36,7 +42,7 @@ async def response_frames(events: AsyncGenerator[ReplyEvent, None], writer: Resp
             out = [pending] if pending else []
             pending = b""
             if event.text:
-                out.append(writer.text(event.text, content_logprobs(event)))
+                out.append(writer.text(event.text, logprobs_of(content_logprobs(event)) if writer.logprobs else None))
             for piece in event.tool_calls:
                 out.append(writer.call(piece.index, piece.id, piece.name, piece.arguments))
             if event.text or event.tool_calls:

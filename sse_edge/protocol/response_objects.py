@@ -19,6 +19,8 @@ from tokenbus.sse_edge.protocol.logprobs import chat_logprobs
 
 # How a generation's finish reason reads as a response's status, and why it is incomplete.
 INCOMPLETE_BECAUSE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+# The event that ends a stream, by the response's status (any other: ``response.failed``).
+ENDED_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete"}
 
 
 def item_id(kind: str) -> str:
@@ -33,7 +35,10 @@ def status_of(finish_reason: str | None, failed: bool) -> str:
 
 
 def usage_of(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
+    """A response's usage. ``cache_write_tokens`` counts what OpenAI bills for writing its explicit
+    prompt cache; the engines here cache prefixes as they go, at no charge: 0."""
+    return {"input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens}
 
@@ -114,11 +119,14 @@ class ResponseEvents:
         self._items.append(item)
         return self._event("response.output_item.added", output_index=len(self._items) - 1, item=item)
 
-    def text(self, delta: str, scored: Sequence[TokenLogprob] = ()) -> bytes:
+    def text(self, delta: str, scores: list[dict[str, Any]] | None = None, id_: str | None = None) -> bytes:
+        """A piece of the answer's text, with its tokens' scores (``logprobs_of``) where they were
+        asked for; ``id_``: the message's, where it is known (a stored response sent again)."""
         out = b""
         message = self._message
         if message is None:
-            message = self._message = message_item(item_id("msg"), "", "in_progress", [] if self.logprobs else None)
+            message = self._message = message_item(id_ or item_id("msg"), "", "in_progress",
+                                                   [] if self.logprobs else None)
             part = message["content"].pop()  # (each event is written as it is made: the item, then its part)
             out += self._added(message)
             message["content"].append(part)
@@ -126,20 +134,21 @@ class ResponseEvents:
                                content_index=0, part=part)
         part = message["content"][0]
         part["text"] += delta
-        scores = logprobs_of(scored) if self.logprobs else []
+        scores = scores if self.logprobs and scores else []
         if self.logprobs:
             part["logprobs"] += scores
         return out + self._event("response.output_text.delta", item_id=message["id"],
                                  output_index=self._items.index(message), content_index=0, delta=delta,
                                  logprobs=scores)
 
-    def call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> bytes:
-        """A piece of a function call: the first of a call has its id and name."""
+    def call(self, index: int, call_id: str | None, name: str | None, arguments: str, id_: str | None = None) -> bytes:
+        """A piece of a function call: the first of a call has its id and name (``id_``: its item's,
+        where it is known)."""
         out = b""
         item = self._calls.get(index)
         if item is None:
-            item = self._calls[index] = function_call_item(item_id("fc"), call_id or item_id("call"), name or "", "",
-                                                           "in_progress")
+            item = self._calls[index] = function_call_item(id_ or item_id("fc"), call_id or item_id("call"), name or "",
+                                                           "", "in_progress")
             out += self._added(item)
         item["arguments"] += arguments
         if not arguments:
@@ -173,18 +182,23 @@ class ResponseEvents:
         response = {**self.response, "status": status, "output": self._items, "usage": usage, "error": error,
                     "completed_at": int(time.time()) if status == "completed" else None,
                     "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None}
-        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status, "response.failed")
-        return out + self._event(kind, response=response), response
+        return out + self._event(ENDED_EVENTS.get(status, "response.failed"), response=response), response
+
+    def replayed(self, stored: dict[str, Any]) -> bytes:
+        """A whole stored response's events (one asked for again): each item written in one piece,
+        with the ids it was stored with, and the stored response last."""
+        out = self.started()
+        for item in stored["output"]:
+            if item["type"] == "message":
+                part = item["content"][0]
+                out += self.text(part["text"], part.get("logprobs"), item["id"])
+            else:
+                out += self.call(len(self._calls), item["call_id"], item["name"], item["arguments"], item["id"])
+        status = stored["status"]
+        ended = ENDED_EVENTS.get(status, "response.failed")
+        return out + self._closed(status) + self._event(ended, response=stored)
 
     def error(self, error: dict[str, Any]) -> bytes:
         """An error that ends the stream before the response could (OpenAI's ``error`` event):
         ``error`` is an OpenAI error's ``error`` object."""
         return self._event("error", code=error.get("code"), message=error.get("message"), param=error.get("param"))
-
-    @property
-    def text_so_far(self) -> str:
-        return self._message["content"][0]["text"] if self._message is not None else ""
-
-    @property
-    def calls_so_far(self) -> list[tuple[str, str, str]]:
-        return [(c["call_id"], c["name"], c["arguments"]) for c in self._calls.values()]

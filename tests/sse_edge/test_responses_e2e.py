@@ -9,6 +9,9 @@ import uuid
 import httpx
 import openai
 import pytest
+from openai.pagination import SyncCursorPage
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from tests.conftest import MODEL, SLOW_MODEL
 from tests.expected import expected_calls, expected_output
@@ -18,6 +21,7 @@ from tests.sse_edge.test_tool_calls_e2e import QUESTION, WEATHER, specs
 pytestmark = pytest.mark.stack
 
 FLAT_WEATHER = {"type": "function", **WEATHER["function"]}
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture
@@ -65,6 +69,25 @@ async def test_a_streamed_turn_is_the_responses_api_events_in_order(client):
     assert {e.item_id for e in events if hasattr(e, "item_id")} == {done.output[0].id}
     # Stored before the stream said it ended: retrievable at once.
     assert (await client.responses.retrieve(done.id)).output_text == expected.text
+
+
+async def test_on_the_wire_each_event_is_named_as_its_type_and_no_done_follows(edge_url, auth):
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
+        answered = await http.post("/responses", json={"model": MODEL, "input": "Hi.", "stream": True})
+    assert answered.headers["content-type"].startswith("text/event-stream")
+    blocks = [b for b in answered.text.split("\n\n") if b.strip() and not b.startswith(":")]
+    for block in blocks:
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        event = STREAM_EVENT.validate_python(json.loads(data[len("data: "):]))  # as strictly as the client's types say
+        assert event.type == name[len("event: "):]
+    assert blocks[-1].startswith("event: response.completed") and "[DONE]" not in answered.text
+    assert answered.headers["x-request-id"] == json.loads(blocks[0].split("data: ")[1])["response"]["id"]
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
+        whole = await http.post("/responses", json={"model": MODEL, "input": "Hi.", "tools": [FLAT_WEATHER]})
+        items = await http.get(f"/responses/{whole.json()['id']}/input_items")
+    assert Response.model_validate(whole.json()).status == "completed"
+    assert SyncCursorPage[ResponseItem].model_validate(items.json()).data[0].type == "message"
 
 
 async def test_previous_response_id_continues_the_chain(client):
@@ -202,3 +225,43 @@ async def test_truncation_auto_leaves_out_the_oldest_turns_that_do_not_fit(stack
     users = [m for m in published.messages if m.role == "user"]
     assert 1 < len(users) < 4  # the newest turns that fit, then its own input
     assert published.estimated_prompt_tokens + 6 <= 300
+
+
+async def test_an_idempotency_key_answers_a_repeat_with_the_same_response(client, edge_url, auth):
+    once = {"Idempotency-Key": f"resp-{uuid.uuid4().hex}"}
+    first = await client.responses.create(model=MODEL, input="Only once.", extra_body={"seed": 29}, extra_headers=once)
+    repeat = await client.responses.create(model=MODEL, input="Only once.", extra_body={"seed": 29}, extra_headers=once)
+    assert repeat.model_dump() == first.model_dump()
+
+    streamed_key = f"resp-{uuid.uuid4().hex}"
+    live = [e async for e in await client.responses.create(
+        model=MODEL, input="Stream once.", stream=True, extra_body={"seed": 30},
+        extra_headers={"Idempotency-Key": streamed_key})]
+    replayed = [e async for e in await client.responses.create(
+        model=MODEL, input="Stream once.", stream=True, extra_body={"seed": 30},
+        extra_headers={"Idempotency-Key": streamed_key})]
+    assert replayed[-1].response.model_dump() == live[-1].response.model_dump()
+    assert "".join(e.delta for e in replayed if e.type == "response.output_text.delta") == live[-1].response.output_text
+    assert [e.type for e in replayed if e.type != "response.output_text.delta"] == [
+        e.type for e in live if e.type != "response.output_text.delta"]
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
+        reused = await http.post("/responses", json={"model": MODEL, "input": "Something else."},
+                                 headers={"Idempotency-Key": streamed_key})
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "idempotency_key_reused"
+
+
+async def test_cancel_stops_a_streamed_turn_and_stores_it_cancelled(client):
+    stream = await client.responses.create(model=SLOW_MODEL, input="Take your time.", stream=True)
+    events = []
+    async for event in stream:
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    response_id = events[0].response.id
+    cancelled = await client.responses.cancel(response_id)
+    events += [e async for e in stream]
+    assert cancelled.id == response_id and cancelled.status == "cancelled"
+    assert events[-1].type == "response.failed" and events[-1].response.status == "cancelled"
+    assert events[-1].response.error.code == "generation_cancelled"
+    assert 0 < events[-1].response.usage.output_tokens < 300  # SLOW_MODEL's 300, cut short
+    assert (await client.responses.retrieve(response_id)).status == "cancelled"
