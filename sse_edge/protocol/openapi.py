@@ -9,6 +9,7 @@ from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueReque
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
 from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
 from tokenbus.sse_edge.protocol.moderations import ModerationRequest
+from tokenbus.sse_edge.protocol.responses import ResponsesRequest
 
 ERROR = {
     "type": "object",
@@ -79,6 +80,15 @@ MODERATION = {"type": "object", "required": ["id", "model", "results"], "propert
             "categories": {"type": "object", "additionalProperties": {"type": "boolean"}},
             "category_scores": {"type": "object", "additionalProperties": {"type": "number"}}}}}}}
 
+RESPONSE = {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
+    "status": {"enum": ["completed", "incomplete", "failed", "cancelled", "in_progress"]},
+    "model": {"type": "string"}, "output": {"type": "array", "items": {"type": "object", "required": ["type", "id"]}},
+    "previous_response_id": NULLABLE_ID, "error": {"type": ["object", "null"]},
+    "incomplete_details": {"type": ["object", "null"]},
+    "usage": {"type": ["object", "null"], "properties": {
+        "input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}}
+
 
 def _list_of(item: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": ["object", "data", "has_more"], "properties": {
@@ -129,12 +139,14 @@ def openapi_spec() -> dict[str, Any]:
     create_key_schema = CreateKeyRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     create_batch_schema = CreateBatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     moderation_schema = ModerationRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    responses_schema = ResponsesRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
                   "CompletionRequest": text_schema, **text_schema.pop("$defs", {}),
                   "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {}),
                   "CreateKeyRequest": create_key_schema, "ApiKey": API_KEY,
                   "CreateBatchRequest": create_batch_schema, "File": FILE, "Batch": BATCH,
-                  "ModerationRequest": moderation_schema, **moderation_schema.pop("$defs", {})}
+                  "ModerationRequest": moderation_schema, **moderation_schema.pop("$defs", {}),
+                  "ResponsesRequest": responses_schema, **responses_schema.pop("$defs", {})}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
@@ -189,6 +201,29 @@ def openapi_spec() -> dict[str, Any]:
                                       "content": {"application/json": {"schema": {"type": "object"}}}},
                               **_errors(401, 404, 503)},
             }},
+            "/v1/responses": {"post": {
+                **_generation("createResponse", "ResponsesRequest", RESPONSE, secured,
+                              "A response, or an SSE stream of its named events when stream is true"),
+                "description": "OpenAI's Responses API: a turn, stored unless `store` is false, continued by a "
+                               "later turn naming it as `previous_response_id`. Function tools only; a repeat "
+                               "with the same Idempotency-Key is answered with the stored response.",
+            }},
+            "/v1/responses/{response_id}": {
+                "get": {"operationId": "retrieveResponse", "security": secured, "parameters": _path_id("response_id"),
+                        "responses": {"200": _json("The stored response", RESPONSE), **_errors(400, 401, 404, 503)}},
+                "delete": {"operationId": "deleteResponse", "security": secured, "parameters": _path_id("response_id"),
+                           "responses": {"200": _json("Deleted", {"type": "object"}), **_errors(401, 404, 503)}},
+            },
+            "/v1/responses/{response_id}/input_items": {"get": {
+                "operationId": "listInputItems", "security": secured,
+                "parameters": [*_path_id("response_id"), *_page_parameters(100),
+                               {"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]}}],
+                "responses": {"200": _json("The items the response was asked with", _list_of({"type": "object"})),
+                              **_errors(400, 401, 404, 503)}}},
+            "/v1/responses/{response_id}/cancel": {"post": {
+                "operationId": "cancelResponse", "security": secured, "parameters": _path_id("response_id"),
+                "description": "Stop a turn's generation now; a response that has ended is left as it is.",
+                "responses": {"200": _json("The response as it ended", RESPONSE), **_errors(401, 404, 503)}}},
             "/v1/models": {"get": {"operationId": "listModels", "security": secured, "responses": {
                 "200": {"description": "Models this key may use",
                         "content": {"application/json": {"schema": MODEL_LIST}}}, **_errors(401)}}},

@@ -176,7 +176,8 @@ def test_api_never_fails_or_breaks_its_schema(edge_url, auth):
     does not run under pytest 9.)"""
     schema = schemathesis.openapi.from_url(f"{edge_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/readyz"}
+    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models",
+                                             "/readyz"}
     for operation in operations:
 
         @given(case=operation.as_strategy())
