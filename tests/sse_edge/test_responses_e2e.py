@@ -265,3 +265,13 @@ async def test_cancel_stops_a_streamed_turn_and_stores_it_cancelled(client):
     assert events[-1].response.error.code == "generation_cancelled"
     assert 0 < events[-1].response.usage.output_tokens < 300  # SLOW_MODEL's 300, cut short
     assert (await client.responses.retrieve(response_id)).status == "cancelled"
+
+
+async def test_the_clients_stream_helper_accumulates_the_same_response(client):
+    async with client.responses.stream(model=MODEL, input="Helper.", tools=[FLAT_WEATHER],
+                                       extra_body={"seed": 31}) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_response()
+    stored = await client.responses.retrieve(final.id)
+    assert kinds[-1] == "response.completed" and final.output_text == stored.output_text
+    assert [item.id for item in final.output] == [item.id for item in stored.output]
