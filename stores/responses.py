@@ -43,9 +43,11 @@ class ResponseStore:
 
     async def put(self, stored: StoredResponse) -> None:
         key = self._key(stored.id)
-        await self._redis.hset(key, mapping={"tenant": stored.tenant, "body": stored.body,
-                                             "input_items": stored.input_items, "context": stored.context})
-        await self._redis.expire(key, self._ttl_s)
+        async with self._redis.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.hset(key, mapping={"tenant": stored.tenant, "body": stored.body, "input_items": stored.input_items,
+                                    "context": stored.context})
+            pipe.expire(key, self._ttl_s)
+            await pipe.execute()
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         if not RESPONSE_ID.fullmatch(response_id):

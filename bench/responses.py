@@ -1,0 +1,103 @@
+"""Scenario: what a turn costs through the Responses API beside the same turn as a chat completion.
+
+Through the embedded stack, alternating turn by turn (so each kind sees the same moments of this
+noisy machine), ``TURNS`` of each, every one the same prompt and seed (so the same 64 tokens):
+
+- ``chat`` and ``chat_stream``: ``POST /v1/chat/completions``, whole and streamed: the reference;
+- ``responses`` and ``responses_stream``: ``POST /v1/responses``, stored (its default);
+- ``responses_unstored``: ``store: false`` (what storing costs is the difference);
+- ``responses_chained``: ``previous_response_id`` of the kind's turn before (a chain of up to
+  ``CHAIN`` turns, then a new one): loading the chain, and a longer prompt.
+
+Reported: each kind's latency p50 and p99 and the edge's CPU time per turn (read around each
+turn), and each as a ratio of the chat turn of the same delivery (whole or streamed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import httpx
+
+from bench.stack import MODEL, bench_stack, cpu_seconds
+from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
+from tokenbus.infra.loadgen import percentile
+
+TURNS = 400
+CHAIN = 8
+PROMPT = "Tell me about the rivers of Europe."
+SIM = SimulatedEngineSettings(seed=1, ttft_ms=5, tokens_per_s=4000, min_tokens=64, max_tokens=64)
+KINDS = ("chat", "chat_stream", "responses", "responses_stream", "responses_unstored", "responses_chained")
+REFERENCE = {"chat": "chat", "chat_stream": "chat_stream", "responses": "chat", "responses_stream": "chat_stream",
+             "responses_unstored": "chat", "responses_chained": "chat"}
+
+
+class Turns:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+        self.previous: str | None = None  # the chain's last response
+        self.chained = 0  # turns in the chain
+
+    async def one(self, kind: str) -> None:
+        if kind.startswith("chat"):
+            body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "seed": 5}
+            path = "/v1/chat/completions"
+        else:
+            body = {"model": MODEL, "input": PROMPT, "seed": 5, "store": kind != "responses_unstored"}
+            path = "/v1/responses"
+            if kind == "responses_chained" and self.previous is not None:
+                body["previous_response_id"] = self.previous
+        if kind.endswith("_stream"):
+            async with self.http.stream("POST", path, json={**body, "stream": True}) as streamed:
+                streamed.raise_for_status()
+                async for _ in streamed.aiter_bytes():
+                    pass
+            return
+        answered = await self.http.post(path, json=body)
+        answered.raise_for_status()
+        if kind == "responses_chained":
+            self.chained = self.chained + 1 if self.chained < CHAIN else 1
+            self.previous = answered.json()["id"] if self.chained < CHAIN else None
+
+
+async def alternate(edge_url: str, api_key: str, edge_pid: int) -> dict[str, dict[str, list[float]]]:
+    measured: dict[str, dict[str, list[float]]] = {k: {"latency": [], "cpu": []} for k in KINDS}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=60, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        turns = Turns(http)
+        for kind in KINDS:
+            await turns.one(kind)  # warm-up
+        for _ in range(TURNS):
+            for kind in KINDS:
+                before, started = cpu_seconds(edge_pid), time.perf_counter()
+                await turns.one(kind)
+                measured[kind]["latency"].append((time.perf_counter() - started) * 1000)
+                measured[kind]["cpu"].append(cpu_seconds(edge_pid) - before)
+    return measured
+
+
+def run() -> dict[str, Any]:
+    with bench_stack(SIM) as stack:
+        edge_pid = stack.processes["edge"].pid
+        assert edge_pid is not None
+        measured = asyncio.run(alternate(stack.edge_url, stack.dev_key, edge_pid))
+    kinds = {}
+    for kind, m in measured.items():
+        kinds[kind] = {"p50_ms": round(statistics.median(m["latency"]), 2),
+                       "p99_ms": round(percentile(m["latency"], 99), 2),
+                       "edge_cpu_us_per_turn": round(1e6 * sum(m["cpu"]) / TURNS, 1)}
+    for kind, k in kinds.items():
+        reference = kinds[REFERENCE[kind]]
+        k["p50_vs_chat"] = round(k["p50_ms"] / reference["p50_ms"], 3)
+        k["cpu_vs_chat"] = round(k["edge_cpu_us_per_turn"] / reference["edge_cpu_us_per_turn"], 3)
+    return {"scenario": "responses", "turns": TURNS, "output_tokens": SIM.max_tokens, "chain": CHAIN, "kinds": kinds}
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| turn | p50 ms | p99 ms | vs chat | edge CPU µs / turn | vs chat |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {kind} | {k['p50_ms']} | {k['p99_ms']} | {k['p50_vs_chat']} | {k['edge_cpu_us_per_turn']} | "
+              f"{k['cpu_vs_chat']} |" for kind, k in result["kinds"].items()]
+    lines.append("\n(each against the chat turn of the same delivery: whole, or streamed)")
+    return "\n".join(lines)
