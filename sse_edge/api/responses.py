@@ -105,8 +105,8 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
 
     if asked.stream:
         writer = ResponseEvents(in_progress, asked.logprobs)
-        frames = response_frames(turn.events, writer, turn.hooks, edge.metrics, started, on_end)
-        return sse_response(frames, edge.settings.heartbeat_s, EVENT_STREAM, turn.headers)
+        frames = response_frames(turn.events, writer, turn.hooks, edge.metrics, started, on_end, turn.direct)
+        return sse_response(frames, edge.settings.heartbeat_s, EVENT_STREAM, turn.headers, turn.direct)
     [choice] = await collect_choices(request, turn.events, turn.choices, turn.hooks)
     final = choice.final
     error = generation_error(final)

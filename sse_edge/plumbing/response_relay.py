@@ -13,7 +13,7 @@ from typing import Any
 from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, generation_error, stream_error
-from tokenbus.sse_edge.plumbing.stream_response import StreamEnd
+from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd
 from tokenbus.sse_edge.protocol.logprobs import content_logprobs
 from tokenbus.sse_edge.protocol.response_objects import (
     INCOMPLETE_BECAUSE,
@@ -27,38 +27,60 @@ from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
 ResponseEnded = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+class EventWrites:
+    """What one stream writes for a token event that ends nothing: its text and calls as the
+    Responses API's events, the time to the first and between them observed as they go. The
+    stream's task and its direct writes share it."""
+
+    __slots__ = ("writer", "metrics", "started", "last_sent")
+
+    def __init__(self, writer: ResponseEvents, metrics: EdgeMetrics, started: float) -> None:
+        self.writer = writer
+        self.metrics = metrics
+        self.started = started
+        self.last_sent: float | None = None
+
+    def of(self, reply: ReplyEvent) -> bytes:
+        event, writer = reply.event, self.writer
+        if not (event.text or event.tool_calls):
+            return b""
+        out = writer.text(event.text, logprobs_of(content_logprobs(event)) if writer.logprobs else None) \
+            if event.text else b""
+        for piece in event.tool_calls:
+            out += writer.call(piece.index, piece.id, piece.name, piece.arguments)
+        now = time.perf_counter()
+        (self.metrics.ttft if self.last_sent is None else self.metrics.itl).observe(now - (self.last_sent or self.started))
+        self.last_sent = now
+        return out
+
+
 async def response_frames(events: AsyncGenerator[ReplyEvent, None], writer: ResponseEvents, hooks: RelayHooks,
-                          metrics: EdgeMetrics, started: float, on_end: ResponseEnded) -> AsyncGenerator[bytes, None]:
+                          metrics: EdgeMetrics, started: float, on_end: ResponseEnded,
+                          direct: DirectWrites | None = None) -> AsyncGenerator[bytes, None]:
     """The frames of one streamed response: ``response.created`` and ``.in_progress`` with the
     first event's (one write, as relay.py writes a chat's role chunk), then each event's pieces,
-    then the items' done events and the response's end."""
+    then the items' done events and the response's end. With ``direct`` (a live stream), the
+    events after the first are written as they arrive, as relay.py's are, until one ends it."""
     finished = False
     pending = writer.started()
-    last_sent: float | None = None
+    writes = EventWrites(writer, metrics, started)
     metrics.open_streams.inc()
     try:
         async for reply in events:
-            event = reply.event
-            out = [pending] if pending else []
+            out = pending + writes.of(reply)
             pending = b""
-            if event.text:
-                out.append(writer.text(event.text, logprobs_of(content_logprobs(event)) if writer.logprobs else None))
-            for piece in event.tool_calls:
-                out.append(writer.call(piece.index, piece.id, piece.name, piece.arguments))
-            if event.text or event.tool_calls:
-                now = time.perf_counter()
-                (metrics.ttft if last_sent is None else metrics.itl).observe(now - (last_sent or started))
-                last_sent = now
-            if event.is_final:
+            if reply.event.is_final:
                 finished = True
-                await hooks.on_final(event)
-                written, response = ended(writer, event)
+                await hooks.on_final(reply.event)
+                written, response = ended(writer, reply.event)
                 await on_end(response)
                 metrics.e2e.observe(time.perf_counter() - started)
-                yield StreamEnd(b"".join(out) + written)
+                yield StreamEnd(out + written)
                 return
             if out:
-                yield b"".join(out)
+                yield out
+            if direct is not None:
+                direct.start(writes.of)  # the first event is out (and the stream registered): the rest may go direct
     except ReplyStreamError as exc:
         finished = True
         if exc.code == STREAM_IDLE:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenbus.schemas import TokenLogprob
+from tokenbus.sse_edge.protocol.json_text import json_string
 from tokenbus.sse_edge.protocol.logprobs import chat_logprobs
 
 # How a generation's finish reason reads as a response's status, and why it is incomplete.
@@ -91,9 +92,13 @@ def output_text(response: dict[str, Any]) -> str:
 
 class ResponseEvents:
     """The events of one streamed response, as SSE frames: its items opened as their first piece
-    comes, added to as more come, and closed, in the order they were opened, once it ends."""
+    comes, added to as more come, and closed, in the order they were opened, once it ends.
 
-    __slots__ = ("response", "logprobs", "_sequence", "_items", "_message", "_calls")
+    Text and arguments deltas are the hot path (an event a token): they are written from fixed
+    parts (ids are hex, output indexes numbers: nothing in them needs escaping), and an item's
+    pieces are kept as a list, joined once when it closes."""
+
+    __slots__ = ("response", "logprobs", "_sequence", "_items", "_pieces", "_message", "_calls")
 
     def __init__(self, response: dict[str, Any], logprobs: bool) -> None:
         """``response``: the response object as it is in progress (no output, no usage);
@@ -102,8 +107,9 @@ class ResponseEvents:
         self.logprobs = logprobs
         self._sequence = 0
         self._items: list[dict[str, Any]] = []  # every output item, in output order
-        self._message: dict[str, Any] | None = None  # the message being written
-        self._calls: dict[int, dict[str, Any]] = {}  # the calls being written, by the engine's index
+        self._pieces: list[list[str]] = []  # each item's text or arguments so far, in pieces
+        self._message: int | None = None  # the output index of the message being written
+        self._calls: dict[int, int] = {}  # the output index of each call, by the engine's index
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = json.dumps({"type": kind, "sequence_number": self._sequence, **fields}, separators=(",", ":"),
@@ -111,67 +117,75 @@ class ResponseEvents:
         self._sequence += 1
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
+    def _delta(self, kind: str, index: int, delta: str, tail: str) -> bytes:
+        sequence, self._sequence = self._sequence, self._sequence + 1
+        return (f'event: {kind}\ndata: {{"type":"{kind}","sequence_number":{sequence},'
+                f'"item_id":"{self._items[index]["id"]}","output_index":{index},{tail}'
+                f'"delta":{json_string(delta)}}}\n\n').encode()
+
     def started(self) -> bytes:
         return (self._event("response.created", response=self.response)
                 + self._event("response.in_progress", response=self.response))
 
-    def _added(self, item: dict[str, Any]) -> bytes:
+    def _added(self, item: dict[str, Any]) -> tuple[int, bytes]:
         self._items.append(item)
-        return self._event("response.output_item.added", output_index=len(self._items) - 1, item=item)
+        self._pieces.append([])
+        index = len(self._items) - 1
+        return index, self._event("response.output_item.added", output_index=index, item=item)
 
     def text(self, delta: str, scores: list[dict[str, Any]] | None = None, id_: str | None = None) -> bytes:
         """A piece of the answer's text, with its tokens' scores (``logprobs_of``) where they were
         asked for; ``id_``: the message's, where it is known (a stored response sent again)."""
         out = b""
-        message = self._message
-        if message is None:
-            message = self._message = message_item(id_ or item_id("msg"), "", "in_progress",
-                                                   [] if self.logprobs else None)
+        index = self._message
+        if index is None:
+            message = message_item(id_ or item_id("msg"), "", "in_progress", [] if self.logprobs else None)
             part = message["content"].pop()  # (each event is written as it is made: the item, then its part)
-            out += self._added(message)
+            index, out = self._added(message)
+            self._message = index
             message["content"].append(part)
-            out += self._event("response.content_part.added", item_id=message["id"], output_index=len(self._items) - 1,
+            out += self._event("response.content_part.added", item_id=message["id"], output_index=index,
                                content_index=0, part=part)
-        part = message["content"][0]
-        part["text"] += delta
-        scores = scores if self.logprobs and scores else []
-        if self.logprobs:
-            part["logprobs"] += scores
-        return out + self._event("response.output_text.delta", item_id=message["id"],
-                                 output_index=self._items.index(message), content_index=0, delta=delta,
-                                 logprobs=scores)
+        self._pieces[index].append(delta)
+        scored = "[]"
+        if self.logprobs and scores:
+            self._items[index]["content"][0]["logprobs"] += scores
+            scored = json.dumps(scores, separators=(",", ":"), ensure_ascii=False)
+        return out + self._delta("response.output_text.delta", index, delta,
+                                 f'"content_index":0,"logprobs":{scored},')
 
     def call(self, index: int, call_id: str | None, name: str | None, arguments: str, id_: str | None = None) -> bytes:
         """A piece of a function call: the first of a call has its id and name (``id_``: its item's,
         where it is known)."""
         out = b""
-        item = self._calls.get(index)
-        if item is None:
-            item = self._calls[index] = function_call_item(id_ or item_id("fc"), call_id or item_id("call"), name or "",
-                                                           "", "in_progress")
-            out += self._added(item)
-        item["arguments"] += arguments
+        output_index = self._calls.get(index)
+        if output_index is None:
+            item = function_call_item(id_ or item_id("fc"), call_id or item_id("call"), name or "", "", "in_progress")
+            output_index, out = self._added(item)
+            self._calls[index] = output_index
         if not arguments:
             return out
-        return out + self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                 output_index=self._items.index(item), delta=arguments)
+        self._pieces[output_index].append(arguments)
+        return out + self._delta("response.function_call_arguments.delta", output_index, arguments, "")
 
     def _closed(self, status: str) -> bytes:
-        """Each open item's done events, in output order."""
+        """Each item, whole, and its done events, in output order."""
         out = b""
         item_status = "incomplete" if status == "incomplete" else "completed"
         for index, item in enumerate(self._items):
             item["status"] = item_status
+            whole = "".join(self._pieces[index])
             if item["type"] == "message":
                 part = item["content"][0]
+                part["text"] = whole
                 out += self._event("response.output_text.done", item_id=item["id"], output_index=index,
-                                   content_index=0, text=part["text"],
-                                   logprobs=part.get("logprobs", []))
+                                   content_index=0, text=whole, logprobs=part.get("logprobs", []))
                 out += self._event("response.content_part.done", item_id=item["id"], output_index=index,
                                    content_index=0, part=part)
             else:
+                item["arguments"] = whole
                 out += self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                   name=item["name"], arguments=item["arguments"])
+                                   name=item["name"], arguments=whole)
             out += self._event("response.output_item.done", output_index=index, item=item)
         return out
 
@@ -195,8 +209,7 @@ class ResponseEvents:
             else:
                 out += self.call(len(self._calls), item["call_id"], item["name"], item["arguments"], item["id"])
         status = stored["status"]
-        ended = ENDED_EVENTS.get(status, "response.failed")
-        return out + self._closed(status) + self._event(ended, response=stored)
+        return out + self._closed(status) + self._event(ENDED_EVENTS.get(status, "response.failed"), response=stored)
 
     def error(self, error: dict[str, Any]) -> bytes:
         """An error that ends the stream before the response could (OpenAI's ``error`` event):
