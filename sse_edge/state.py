@@ -187,16 +187,18 @@ class TurnHooks(RelayHooks):
     its token buckets (none for a resumed stream: the edge that admitted it charges them), a
     client that went away has the generation cancelled unless it resumes within the grace window,
     and a stream nothing answered is closed as incomplete. A response with several choices
-    (``choices``, each a generation of its own) does so for each choice the relay has not seen end."""
+    (``choices``, each a generation of its own) does so for each choice the relay has not seen end.
+    A background turn (``background``: the Responses API's) is not cancelled when its reader goes."""
 
-    __slots__ = ("_edge", "_request_id", "_token_buckets", "_choices")
+    __slots__ = ("_edge", "_request_id", "_token_buckets", "_choices", "background")
 
     def __init__(self, edge: EdgeState, request_id: str, token_buckets: list[Bucket] | None = None,
-                 choices: Choices | None = None) -> None:
+                 choices: Choices | None = None, background: bool = False) -> None:
         self._edge = edge
         self._request_id = request_id
         self._token_buckets = token_buckets
         self._choices = choices if choices is not None and choices.several else None
+        self.background = background
 
     async def on_final(self, event: TokenEvent) -> None:
         if self._token_buckets:
@@ -206,6 +208,8 @@ class TurnHooks(RelayHooks):
         return [self._request_id] if self._choices is None else self._choices.unfinished()
 
     def on_abandoned(self) -> None:
+        if self.background:
+            return
         self._edge.in_background(self._edge.cancel_unless_resumed(self._request_id, self._unfinished()))
 
     def on_stalled(self) -> None:

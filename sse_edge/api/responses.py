@@ -1,5 +1,6 @@
 """OpenAI's Responses API: ``POST /v1/responses`` (a turn, streamed as named events or answered
-whole), and a stored response's ``GET``, ``DELETE`` and ``input_items``.
+whole, or in the background), and a stored response's ``GET`` (its stream again, resumed),
+``DELETE``, ``cancel`` and ``input_items``.
 
 A turn is served as a chat turn is (chat.py's ``start_turn``): the request reads as a chat
 completion's (protocol/responses.py), goes on the bus under the response's id, and is billed,
@@ -11,6 +12,7 @@ a stored response (``store``, its default) holds its context, which a turn namin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -21,7 +23,7 @@ import redis.asyncio as redis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenbus.schemas import ChatMessage, ToolCall
+from tokenbus.schemas import ChatMessage
 from tokenbus.sse_edge.api.chat import (
     REQUEST_ID_HEADER,
     check_model,
@@ -31,31 +33,28 @@ from tokenbus.sse_edge.api.chat import (
     to_bus_request,
 )
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
-from tokenbus.sse_edge.plumbing.history import History, StoredTurn, turn_from_json, turn_to_json
+from tokenbus.sse_edge.plumbing.history import History, StoredTurn
+from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, listed_items
 from tokenbus.sse_edge.plumbing.relay import collect_choices, generation_error
 from tokenbus.sse_edge.plumbing.response_relay import response_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamEnd, StreamFormat, sse_response
+from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.batches import list_body
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest
 from tokenbus.sse_edge.protocol.response_objects import (
     INCOMPLETE_BECAUSE,
     ResponseEvents,
-    item_id,
     output_items,
     response_object,
     status_of,
     usage_of,
 )
-from tokenbus.sse_edge.protocol.responses import (
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    InputItem,
-    ResponsesRequest,
-)
+from tokenbus.sse_edge.protocol.responses import InputItem, ResponsesRequest
 from tokenbus.sse_edge.protocol.validation import body_hash, cursor_page, list_order, parse_responses_request, read_body
-from tokenbus.sse_edge.state import EdgeState
+from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.stores.responses import StoredResponse, new_response_id
+from tokenbus.topics import replay
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ EVENT_STREAM = StreamFormat(event_ids=True)
 
 async def create_response(request: Request) -> Response:
     """A turn. With an ``Idempotency-Key`` seen before (same body), the turn is not published
-    again: the response it made is answered, once it has ended and been stored."""
+    again: the response it made is answered (its stream read again, while it is under way)."""
     edge: EdgeState = request.app.state.edge
     started = time.perf_counter()
     key = await edge.auth.authenticate(request.headers.get("authorization"))
@@ -78,11 +77,11 @@ async def create_response(request: Request) -> Response:
     if idempotency_key:
         earlier = await claim_idempotency_key(edge, key, idempotency_key, digest, response_id)
         if earlier is not None:
-            return await answered_before(edge, key, earlier.request_id, asked)
+            return await answered_before(request, edge, key, earlier.request_id, asked.stream)
     try:
         return await respond(request, edge, key, asked, items, chat, response_id, digest, started)
     except ApiError:
-        if idempotency_key:  # never published: a retry with this key must be able to try again
+        if idempotency_key:  # not published, or failed: a retry with this key may try again
             await edge.streams.release(key.tenant, idempotency_key, response_id)
         raise
 
@@ -94,15 +93,24 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     own = bus_request.messages
     bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
     turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
+    turn.hooks.background = asked.background
     in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed(),
                                   "in_progress", [])
-    this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
-
-    async def on_end(response: dict[str, Any]) -> None:
-        if asked.store:
-            await store(edge, key, response, items, earlier, StoredTurn(turn.response_id, bus_request.created_at_ms,
-                                                                         (*this_turn, answer_message(response))))
-
+    kept = None
+    if asked.store:
+        this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
+        kept = KeptResponse(edge.responses, key.tenant, listed_items(items), asked.logprobs, earlier,
+                            StoredTurn(turn.response_id, bus_request.created_at_ms, tuple(this_turn)),
+                            edge.settings.history_turns)
+        await kept.started(in_progress)
+    on_end = kept.ended if kept is not None else nothing_kept
+    if asked.background:
+        writer = ResponseEvents(in_progress, asked.logprobs)
+        edge.in_background(read_through(response_frames(turn.events, writer, turn.hooks, edge.metrics, started,
+                                                        on_end)))
+        if asked.stream:  # the client reads the stream from the log, as any edge could: its going changes nothing
+            return await stream_again(request, edge, key, response_id, in_progress, asked.logprobs, -1)
+        return JSONResponse(in_progress, headers=turn.headers)
     if asked.stream:
         writer = ResponseEvents(in_progress, asked.logprobs)
         frames = response_frames(turn.events, writer, turn.hooks, edge.metrics, started, on_end, turn.direct)
@@ -114,7 +122,7 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     calls = [(c.id, c.name, c.arguments) for c in choice.calls]
     response = response_object(
         turn.response_id, in_progress["created_at"], turn.model, asked.echoed(), status,
-        output_items(choice.text, calls, status, choice.scored if asked.logprobs else None),
+        output_items(turn.response_id, choice.text, calls, status, choice.scored if asked.logprobs else None),
         usage_of(final.prompt_tokens or 0, final.completion_tokens or 0, final.cached_tokens or 0),
         error=error.body()["error"] if error is not None else None,
         incomplete_reason=INCOMPLETE_BECAUSE.get(final.finish_reason or ""))
@@ -124,19 +132,64 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     return JSONResponse(response, headers=turn.headers)
 
 
-async def answered_before(edge: EdgeState, key: ApiKey, response_id: str, asked: ResponsesRequest) -> Response:
-    """The response an earlier request with this Idempotency-Key made, as this request asks for it."""
+async def nothing_kept(response: dict[str, Any]) -> None:
+    """A response not stored (``store: false``) ends with nothing to keep."""
+
+
+async def read_through(frames: AsyncGenerator[bytes, None]) -> None:
+    """A background turn's stream, read to its end for what it stores (its frames go nowhere)."""
+    async for _ in frames:
+        pass
+
+
+async def answered_before(request: Request, edge: EdgeState, key: ApiKey, response_id: str,
+                          stream: bool) -> Response:
+    """The response an earlier request with this Idempotency-Key made, as this request asks for it:
+    whole (once it has ended), or its stream, read again."""
     stored = await stored_response(edge, key, response_id)
     if stored is None:
-        raise Conflict(f"The response bound to this Idempotency-Key, {response_id}, has not ended yet or was not "
-                       "stored; retrieve it once it has ended.", param="Idempotency-Key", code="idempotency_key_in_use")
-    headers = {REQUEST_ID_HEADER: response_id}
-    if not asked.stream:
-        return Response(stored.body, media_type="application/json", headers=headers)
+        raise Conflict(f"The response bound to this Idempotency-Key, {response_id}, was not stored (store: false), "
+                       "or is still starting; retry shortly.", param="Idempotency-Key", code="idempotency_key_in_use")
     response = json.loads(stored.body)
-    writer = ResponseEvents({**response, "status": "in_progress", "output": [], "usage": None, "error": None,
-                             "incomplete_details": None, "completed_at": None}, asked.logprobs)
+    if not stream:
+        if response["status"] == "in_progress":
+            raise Conflict(f"The response bound to this Idempotency-Key, {response_id}, is still under way; retrieve "
+                           "it once it has ended, or stream it.", param="Idempotency-Key",
+                           code="idempotency_key_in_use")
+        return Response(stored.body, media_type="application/json", headers={REQUEST_ID_HEADER: response_id})
+    return await stream_again(request, edge, key, response_id, response, scores_asked(stored), -1)
+
+
+async def stream_again(request: Request, edge: EdgeState, key: ApiKey, response_id: str, response: dict[str, Any],
+                       logprobs: bool, starting_after: int) -> Response:
+    """A response's stream again, after the event ``starting_after`` (OpenAI's resumption): read
+    from the log while it holds the stream, and then live, numbered as it went out live; whoever
+    reads it to the end stores the response ended, if it is not yet. Once the log no longer holds
+    it, an ended response's stream is made from the stored response, each item in one piece."""
+    skeleton = {**response, "status": "in_progress", "output": [], "usage": None, "error": None,
+                "incomplete_details": None, "completed_at": None}
+    writer = ResponseEvents(skeleton, logprobs, starting_after, response.get("completed_at"))
+    headers = {REQUEST_ID_HEADER: response_id}
+    record = await stream_record(edge, key, response_id)
+    if not record.topic or await edge.bus.router.log_exists(record.topic):
+        stored = await stored_response(edge, key, response_id)
+        kept = KeptResponse.of_stored(edge.responses, stored, edge.settings.history_turns) if stored else None
+        with contextlib.suppress(redis.RedisError, OSError):
+            await edge.streams.attach(response_id)  # a client that went away is back: not cancelled
+        events = replay(edge.settings.bus, response_id, record.partition, record.start_offset, topic=record.topic,
+                        idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
+        hooks = TurnHooks(edge, response_id, background=bool(response.get("background")))
+        frames = response_frames(events, writer, hooks, edge.metrics, time.perf_counter(),
+                                 kept.ended if kept is not None else nothing_kept)
+        return sse_response(frames, edge.settings.heartbeat_s, EVENT_STREAM, headers)
+    if response["status"] == "in_progress":
+        raise NotFound(f"The stream of '{response_id}' is no longer kept and cannot be read again.",
+                       param="response_id", code="stream_expired")
     return sse_response(one_frame(writer.replayed(response)), edge.settings.heartbeat_s, EVENT_STREAM, headers)
+
+
+def scores_asked(stored: StoredResponse) -> bool:
+    return bool(json.loads(stored.context).get("logprobs"))
 
 
 async def one_frame(written: bytes) -> AsyncGenerator[bytes, None]:
@@ -151,7 +204,11 @@ async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) 
     if stored is None:
         raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' not found.",
                              param="previous_response_id", code="previous_response_not_found")
-    return [turn_from_json(t) for t in json.loads(stored.context)["turns"]]
+    chain = chain_of(stored)
+    if chain is None:
+        raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' is still in progress.",
+                             param="previous_response_id", code="previous_response_in_progress")
+    return chain
 
 
 async def responses_prompt(edge: EdgeState, key: ApiKey, asked: ResponsesRequest, chat: ChatCompletionRequest,
@@ -173,49 +230,6 @@ async def responses_prompt(edge: EdgeState, key: ApiKey, asked: ResponsesRequest
     return prompt
 
 
-def answer_message(response: dict[str, Any]) -> ChatMessage:
-    """A response's output as the assistant message a turn continuing it is prompted with."""
-    text = "".join(part["text"] for item in response["output"] if item["type"] == "message"
-                   for part in item["content"])
-    calls = tuple(ToolCall(item["call_id"], item["name"], item["arguments"]) for item in response["output"]
-                  if item["type"] == "function_call")
-    return ChatMessage("assistant", text, calls)
-
-
-async def store(edge: EdgeState, key: ApiKey, response: dict[str, Any], items: list[InputItem],
-                earlier: list[StoredTurn], turn: StoredTurn) -> None:
-    """Keep the response, its input items and its context (the chain's newest ``history_turns``
-    turns, this one last). The response has been answered either way: one that cannot be stored
-    (Redis down) is only missing later, which a retrieval or continuation says."""
-    chain = [*earlier, turn][-edge.settings.history_turns:]
-    stored = StoredResponse(response["id"], key.tenant, json.dumps(response, separators=(",", ":")),
-                            json.dumps(listed_items(items), separators=(",", ":")),
-                            json.dumps({"turns": [turn_to_json(t) for t in chain]}, separators=(",", ":")))
-    try:
-        await edge.responses.put(stored)
-    except (redis.RedisError, OSError) as exc:
-        log.warning("could not store response %s: %s", response["id"], type(exc).__name__)
-
-
-def listed_items(items: list[InputItem]) -> list[dict[str, Any]]:
-    """Input items as the input item list shows them: each with an id, a message's content as parts."""
-    listed = []
-    for item in items:
-        if isinstance(item, FunctionCallItem):
-            listed.append({"id": item_id("fc"), **item.model_dump(), "status": "completed"})
-        elif isinstance(item, FunctionCallOutputItem):
-            output = item.output if isinstance(item.output, str) else [p.model_dump() for p in item.output]
-            listed.append({"id": item_id("fco"), "type": item.type, "call_id": item.call_id, "output": output,
-                           "status": "completed"})
-        else:
-            kind = "output_text" if item.role == "assistant" else "input_text"
-            content = ([{"type": kind, "text": item.content}] if isinstance(item.content, str)
-                       else [p.model_dump() for p in item.content])
-            listed.append({"id": item_id("msg"), "type": "message", "role": item.role, "content": content,
-                           "status": "completed"})
-    return listed
-
-
 async def stored_response(edge: EdgeState, key: ApiKey, response_id: str) -> StoredResponse | None:
     try:
         return await edge.responses.get(key.tenant, response_id)
@@ -234,16 +248,31 @@ async def tenant_response(request: Request) -> tuple[EdgeState, ApiKey, StoredRe
     return edge, key, stored
 
 
+async def stream_record(edge: EdgeState, key: ApiKey, response_id: str) -> StreamRecord:
+    """Where a response's stream lives (the key's tenant's only)."""
+    try:
+        record = await edge.streams.get(response_id)
+    except (redis.RedisError, OSError):
+        raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
+    if record is None or record.tenant != key.tenant:
+        raise response_not_found(response_id)
+    return record
+
+
 def response_not_found(response_id: str) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
 
 
 async def retrieve_response(request: Request) -> Response:
-    if request.query_params.get("stream", "false").lower() not in ("false", "0"):
-        raise InvalidRequest("A stored response cannot be streamed again: OpenAI streams only background responses "
-                             "so, which tokenbus does not serve.", param="stream", code="unsupported_parameter")
-    _, _, stored = await tenant_response(request)
-    return Response(stored.body, media_type="application/json")
+    """A stored response; with ``stream=true``, its stream again, after ``starting_after`` if given."""
+    edge, key, stored = await tenant_response(request)
+    if request.query_params.get("stream", "false").lower() in ("false", "0"):
+        return Response(stored.body, media_type="application/json")
+    raw = request.query_params.get("starting_after", "-1")
+    if not raw.lstrip("-").isdigit() or int(raw) < -1:
+        raise InvalidRequest("starting_after must be the sequence number of an event received, like 12.",
+                             param="starting_after", code="invalid_value")
+    return await stream_again(request, edge, key, stored.id, json.loads(stored.body), scores_asked(stored), int(raw))
 
 
 async def delete_response(request: Request) -> Response:
@@ -265,18 +294,15 @@ async def cancel_response(request: Request) -> Response:
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     response_id = request.path_params["response_id"]
     stored = await stored_response(edge, key, response_id)
-    if stored is None:
-        try:
-            record = await edge.streams.get(response_id)
-        except (redis.RedisError, OSError):
-            raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
-        if record is None or record.tenant != key.tenant:
-            raise response_not_found(response_id)
+    if stored is None or json.loads(stored.body)["status"] == "in_progress":
+        await stream_record(edge, key, response_id)
         await edge.bus.cancel(response_id, "cancelled by the client")
         deadline = time.monotonic() + CANCEL_WAIT_S
-        while stored is None and time.monotonic() < deadline:  # its stream ends, and stores it
+        while time.monotonic() < deadline:  # its stream ends, and stores it
             await asyncio.sleep(0.05)
             stored = await stored_response(edge, key, response_id)
+            if stored is not None and json.loads(stored.body)["status"] != "in_progress":
+                break
     if stored is None:
         return JSONResponse({"id": response_id, "object": "response", "status": "cancelled"})
     return Response(stored.body, media_type="application/json")

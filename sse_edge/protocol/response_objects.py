@@ -8,6 +8,7 @@ and no ``[DONE]``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -24,9 +25,13 @@ INCOMPLETE_BECAUSE = {"length": "max_output_tokens", "content_filter": "content_
 ENDED_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete"}
 
 
-def item_id(kind: str) -> str:
-    """An output item's id, as OpenAI's look: ``msg_...`` for a message, ``fc_...`` for a function call."""
-    return f"{kind}_{uuid.uuid4().hex}"
+def item_id(kind: str, response_id: str | None = None, index: int = 0) -> str:
+    """An item's id, as OpenAI's look: ``msg_...`` for a message, ``fc_...`` for a function call.
+    An output item's is made from its response's id and its place in the output, so that the
+    stream read again from the log (resumed on any edge) names each item as it went out live."""
+    if response_id is None:
+        return f"{kind}_{uuid.uuid4().hex}"
+    return f"{kind}_{hashlib.blake2b(f'{response_id}/{index}'.encode(), digest_size=16).hexdigest()}"
 
 
 def status_of(finish_reason: str | None, failed: bool) -> str:
@@ -61,14 +66,14 @@ def function_call_item(id_: str, call_id: str, name: str, arguments: str, status
             "status": status}
 
 
-def output_items(text: str, calls: Sequence[tuple[str, str, str]], status: str,
+def output_items(response_id: str, text: str, calls: Sequence[tuple[str, str, str]], status: str,
                  scored: Sequence[TokenLogprob] | None = None) -> list[dict[str, Any]]:
     """A whole answer's items: its message (where it has text, or nothing else), then its calls
     ((call id, name, arguments) each)."""
     item_status = "incomplete" if status == "incomplete" else "completed"
-    items = [message_item(item_id("msg"), text, item_status, scored)] if text or not calls else []
-    items += [function_call_item(item_id("fc"), call_id, name, arguments, item_status)
-              for call_id, name, arguments in calls]
+    items = [message_item(item_id("msg", response_id), text, item_status, scored)] if text or not calls else []
+    items += [function_call_item(item_id("fc", response_id, len(items) + i), call_id, name, arguments, item_status)
+              for i, (call_id, name, arguments) in enumerate(calls)]
     return items
 
 
@@ -98,13 +103,19 @@ class ResponseEvents:
     parts (ids are hex, output indexes numbers: nothing in them needs escaping), and an item's
     pieces are kept as a list, joined once when it closes."""
 
-    __slots__ = ("response", "logprobs", "_sequence", "_items", "_pieces", "_message", "_calls")
+    __slots__ = ("response", "logprobs", "skip_through", "completed_at", "_sequence", "_items", "_pieces", "_message",
+                 "_calls")
 
-    def __init__(self, response: dict[str, Any], logprobs: bool) -> None:
+    def __init__(self, response: dict[str, Any], logprobs: bool, skip_through: int = -1,
+                 completed_at: int | None = None) -> None:
         """``response``: the response object as it is in progress (no output, no usage);
-        ``logprobs``: whether the text's token scores were asked for."""
+        ``logprobs``: whether the text's token scores were asked for; ``skip_through``: the events
+        up to this sequence number are made but not written (a client resuming has them);
+        ``completed_at``: when it completed, where it has (a stream read again): now otherwise."""
         self.response = response
         self.logprobs = logprobs
+        self.skip_through = skip_through
+        self.completed_at = completed_at
         self._sequence = 0
         self._items: list[dict[str, Any]] = []  # every output item, in output order
         self._pieces: list[list[str]] = []  # each item's text or arguments so far, in pieces
@@ -112,6 +123,9 @@ class ResponseEvents:
         self._calls: dict[int, int] = {}  # the output index of each call, by the engine's index
 
     def _event(self, kind: str, **fields: Any) -> bytes:
+        if self._sequence <= self.skip_through:
+            self._sequence += 1
+            return b""
         data = json.dumps({"type": kind, "sequence_number": self._sequence, **fields}, separators=(",", ":"),
                           ensure_ascii=False)
         self._sequence += 1
@@ -119,6 +133,8 @@ class ResponseEvents:
 
     def _delta(self, kind: str, index: int, delta: str, tail: str) -> bytes:
         sequence, self._sequence = self._sequence, self._sequence + 1
+        if sequence <= self.skip_through:
+            return b""
         return (f'event: {kind}\ndata: {{"type":"{kind}","sequence_number":{sequence},'
                 f'"item_id":"{self._items[index]["id"]}","output_index":{index},{tail}'
                 f'"delta":{json_string(delta)}}}\n\n').encode()
@@ -139,7 +155,8 @@ class ResponseEvents:
         out = b""
         index = self._message
         if index is None:
-            message = message_item(id_ or item_id("msg"), "", "in_progress", [] if self.logprobs else None)
+            message = message_item(id_ or item_id("msg", self.response["id"], len(self._items)), "", "in_progress",
+                                   [] if self.logprobs else None)
             part = message["content"].pop()  # (each event is written as it is made: the item, then its part)
             index, out = self._added(message)
             self._message = index
@@ -160,7 +177,8 @@ class ResponseEvents:
         out = b""
         output_index = self._calls.get(index)
         if output_index is None:
-            item = function_call_item(id_ or item_id("fc"), call_id or item_id("call"), name or "", "", "in_progress")
+            item = function_call_item(id_ or item_id("fc", self.response["id"], len(self._items)),
+                                      call_id or item_id("call"), name or "", "", "in_progress")
             output_index, out = self._added(item)
             self._calls[index] = output_index
         if not arguments:
@@ -193,8 +211,9 @@ class ResponseEvents:
               incomplete_reason: str | None = None) -> tuple[bytes, dict[str, Any]]:
         """The events that end the stream, and the response as it ended."""
         out = self._closed(status)
+        completed_at = self.completed_at or int(time.time())
         response = {**self.response, "status": status, "output": self._items, "usage": usage, "error": error,
-                    "completed_at": int(time.time()) if status == "completed" else None,
+                    "completed_at": completed_at if status == "completed" else None,
                     "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None}
         return out + self._event(ENDED_EVENTS.get(status, "response.failed"), response=response), response
 

@@ -5,14 +5,14 @@ and the stream's events are response_objects.py's. Nothing here knows about Kafk
 What a Responses request adds to a chat's is its shapes (``input`` items, flat function tools,
 ``text.format``, ``instructions``) and state kept between turns (``store``, ``previous_response_id``,
 served at the edge); the generation itself is a chat turn's. Hosted tools (web search, file
-search, computer use, MCP, ...), background responses and non-text input are not served: a request
-that asks for one gets a 400 naming it."""
+search, computer use, MCP, ...) and non-text input are not served: a request that asks for one
+gets a 400 naming it."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from tokenbus.schemas.request_checks import TEMPERATURE_MAX, TOP_LOGPROBS_MAX
 from tokenbus.sse_edge.errors import ApiError, InvalidRequest, from_validation_error
@@ -20,7 +20,6 @@ from tokenbus.sse_edge.errors import ApiError, InvalidRequest, from_validation_e
 # Fields of OpenAI's Responses request that tokenbus does not serve (beyond the hosted tools and
 # non-text input, which are refused where they appear).
 RESPONSES_UNSUPPORTED = {
-    "background": "background responses (stream, or wait for the response)",
     "prompt": "stored prompt templates",
     "conversation": "OpenAI's conversation objects (chain turns with previous_response_id)",
     "max_tool_calls": "a cap on tool calls (parallel_tool_calls: false allows one)",
@@ -115,6 +114,9 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     stream: bool = False
     store: bool = True
+    # Answered at once, in progress; generated whatever becomes of the client (stored: retrieve it,
+    # or read its stream, later).
+    background: bool = False
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     text: TextConfig | None = None
@@ -125,6 +127,13 @@ class ResponsesRequest(BaseModel):
     reasoning: dict[str, Any] | None = None
     seed: int | None = None  # vLLM's sampling extension, as a chat's (OpenAI's Responses API has none)
 
+    @field_validator("background")
+    @classmethod
+    def _background_is_stored(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("store") is False:  # OpenAI's rule
+            raise ValueError("background responses must be stored (store: true)")
+        return value
+
     @property
     def logprobs(self) -> bool:
         return LOGPROBS_INCLUDE in (self.include or [])
@@ -133,7 +142,8 @@ class ResponsesRequest(BaseModel):
         """The request's settings as a response object repeats them."""
         text = self.text.model_dump(by_alias=True, exclude_none=True) if self.text and self.text.format else None
         return {
-            "instructions": self.instructions, "max_output_tokens": self.max_output_tokens,
+            "background": self.background, "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
             "metadata": self.metadata or {}, "parallel_tool_calls": self.parallel_tool_calls is not False,
             "previous_response_id": self.previous_response_id,
             "reasoning": self.reasoning or {"effort": None, "summary": None}, "store": self.store,

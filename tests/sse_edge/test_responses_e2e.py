@@ -3,6 +3,7 @@ answered whole and streamed as named events, stored and continued with ``previou
 function calls and their outputs given back, retrieval, input items, deletion, and the errors a
 client gets for what is not served."""
 
+import asyncio
 import json
 import uuid
 
@@ -174,7 +175,7 @@ async def test_what_is_not_served_gets_an_openai_error_naming_it(edge_url, auth)
         "input[0].content[0].type": {"input": [{"role": "user", "content": [
             {"type": "input_image", "image_url": "https://example.com/a.png"}]}]},
         "input[0].type": {"input": [{"type": "reasoning", "summary": []}]},
-        "background": {"input": "x", "background": True},
+        "background": {"input": "x", "background": True, "store": False},
         "max_output_tokens": {"input": "x", "max_output_tokens": 10**9},
         "text.format": {"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {
             "type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
@@ -240,10 +241,8 @@ async def test_an_idempotency_key_answers_a_repeat_with_the_same_response(client
     replayed = [e async for e in await client.responses.create(
         model=MODEL, input="Stream once.", stream=True, extra_body={"seed": 30},
         extra_headers={"Idempotency-Key": streamed_key})]
-    assert replayed[-1].response.model_dump() == live[-1].response.model_dump()
-    assert "".join(e.delta for e in replayed if e.type == "response.output_text.delta") == live[-1].response.output_text
-    assert [e.type for e in replayed if e.type != "response.output_text.delta"] == [
-        e.type for e in live if e.type != "response.output_text.delta"]
+    # The stream read again from the log: event for event as it went out live.
+    assert [e.model_dump() for e in replayed] == [e.model_dump() for e in live]
     async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
         reused = await http.post("/responses", json={"model": MODEL, "input": "Something else."},
                                  headers={"Idempotency-Key": streamed_key})
@@ -275,3 +274,58 @@ async def test_the_clients_stream_helper_accumulates_the_same_response(client):
     stored = await client.responses.retrieve(final.id)
     assert kinds[-1] == "response.completed" and final.output_text == stored.output_text
     assert [item.id for item in final.output] == [item.id for item in stored.output]
+
+
+async def test_a_stream_resumed_after_an_event_is_the_rest_of_it_on_any_reader(client, api_key, edge_url):
+    stream = await client.responses.create(model=SLOW_MODEL, input="Resume me.", max_output_tokens=40, stream=True,
+                                           extra_body={"seed": 32})
+    first = []
+    async for event in stream:
+        first.append(event)
+        if len(first) == 6:
+            break
+    await stream.close()  # the client goes away mid-stream, and comes back within the grace window
+    response_id = first[0].response.id
+    rest = [e async for e in await client.responses.retrieve(response_id, stream=True,
+                                                               starting_after=first[-1].sequence_number)]
+    whole = [e async for e in await client.responses.retrieve(response_id, stream=True)]
+    assert [e.model_dump() for e in first + rest] == [e.model_dump() for e in whole]
+    assert rest[0].sequence_number == 6 and whole[-1].type == "response.incomplete"  # SLOW_MODEL: 300 tokens
+    stored = await client.responses.retrieve(response_id)  # stored by the reader that reached the end
+    assert stored.status == "incomplete" and stored.usage.output_tokens == 40
+    assert stored.output_text == "".join(e.delta for e in whole if e.type == "response.output_text.delta")
+
+
+async def test_a_background_response_is_generated_without_its_client(client):
+    started = await client.responses.create(model=MODEL, input="In the background.", background=True,
+                                            extra_body={"seed": 33})
+    assert started.status == "in_progress" and started.background and started.output == []
+    expected = await expected_output([{"role": "user", "content": "In the background."}], seed=33)
+    done = await until_ended(client, started.id)
+    assert done.status == "completed" and done.output_text == expected.text and done.background
+
+    # Streamed in the background: the client may go; the response is generated and stored all the same.
+    stream = await client.responses.create(model=SLOW_MODEL, input="Go on without me.", max_output_tokens=30,
+                                           background=True, stream=True, extra_body={"seed": 34})
+    events = []
+    async for event in stream:
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    await stream.close()
+    response_id = events[0].response.id
+    with pytest.raises(openai.BadRequestError) as refused:  # (SLOW_MODEL: 30 tokens take 0.6 s)
+        await client.responses.create(model=MODEL, input="Next.", previous_response_id=response_id)
+    assert refused.value.code == "previous_response_in_progress"
+    done = await until_ended(client, response_id)
+    assert done.status == "incomplete" and done.usage.output_tokens == 30
+    assert done.output_text.startswith(events[-1].delta)
+
+
+async def until_ended(client, response_id):
+    for _ in range(400):
+        response = await client.responses.retrieve(response_id)
+        if response.status != "in_progress":
+            return response
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{response_id} is still in progress")

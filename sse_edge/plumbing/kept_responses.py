@@ -1,0 +1,107 @@
+"""What the edge keeps of a Responses API turn (stores/responses.py holds it): the response as it
+starts and as it ends, the input items it was asked with, and its context.
+
+A context is the chain of turns a turn continuing the response is prompted with, as server-side
+history keeps turns (``StoredTurn``: each turn's input messages and its answer, no instructions),
+and, while the response is under way, its own input (``pending``): whoever reads its stream to
+the end (the edge that serves it, or any edge a client resumes it on) can then store it ended."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as redis
+
+from tokenbus.schemas import ChatMessage, ToolCall
+from tokenbus.sse_edge.plumbing.history import StoredTurn, turn_from_json, turn_to_json
+from tokenbus.sse_edge.protocol.response_objects import item_id
+from tokenbus.sse_edge.protocol.responses import FunctionCallItem, FunctionCallOutputItem, InputItem
+from tokenbus.stores.responses import ResponseStore, StoredResponse
+
+log = logging.getLogger(__name__)
+
+
+def compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(slots=True)
+class KeptResponse:
+    """One response's keeping: its tenant, its input items (as the item list shows them, JSON),
+    whether its text's scores were asked for, the chain it continues and its own input turn."""
+
+    store: ResponseStore
+    tenant: str
+    items: str
+    logprobs: bool
+    earlier: list[StoredTurn]
+    pending: StoredTurn
+    chain_turns: int  # the most turns a chain keeps
+
+    @classmethod
+    def of_stored(cls, store: ResponseStore, stored: StoredResponse, chain_turns: int) -> KeptResponse | None:
+        """The keeping of a response stored as it started; None where it has ended."""
+        context = json.loads(stored.context)
+        if context.get("pending") is None:
+            return None
+        return cls(store, stored.tenant, stored.input_items, context.get("logprobs", False),
+                   [turn_from_json(t) for t in context["turns"]], turn_from_json(context["pending"]), chain_turns)
+
+    async def started(self, response: dict[str, Any]) -> None:
+        await self._put(response, {"turns": [turn_to_json(t) for t in self.earlier], "logprobs": self.logprobs,
+                                   "pending": turn_to_json(self.pending)})
+
+    async def ended(self, response: dict[str, Any]) -> None:
+        """Keep the response as it ended, with the chain's newest turns, this one last."""
+        turn = StoredTurn(self.pending.request_id, self.pending.turn_at_ms,
+                          (*self.pending.messages, answer_message(response)))
+        chain = [*self.earlier, turn][-self.chain_turns:]
+        await self._put(response, {"turns": [turn_to_json(t) for t in chain], "logprobs": self.logprobs})
+
+    async def _put(self, response: dict[str, Any], context: dict[str, Any]) -> None:
+        """The response is answered either way: one that cannot be stored (Redis down) is only
+        missing later, which a retrieval or continuation says."""
+        try:
+            await self.store.put(StoredResponse(response["id"], self.tenant, compact(response), self.items,
+                                                compact(context)))
+        except (redis.RedisError, OSError) as exc:
+            log.warning("could not store response %s: %s", response["id"], type(exc).__name__)
+
+
+def chain_of(stored: StoredResponse) -> list[StoredTurn] | None:
+    """The turns a turn continuing ``stored`` is prompted with; None while it is under way."""
+    context = json.loads(stored.context)
+    if context.get("pending") is not None:
+        return None
+    return [turn_from_json(t) for t in context["turns"]]
+
+
+def answer_message(response: dict[str, Any]) -> ChatMessage:
+    """A response's output as the assistant message a turn continuing it is prompted with."""
+    text = "".join(part["text"] for item in response["output"] if item["type"] == "message"
+                   for part in item["content"])
+    calls = tuple(ToolCall(item["call_id"], item["name"], item["arguments"]) for item in response["output"]
+                  if item["type"] == "function_call")
+    return ChatMessage("assistant", text, calls)
+
+
+def listed_items(items: list[InputItem]) -> str:
+    """Input items as the input item list shows them (JSON): each with an id, a message's content as parts."""
+    listed = []
+    for item in items:
+        if isinstance(item, FunctionCallItem):
+            listed.append({"id": item_id("fc"), **item.model_dump(), "status": "completed"})
+        elif isinstance(item, FunctionCallOutputItem):
+            output = item.output if isinstance(item.output, str) else [p.model_dump() for p in item.output]
+            listed.append({"id": item_id("fco"), "type": item.type, "call_id": item.call_id, "output": output,
+                           "status": "completed"})
+        else:
+            kind = "output_text" if item.role == "assistant" else "input_text"
+            content = ([{"type": kind, "text": item.content}] if isinstance(item.content, str)
+                       else [p.model_dump() for p in item.content])
+            listed.append({"id": item_id("msg"), "type": "message", "role": item.role, "content": content,
+                           "status": "completed"})
+    return compact(listed)
