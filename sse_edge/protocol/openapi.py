@@ -205,12 +205,22 @@ def openapi_spec() -> dict[str, Any]:
                 **_generation("createResponse", "ResponsesRequest", RESPONSE, secured,
                               "A response, or an SSE stream of its named events when stream is true"),
                 "description": "OpenAI's Responses API: a turn, stored unless `store` is false, continued by a "
-                               "later turn naming it as `previous_response_id`. Function tools only; a repeat "
-                               "with the same Idempotency-Key is answered with the stored response.",
+                               "later turn naming it as `previous_response_id`; with `background`, answered at once "
+                               "and generated without the client. Function tools only; a repeat with the same "
+                               "Idempotency-Key is answered with the stored response, or its stream read again.",
             }},
             "/v1/responses/{response_id}": {
-                "get": {"operationId": "retrieveResponse", "security": secured, "parameters": _path_id("response_id"),
-                        "responses": {"200": _json("The stored response", RESPONSE), **_errors(400, 401, 404, 503)}},
+                "get": {"operationId": "retrieveResponse", "security": secured,
+                        "parameters": [*_path_id("response_id"),
+                                       {"name": "stream", "in": "query", "required": False,
+                                        "schema": {"type": "boolean"}},
+                                       {"name": "starting_after", "in": "query", "required": False,
+                                        "description": "The sequence number of the last event received",
+                                        "schema": {"type": "integer", "minimum": -1}}],
+                        "responses": {"200": {"description": "The stored response, or with stream its events again",
+                                              "content": {"application/json": {"schema": RESPONSE},
+                                                          "text/event-stream": {"schema": {"type": "string"}}}},
+                                      **_errors(400, 401, 404, 503)}},
                 "delete": {"operationId": "deleteResponse", "security": secured, "parameters": _path_id("response_id"),
                            "responses": {"200": _json("Deleted", {"type": "object"}), **_errors(401, 404, 503)}},
             },
