@@ -14,15 +14,13 @@ call), and the in-process cost of the policy's scan of the long text alone.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from typing import Any
 
 import httpx
 
-from bench.stack import bench_stack, cpu_seconds
+from bench.stack import bench_stack, cpu_seconds, latency_and_cpu
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
-from tokenbus.infra.loadgen import percentile
 from tokenbus.moderation import INPUT, ModerationSettings
 
 CALLS = 400
@@ -66,11 +64,7 @@ def run() -> dict[str, Any]:
         edge_pid = stack.processes["edge"].pid
         assert edge_pid is not None
         measured = asyncio.run(alternate(stack.edge_url, stack.dev_key, edge_pid))
-    kinds = {}
-    for kind, m in measured.items():
-        kinds[kind] = {"p50_ms": round(statistics.median(m["latency"]), 2),
-                       "p99_ms": round(percentile(m["latency"], 99), 2),
-                       "edge_cpu_us_per_call": round(1e6 * sum(m["cpu"]) / CALLS, 1)}
+    kinds = latency_and_cpu(measured, CALLS, "call")
     reference = kinds["models"]
     for k in kinds.values():
         k["p50_vs_models"] = round(k["p50_ms"] / reference["p50_ms"], 3)

@@ -16,15 +16,13 @@ turn), and each as a ratio of the chat turn of the same delivery (whole or strea
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from typing import Any
 
 import httpx
 
-from bench.stack import MODEL, bench_stack, cpu_seconds
+from bench.stack import MODEL, bench_stack, cpu_seconds, latency_and_cpu
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
-from tokenbus.infra.loadgen import percentile
 
 TURNS = 400
 CHAIN = 8
@@ -83,11 +81,7 @@ def run() -> dict[str, Any]:
         edge_pid = stack.processes["edge"].pid
         assert edge_pid is not None
         measured = asyncio.run(alternate(stack.edge_url, stack.dev_key, edge_pid))
-    kinds = {}
-    for kind, m in measured.items():
-        kinds[kind] = {"p50_ms": round(statistics.median(m["latency"]), 2),
-                       "p99_ms": round(percentile(m["latency"], 99), 2),
-                       "edge_cpu_us_per_turn": round(1e6 * sum(m["cpu"]) / TURNS, 1)}
+    kinds = latency_and_cpu(measured, TURNS, "turn")
     for kind, k in kinds.items():
         reference = kinds[REFERENCE[kind]]
         k["p50_vs_chat"] = round(k["p50_ms"] / reference["p50_ms"], 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import statistics
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
 from tokenbus.infra.devstack.stack import EmbeddedStack, StackSettings
+from tokenbus.infra.loadgen import percentile
 from tokenbus.infra.loadgen.serve import ServeConfig
 
 MODEL = "tokenbus-sim"
@@ -75,3 +77,10 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU time of a process so far, all its threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def latency_and_cpu(measured: dict[str, dict[str, list[float]]], count: int, unit: str) -> dict[str, dict[str, float]]:
+    """Each kind's latency (``latency``, ms: p50 and p99) and the edge's CPU time per ``unit``
+    (``cpu``, seconds read around each of ``count`` calls: their sum over the count, in µs)."""
+    return {kind: {"p50_ms": round(statistics.median(m["latency"]), 2), "p99_ms": round(percentile(m["latency"], 99), 2),
+                   f"edge_cpu_us_per_{unit}": round(1e6 * sum(m["cpu"]) / count, 1)} for kind, m in measured.items()}

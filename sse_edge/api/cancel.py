@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenbus.sse_edge.api.resume import find_stream, not_found
+from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.state import EdgeState
 
 
@@ -17,9 +17,7 @@ async def cancel_completion(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     request_id = request.path_params["completion_id"]
-    record = await find_stream(edge, request_id)
-    if record.tenant != key.tenant:
-        raise not_found(request_id)
+    record = await find_stream(edge, request_id, key.tenant)
     for generation in record.choices or [request_id]:  # a response of several choices: each of them
         await edge.bus.cancel(generation, "cancelled by the client")
     return JSONResponse({"id": request_id, "object": "chat.completion.cancellation", "cancelled": True})

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from tokenbus.producers import new_request_id
 from tokenbus.schemas import INCOMPLETE_FINISH_REASONS, ChatRequest, TokenEvent, now_ms
 from tokenbus.sse_edge.api.chat import serve
-from tokenbus.sse_edge.api.resume import not_found
+from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.chat import ContinueRequest
@@ -36,12 +36,7 @@ async def continue_turn(request: Request) -> Response:
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     options = parse_options(await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s))
     request_id = request.path_params["completion_id"]
-    try:
-        record = await edge.streams.get(request_id)
-    except (redis.RedisError, OSError):
-        raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
-    if record is None or record.tenant != key.tenant:
-        raise not_found(request_id)
+    record = await find_stream(edge, request_id, key.tenant)
     if record.several_choices:
         raise InvalidRequest(f"`{request_id}` has several choices: only a response of one can be continued.",
                              param="completion_id", code="several_choices")

@@ -32,13 +32,13 @@ from tokenbus.sse_edge.api.chat import (
     start_turn,
     to_bus_request,
 )
+from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
 from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, listed_items
 from tokenbus.sse_edge.plumbing.relay import collect_choices, generation_error
 from tokenbus.sse_edge.plumbing.response_relay import response_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamEnd, StreamFormat, sse_response
-from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.batches import list_body
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest
 from tokenbus.sse_edge.protocol.response_objects import (
@@ -170,7 +170,7 @@ async def stream_again(request: Request, edge: EdgeState, key: ApiKey, response_
                 "incomplete_details": None, "completed_at": None}
     writer = ResponseEvents(skeleton, logprobs, starting_after, response.get("completed_at"))
     headers = {REQUEST_ID_HEADER: response_id}
-    record = await stream_record(edge, key, response_id)
+    record = await find_stream(edge, response_id, key.tenant, response_not_found)
     if not record.topic or await edge.bus.router.log_exists(record.topic):
         stored = await stored_response(edge, key, response_id)
         kept = KeptResponse.of_stored(edge.responses, stored, edge.settings.history_turns) if stored else None
@@ -248,17 +248,6 @@ async def tenant_response(request: Request) -> tuple[EdgeState, ApiKey, StoredRe
     return edge, key, stored
 
 
-async def stream_record(edge: EdgeState, key: ApiKey, response_id: str) -> StreamRecord:
-    """Where a response's stream lives (the key's tenant's only)."""
-    try:
-        record = await edge.streams.get(response_id)
-    except (redis.RedisError, OSError):
-        raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
-    if record is None or record.tenant != key.tenant:
-        raise response_not_found(response_id)
-    return record
-
-
 def response_not_found(response_id: str) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
 
@@ -295,7 +284,7 @@ async def cancel_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     stored = await stored_response(edge, key, response_id)
     if stored is None or json.loads(stored.body)["status"] == "in_progress":
-        await stream_record(edge, key, response_id)
+        await find_stream(edge, response_id, key.tenant, response_not_found)
         await edge.bus.cancel(response_id, "cancelled by the client")
         deadline = time.monotonic() + CANCEL_WAIT_S
         while time.monotonic() < deadline:  # its stream ends, and stores it

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as redis
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
+from tokenbus.sse_edge.errors import ApiError, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.relay import Choices, collect_completion, sse_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
@@ -65,14 +66,16 @@ def not_found(request_id: str) -> NotFound:
                     code="stream_not_found")
 
 
-async def find_stream(edge: EdgeState, request_id: str) -> StreamRecord:
-    """The stream record of ``request_id`` (its tenant is the caller's to check), or 404."""
+async def find_stream(edge: EdgeState, request_id: str, tenant: str | None = None,
+                      missing: Callable[[str], ApiError] = not_found) -> StreamRecord:
+    """The stream record of ``request_id`` (``tenant``'s only, where named; otherwise the
+    caller's to check), or the 404 ``missing`` says."""
     try:
         record = await edge.streams.get(request_id)
     except (redis.RedisError, OSError):
         raise Unavailable("Stream lookup is unavailable; retry shortly.", "streams_unavailable") from None
-    if record is None:
-        raise not_found(request_id)
+    if record is None or (tenant is not None and record.tenant != tenant):
+        raise missing(request_id)
     return record
 
 
