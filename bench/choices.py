@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from bench.stack import MODEL, bench_stack, cpu_seconds
+from bench.stack import MODEL, cpu_seconds, measure_edge
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 
 TOKENS = 64
@@ -78,10 +78,7 @@ async def alternate(edge_url: str, api_key: str, edge_pid: int) -> dict[str, dic
 
 
 def run() -> dict[str, Any]:
-    with bench_stack(SIM) as stack:
-        edge_pid = stack.processes["edge"].pid
-        assert edge_pid is not None
-        measured = asyncio.run(alternate(stack.edge_url, stack.dev_key, edge_pid))
+    measured = measure_edge(SIM, alternate)
     kinds = {}
     for kind, m in measured.items():
         us_per_event = 1e6 * sum(m["cpu"]) / max(sum(m["chunks"]), 1)

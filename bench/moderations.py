@@ -13,13 +13,12 @@ call), and the in-process cost of the policy's scan of the long text alone.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import httpx
 
-from bench.stack import bench_stack, cpu_seconds, latency_and_cpu
+from bench.stack import cpu_seconds, latency_and_cpu, measure_edge
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.moderation import INPUT, ModerationSettings
 
@@ -60,10 +59,7 @@ def scan_us() -> float:
 
 
 def run() -> dict[str, Any]:
-    with bench_stack(SIM) as stack:
-        edge_pid = stack.processes["edge"].pid
-        assert edge_pid is not None
-        measured = asyncio.run(alternate(stack.edge_url, stack.dev_key, edge_pid))
+    measured = measure_edge(SIM, alternate)
     kinds = latency_and_cpu(measured, CALLS, "call")
     reference = kinds["models"]
     for k in kinds.values():

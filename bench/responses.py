@@ -15,13 +15,12 @@ turn), and each as a ratio of the chat turn of the same delivery (whole or strea
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import httpx
 
-from bench.stack import MODEL, bench_stack, cpu_seconds, latency_and_cpu
+from bench.stack import MODEL, cpu_seconds, latency_and_cpu, measure_edge
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 
 TURNS = 400
@@ -77,10 +76,7 @@ async def alternate(edge_url: str, api_key: str, edge_pid: int) -> dict[str, dic
 
 
 def run() -> dict[str, Any]:
-    with bench_stack(SIM) as stack:
-        edge_pid = stack.processes["edge"].pid
-        assert edge_pid is not None
-        measured = asyncio.run(alternate(stack.edge_url, stack.dev_key, edge_pid))
+    measured = measure_edge(SIM, alternate)
     kinds = latency_and_cpu(measured, TURNS, "turn")
     for kind, k in kinds.items():
         reference = kinds[REFERENCE[kind]]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import resource
 import statistics
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from tokenbus.gpu_consumers.engines import SimulatedEngineSettings
 from tokenbus.infra.devstack.processes import free_port
@@ -84,3 +86,14 @@ def latency_and_cpu(measured: dict[str, dict[str, list[float]]], count: int, uni
     (``cpu``, seconds read around each of ``count`` calls: their sum over the count, in µs)."""
     return {kind: {"p50_ms": round(statistics.median(m["latency"]), 2), "p99_ms": round(percentile(m["latency"], 99), 2),
                    f"edge_cpu_us_per_{unit}": round(1e6 * sum(m["cpu"]) / count, 1)} for kind, m in measured.items()}
+
+
+Measured = TypeVar("Measured")
+
+
+def measure_edge(sim: SimulatedEngineSettings, measure: Callable[[str, str, int], Awaitable[Measured]]) -> Measured:
+    """``measure(edge_url, api_key, edge_pid)``, run against a stack of its own."""
+    with bench_stack(sim) as stack:
+        edge_pid = stack.processes["edge"].pid
+        assert edge_pid is not None
+        return asyncio.run(measure(stack.edge_url, stack.dev_key, edge_pid))
