@@ -118,9 +118,13 @@ class TierScheduler:
 
     def remove_partitions(self, partitions: Iterable[TopicPartition]) -> list[Pending]:
         revoked = set(partitions)
+        return self.remove_where(lambda p: p.tp in revoked)
+
+    def remove_where(self, predicate: Callable[[Pending], bool]) -> list[Pending]:
+        """Every waiting request ``predicate`` holds for, out of the queues."""
         removed = []
         for queue in self._tiers.values():
-            removed += queue.remove_where(lambda p: p.tp in revoked)
+            removed += queue.remove_where(predicate)
         for pending in removed:
             self._by_id.pop(pending.request.request_id, None)
         return removed

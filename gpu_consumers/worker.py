@@ -37,7 +37,7 @@ from tokenbus.gpu_consumers.settings import WorkerSettings
 from tokenbus.gpu_consumers.step_events import StepEvents
 from tokenbus.gpu_consumers.step_publisher import StepPass, StepPublisher
 from tokenbus.gpu_consumers.token_log import Published, TokenLog
-from tokenbus.schemas import AvroCodec, ChatRequest, CompletionBuilder
+from tokenbus.schemas import AvroCodec, ChatRequest, CompletionBuilder, cancelled_group, group_of
 from tokenbus.topics import (
     BatchingPublisher,
     DeadLetterPublisher,
@@ -54,6 +54,7 @@ from tokenbus.topics import (
 log = logging.getLogger(__name__)
 
 CANCELLED_MEMORY = 100_000  # cancels remembered for requests not fetched yet
+CANCELLED_GROUPS_MEMORY = 10_000  # cancelled groups (batches, responses of several choices) remembered
 CANCELLED_REASONS = (FINISH_CANCELLED, FINISH_CONTENT_FILTER)
 SERVE_AGAIN_FIRST_S = 0.5  # a failed request is served again after this, then after twice as long...
 SERVE_AGAIN_TIMES = 5  # ...this many times (15.5 s in all); then it waits for redelivery
@@ -89,6 +90,7 @@ class GpuWorker:
         # queued (a full batch of the producer's waits for the one before it to go out).
         self._finishing: dict[str, RunningSequence] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
+        self._cancelled_groups: OrderedDict[str, str] = OrderedDict()
         self._tokens_in_flight = 0
         # Running sequences by the reply partition their events go to: a reader of one with few
         # streams (an edge, light) is handed their events over whatever else this worker runs.
@@ -247,8 +249,11 @@ class GpuWorker:
     def _launch(self, pending: Pending, cost: int) -> None:
         running = RunningSequence(pending, cost)
         request_id = pending.request.request_id
-        if request_id in self._cancelled:
-            running.cancel(self._cancelled[request_id])
+        reason = self._cancelled.get(request_id)
+        if reason is None and self._cancelled_groups:
+            reason = self._cancelled_groups.get(group_of(request_id) or "")
+        if reason is not None:
+            running.cancel(reason)
         self._running[request_id] = running
         self._tokens_in_flight += cost
         self._streams_to[reply_to(pending.request)] += 1
@@ -259,6 +264,10 @@ class GpuWorker:
 
     def cancel(self, request_id: str, reason: str = "") -> None:
         """A cancel from `control`: abort within one engine step, or answer a waiting request at once."""
+        group = cancelled_group(request_id)
+        if group is not None:
+            self._cancel_group(group, reason)
+            return
         running = self._running.get(request_id)
         if running is not None:
             running.cancel(reason)
@@ -271,6 +280,18 @@ class GpuWorker:
         self._cancelled[request_id] = reason
         while len(self._cancelled) > CANCELLED_MEMORY:
             self._cancelled.popitem(last=False)
+
+    def _cancel_group(self, group: str, reason: str) -> None:
+        """Cancel every request ``{group}-{n}``: those running and waiting now, and those fetched later."""
+        for request_id, running in self._running.items():
+            if group_of(request_id) == group:
+                running.cancel(reason)
+        for waiting in self.scheduler.remove_where(lambda p: group_of(p.request.request_id) == group):
+            self._launch(waiting, 0)
+            self._running[waiting.request.request_id].cancel(reason)
+        self._cancelled_groups[group] = reason
+        while len(self._cancelled_groups) > CANCELLED_GROUPS_MEMORY:
+            self._cancelled_groups.popitem(last=False)
 
     # -- serving one request ---------------------------------------------------------
 

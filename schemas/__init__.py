@@ -29,7 +29,16 @@ from tokenbus.schemas.records import (
 )
 from tokenbus.schemas.registry import SchemaRegistry, SchemaRegistryError
 from tokenbus.schemas.request_checks import RequestOutOfRange, check_request, request_problem
-from tokenbus.schemas.signals import CachedPrefix, CacheReport, Control, ControlAction, ModerationDecision
+from tokenbus.schemas.signals import (
+    CachedPrefix,
+    CacheReport,
+    Control,
+    ControlAction,
+    ModerationDecision,
+    cancelled_group,
+    group_cancel_id,
+    group_of,
+)
 
 __all__ = [
     "FINISH_INCOMPLETE",
@@ -51,6 +60,9 @@ __all__ = [
     "CompletionBuilder",
     "Control",
     "ControlAction",
+    "cancelled_group",
+    "group_cancel_id",
+    "group_of",
     "DecodeError",
     "ModerationDecision",
     "Record",

@@ -18,6 +18,28 @@ class ControlAction(str, enum.Enum):
     UNKNOWN = "UNKNOWN"
 
 
+# A cancel may name a group of requests rather than one: ``{group}-*`` stands for every request
+# whose id is ``{group}-{n}`` (a batch's lines, a response's choices). One record then cancels
+# thousands, and a reader that does not know the form takes it for an id no request has.
+GROUP_WILDCARD = "-*"
+
+
+def group_cancel_id(group: str) -> str:
+    """The id a cancel of every request ``{group}-{n}`` names."""
+    return group + GROUP_WILDCARD
+
+
+def cancelled_group(request_id: str) -> str | None:
+    """The group a cancel's id names (``group_cancel_id``); None for one request's id."""
+    return request_id[:-len(GROUP_WILDCARD)] if request_id.endswith(GROUP_WILDCARD) else None
+
+
+def group_of(request_id: str) -> str | None:
+    """The group a request's id places it in (``{group}-{n}``, n a line or choice number); None otherwise."""
+    group, _, member = request_id.rpartition("-")
+    return group if group and member.isdigit() else None
+
+
 @dataclass(slots=True)
 class Control:
     schema_name: ClassVar[str] = "tokenbus.Control"

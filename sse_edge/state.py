@@ -15,7 +15,7 @@ from aiokafka.errors import KafkaError
 
 from tokenbus.moderation import INPUT, InputReview
 from tokenbus.producers import Placement, TokenbusClient
-from tokenbus.schemas import ChatRequest, TokenEvent
+from tokenbus.schemas import ChatRequest, TokenEvent, group_cancel_id
 from tokenbus.sse_edge.plumbing.admission import Admission
 from tokenbus.sse_edge.plumbing.auth import Authenticator
 from tokenbus.sse_edge.plumbing.broker_watch import BrokerWatch
@@ -177,8 +177,9 @@ class EdgeState:
             await asyncio.sleep(grace)
             resumed = False  # cannot tell without Redis: stop the work nobody may want
         if not resumed:
-            for generation in generations or [request_id]:
-                await self.bus.cancel(generation, "client went away")
+            # Several generations are a response's choices, ``{request_id}-{n}``: one record cancels them.
+            targets = list(generations) or [request_id]
+            await self.bus.cancel(group_cancel_id(request_id) if len(targets) > 1 else targets[0], "client went away")
             self.metrics.cancelled.inc()
 
 

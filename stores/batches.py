@@ -233,10 +233,6 @@ class BatchStore:
                                        args=[str(line), value, counter, self._ttl_s, outcome["prompt_tokens"],
                                              outcome["cached_tokens"], outcome["completion_tokens"]]))
 
-    async def answered_lines(self, batch_id: str) -> set[int]:
-        """The lines that have an outcome (without reading the outcomes)."""
-        return {int(line) for line in await self._redis.hkeys(self._outcomes(batch_id))}
-
     async def outcomes(self, batch_id: str) -> dict[int, dict[str, Any]]:
         raw = await self._redis.hgetall(self._outcomes(batch_id))
         return {int(line): json.loads(outcome) for line, outcome in raw.items()}

@@ -50,5 +50,6 @@ class RecordSender:
         return delivery, (value, headers)
 
     async def cancel(self, request_id: str, reason: str = "") -> None:
-        """Ask whichever GPU consumer holds the request to stop it (within one engine step)."""
+        """Ask whichever GPU consumer holds the request to stop it (within one engine step); a
+        group's id (``group_cancel_id``) asks it of every request of the group, one record for all."""
         await self.send_and_wait(self.catalog.control, Control(request_id, ControlAction.CANCEL, reason), request_id)

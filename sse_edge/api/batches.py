@@ -15,6 +15,7 @@ rest to the next edge asked about it (``publish_rest``). The tenant always comes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenbus.schemas import ChatRequest
+from tokenbus.schemas import ChatRequest, group_cancel_id
 from tokenbus.sse_edge.api.chat import chat_bus_request, check_model
 from tokenbus.sse_edge.api.completions import text_bus_requests
 from tokenbus.sse_edge.api.files import file_not_found
@@ -101,7 +102,8 @@ async def create_batch(request: Request) -> Response:
     try:
         await publish_all(edge, batch.id, requests)
     except KafkaError as exc:
-        await cancel_all(edge, [r.request_id for r in requests], "its batch could not be published")
+        with contextlib.suppress(KafkaError):  # (the bus may be down: the lines are ended by the window anyway)
+            await edge.bus.cancel(group_cancel_id(batch.id), "its batch could not be published")
         await edge.batches.move(batch.id, (IN_PROGRESS,), FAILED, errors=json.dumps(
             [line_error(0, f"The batch could not be published: {type(exc).__name__}.", "service_unavailable")]))
         raise Unavailable(f"The request bus is unavailable: {type(exc).__name__}.", "service_unavailable") from None
@@ -214,11 +216,6 @@ async def publish_rest(edge: EdgeState, batch: Batch) -> None:
         log.warning("batch %s: publishing the rest failed: %s", batch.id, type(exc).__name__)
 
 
-async def cancel_all(edge: EdgeState, request_ids: list[str], reason: str) -> None:
-    for start in range(0, len(request_ids), PUBLISH_WINDOW):
-        await asyncio.gather(*(edge.bus.cancel(r, reason) for r in request_ids[start:start + PUBLISH_WINDOW]))
-
-
 async def retrieve_batch(request: Request) -> Response:
     edge, _, batch = await tenant_batch(request)
     return JSONResponse(batch_body(batch))
@@ -241,9 +238,9 @@ async def cancel_batch(request: Request) -> Response:
         if batch.status == CANCELLING:
             return JSONResponse(batch_body(batch))
         raise Conflict(f"A batch that is {batch.status} cannot be cancelled.", code="batch_not_cancellable")
-    answered = await edge.batches.answered_lines(batch.id)
-    await cancel_all(edge, [batch_request_id(batch.id, line) for line in range(batch.total) if line not in answered],
-                     "cancelled with its batch")
+    # One record for all its requests (``{batch_id}-*``): the running ones stop, the queued ones
+    # are answered cancelled, and those fetched later are, by every GPU consumer running now.
+    await edge.bus.cancel(group_cancel_id(batch.id), "cancelled with its batch")
     return JSONResponse(batch_body(await finished(edge, await edge.batches.get(key.tenant, batch.id) or batch)))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tokenbus.schemas import group_cancel_id
 from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.state import EdgeState
 
@@ -18,6 +19,6 @@ async def cancel_completion(request: Request) -> Response:
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     request_id = request.path_params["completion_id"]
     record = await find_stream(edge, request_id, key.tenant)
-    for generation in record.choices or [request_id]:  # a response of several choices: each of them
-        await edge.bus.cancel(generation, "cancelled by the client")
+    # A response of several choices: each of them, in one record (``{id}-*``).
+    await edge.bus.cancel(group_cancel_id(request_id) if record.choices else request_id, "cancelled by the client")
     return JSONResponse({"id": request_id, "object": "chat.completion.cancellation", "cancelled": True})

@@ -8,7 +8,7 @@ from tests.expected import expected_output
 from tests.gpu_consumers.helpers import read_all, running_worker
 from tokenbus.gpu_consumers.engines import SimulatedEngine, SimulatedEngineSettings
 from tokenbus.producers import TokenbusClient
-from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion
+from tokenbus.schemas import AvroCodec, ChatMessage, ChatRequest, Completion, cancelled_group, group_cancel_id, group_of
 from tokenbus.topics import TopicCatalog
 
 FAST = dict(min_tokens=2, max_tokens=2, tokens_per_s=2000)
@@ -114,6 +114,37 @@ async def test_cancel_of_a_waiting_request_answers_it_without_generating(each_bu
         events = [r.event async for r in waiting_stream.events(idle_timeout=30)]
         await client.cancel(busy.request_id)
     assert [(e.seq, e.finish_reason, e.completion_tokens) for e in events] == [(0, "cancelled", 0)]
+
+
+async def test_a_group_cancel_stops_the_whole_group_and_what_is_fetched_of_it_later(bus):
+    """One record naming ``{group}-*`` cancels the group's running and waiting requests, and one of
+    the group fetched after it; a request of another group, waiting with them, is served."""
+    tokens = TopicCatalog(bus).tokens
+
+    def request(request_id: str, max_tokens: int | None = None) -> ChatRequest:
+        return ChatRequest(request_id, MODEL, "batch", [ChatMessage("user", request_id)], tokens, 0, tenant="t",
+                           max_tokens=max_tokens)
+
+    async with running_worker(bus, max_num_seqs=2, tokens_per_s=20, min_tokens=200, max_tokens=200), \
+            TokenbusClient(bus, idle_timeout=30) as client:
+        group = [await client.submit(request(f"batch_g1-{line}")) for line in range(5)]
+        other = await client.submit(request("batch_g2-0", max_tokens=3))
+        await anext(aiter(group[0].events(idle_timeout=30)))  # two of the group hold both slots
+        await client.cancel(group_cancel_id("batch_g1"), "cancelled with its batch")
+        late = await client.submit(request("batch_g1-5"))
+        finals = [[r.event async for r in stream.events(idle_timeout=30)][-1] for stream in [*group, late]]
+        other_final = [r.event async for r in other.events(idle_timeout=30)][-1]
+    assert [f.finish_reason for f in finals] == ["cancelled"] * 6
+    assert all(f.completion_tokens < 200 for f in finals) and finals[-1].completion_tokens == 0
+    assert [f.completion_tokens for f in finals[2:]] == [0, 0, 0, 0]  # waiting ones: nothing generated
+    assert other_final.finish_reason == "length" and other_final.completion_tokens == 3
+
+
+def test_group_ids():
+    assert cancelled_group(group_cancel_id("batch_abc")) == "batch_abc"
+    assert cancelled_group("batch_abc-3") is None
+    assert group_of("batch_abc-12") == "batch_abc" and group_of("chatcmpl-9f3a") is None
+    assert group_of("chatcmpl-1a2b-0") == "chatcmpl-1a2b" and group_of("lonely") is None
 
 
 async def test_restart_continues_unfinished_requests_from_the_log(each_bus):
