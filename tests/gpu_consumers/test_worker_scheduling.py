@@ -140,6 +140,28 @@ async def test_a_group_cancel_stops_the_whole_group_and_what_is_fetched_of_it_la
     assert other_final.finish_reason == "length" and other_final.completion_tokens == 3
 
 
+async def test_a_worker_that_joins_after_a_cancel_does_not_run_what_was_cancelled(bus):
+    """A GPU consumer starting reads the cancels the control topic holds before it fetches: the
+    queued requests of a group cancelled before it came, and a single cancelled request, are
+    answered cancelled without generating; another request queued with them is served."""
+    tokens = TopicCatalog(bus).tokens
+
+    def request(request_id: str) -> ChatRequest:
+        return ChatRequest(request_id, MODEL, "batch", [ChatMessage("user", request_id)], tokens, 0, tenant="t",
+                           max_tokens=3)
+
+    async with TokenbusClient(bus, idle_timeout=30) as client:
+        queued = [await client.submit(request(f"batch_late-{line}")) for line in range(3)]
+        single = await client.submit(request("chatcmpl-late"))
+        kept = await client.submit(request("batch_kept-0"))
+        await client.cancel(group_cancel_id("batch_late"), "cancelled with its batch")
+        await client.cancel("chatcmpl-late", "client went away")
+        async with running_worker(bus, max_num_seqs=2):
+            finals = [[r.event async for r in s.events(idle_timeout=30)][-1] for s in [*queued, single, kept]]
+    assert [(f.finish_reason, f.completion_tokens) for f in finals[:4]] == [("cancelled", 0)] * 4
+    assert finals[4].finish_reason == "length" and finals[4].completion_tokens == 3
+
+
 def test_group_ids():
     assert cancelled_group(group_cancel_id("batch_abc")) == "batch_abc"
     assert cancelled_group("batch_abc-3") is None
