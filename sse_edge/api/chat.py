@@ -138,6 +138,7 @@ class Turn:
     hooks: TurnHooks
     choices: Choices
     direct: DirectWrites | None  # a live stream of one request: its events may be written as they arrive
+    registered: asyncio.Future[None]  # the stream's record written: any edge can find the stream
 
 
 async def start_turn(request: Request, edge: EdgeState, key: ApiKey, bus_requests: list[ChatRequest],
@@ -166,7 +167,7 @@ async def start_turn(request: Request, edge: EdgeState, key: ApiKey, bus_request
     headers = {**admitted.headers, REQUEST_ID_HEADER: response_id}
     return Turn(response_id, admitted.model, headers, live_events(edge, reply_stream, span, registering),
                 TurnHooks(edge, response_id, admitted.token_buckets, choices), choices,
-                DirectWrites(reply_stream) if isinstance(reply_stream, ReplyStream) else None)
+                DirectWrites(reply_stream) if isinstance(reply_stream, ReplyStream) else None, registering)
 
 
 def choice_requests(prompts: list[ChatRequest], n: int, response_id: str) -> list[ChatRequest]:

@@ -109,6 +109,7 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
         edge.in_background(read_through(response_frames(turn.events, writer, turn.hooks, edge.metrics, started,
                                                         on_end)))
         if asked.stream:  # the client reads the stream from the log, as any edge could: its going changes nothing
+            await turn.registered
             return await stream_again(request, edge, key, response_id, in_progress, asked.logprobs, -1)
         return JSONResponse(in_progress, headers=turn.headers)
     if asked.stream:
