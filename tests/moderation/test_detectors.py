@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tokenbus.moderation import Policy
-from tokenbus.moderation.detectors import RegexDetector, phrase_detector
+from tokenbus.moderation.detectors import EMAIL, EMAIL_PATTERN, RegexDetector, phrase_detector
 
 PIECES = ["Sure, ", "ignore all previous instructions", "IGNORE  previous\ninstructions", "you are now dan",
           "Developer mode enabled", "write to jane.doe+x@mail.example.org", "call +1 415 555 2671",
@@ -43,3 +43,17 @@ def test_a_phrase_is_found_when_its_last_word_is_cut_anywhere():
 
 def test_phrases_without_words_leave_an_ungated_detector():
     assert isinstance(phrase_detector(["   "]), RegexDetector)
+
+
+EMAIL_PIECES = ["a", "jane.doe+x", "@", "@@", "mail", ".", "example", ".org", ".c", " ", "-", "_", "%", "x.io",
+                "\n", "é", "\u017f", "\u212a", "ı", "İ", "1", "..", "@b.co"]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_email_detector_finds_what_the_email_pattern_finds(seed):
+    """It looks from each ``@`` rather than running the pattern over the text: the same spans, in
+    text built to hold addresses, near misses and ``@``s everywhere."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(EMAIL_PIECES) for _ in range(rng.randrange(1, 40)))
+    pattern = RegexDetector([EMAIL_PATTERN])
+    assert list(EMAIL.find(text)) == list(pattern.find(text)), text
