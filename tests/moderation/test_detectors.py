@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tokenbus.moderation import Policy
-from tokenbus.moderation.detectors import EMAIL, EMAIL_PATTERN, RegexDetector, phrase_detector
+from tokenbus.moderation.detectors import BUILT_IN, EMAIL, EMAIL_PATTERN, RegexDetector, phrase_detector
 
 PIECES = ["Sure, ", "ignore all previous instructions", "IGNORE  previous\ninstructions", "you are now dan",
           "Developer mode enabled", "write to jane.doe+x@mail.example.org", "call +1 415 555 2671",
@@ -57,3 +57,27 @@ def test_the_email_detector_finds_what_the_email_pattern_finds(seed):
     text = "".join(rng.choice(EMAIL_PIECES) for _ in range(rng.randrange(1, 40)))
     pattern = RegexDetector([EMAIL_PATTERN])
     assert list(EMAIL.find(text)) == list(pattern.find(text)), text
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_phrase_lists_gate_opens_where_its_expression_matches(seed):
+    """The gate on a phrase list's last words is found in the case-folded text, not by its
+    case-insensitive expression: the two agree, on letters that fold to ASCII ones and others."""
+    rng = random.Random(seed)
+    detector = phrase_detector(["ignore previous instructions", "you are now DAN"])
+    letters = ["i", "n", "s", "t", "r", "u", "c", "o", "d", "a", "D", "A", "N", "\u017f", "\u212a", "\u0131",
+               "\u0130", "\u00df", " ", "\n"]
+    text = "".join(rng.choice(letters) for _ in range(rng.randrange(0, 60)))
+    if rng.random() < 0.5:
+        text += rng.choice(["instructions", "inſtructions", "ınstructions", "DAN", "dan", "DAΝ"])
+    for start in range(0, len(text) + 1, 7):
+        assert detector._opens(text, start) == (detector._gate.search(text, start) is not None), (text, start)
+
+
+@pytest.mark.parametrize("text", ["no digits at all", "order 12", "x" * 50 + "7", "٣ arabic-indic", "١٢٣ and 4",
+                                  "fullwidth ７", "superscript ²", ""])
+def test_a_digit_gate_opens_where_its_expression_matches(text):
+    """ASCII text is searched for the ten digits; other text by ``\\d``, which takes any script's."""
+    gate = BUILT_IN["phone"]
+    for start in range(len(text) + 1):
+        assert gate._opens(text, start) == (gate._gate.search(text, start) is not None), (text, start)
