@@ -9,15 +9,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenbus.sse_edge.errors import InvalidRequest, NotFound
+from tokenbus.sse_edge.errors import NotFound
 from tokenbus.sse_edge.protocol.completion_bodies import tool_calls_body
-from tokenbus.sse_edge.protocol.validation import page_params
+from tokenbus.sse_edge.protocol.validation import invalid_cursor, page_params
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.transcripts.model import BadCursor, Page, TranscriptMessage
-
-
-def invalid_cursor() -> InvalidRequest:
-    return InvalidRequest("The 'after' cursor is not valid.", param="after", code="invalid_cursor")
 
 
 def list_body(page: Page, rows: list[dict]) -> dict:

@@ -94,11 +94,12 @@ class Choices:
     the sum of theirs, each prompt counted once however many choices share it (the first of each
     ``per_prompt`` bills it), as OpenAI's usage counts it and as billing does."""
 
-    __slots__ = ("ids", "per_prompt", "_open", "prompt_tokens", "completion_tokens", "cached_tokens")
+    __slots__ = ("ids", "per_prompt", "_index", "_open", "prompt_tokens", "completion_tokens", "cached_tokens")
 
     def __init__(self, response_id: str, ids: Sequence[str] = (), per_prompt: int = 1) -> None:
         self.ids = list(ids) or [response_id]
         self.per_prompt = per_prompt
+        self._index = {request_id: index for index, request_id in enumerate(self.ids)}  # (looked up each event)
         self._open = set(self.ids)
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
 
@@ -107,7 +108,7 @@ class Choices:
         return len(self.ids) > 1
 
     def index_of(self, request_id: str) -> int:
-        return self.ids.index(request_id) if self.several else 0
+        return self._index[request_id] if self.several else 0
 
     def unfinished(self) -> list[str]:
         """The choices whose final event has not been counted in."""

@@ -84,10 +84,13 @@ def cursor_page(items: Sequence[Listed], ids: Sequence[str], request: Request, d
     start = 0
     if after:
         if after not in ids:
-            raise InvalidRequest("The 'after' cursor names no object of this list.", param="after",
-                                 code="invalid_cursor")
+            raise invalid_cursor()
         start = ids.index(after) + 1
     return list(items[start:start + limit]), start + limit < len(items)
+
+
+def invalid_cursor() -> InvalidRequest:
+    return InvalidRequest("The 'after' cursor is not one this list gave.", param="after", code="invalid_cursor")
 
 
 def body_hash(raw: bytes) -> str:
