@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from tests.conftest import MODEL, SLOW_MODEL
 from tests.expected import expected_calls, expected_output
 from tests.sse_edge.test_history_e2e import requests_on_the_bus
+from tests.sse_edge.test_openai_client import Trip
 from tests.sse_edge.test_tool_calls_e2e import QUESTION, WEATHER, specs
 
 pytestmark = pytest.mark.stack
@@ -329,3 +330,17 @@ async def until_ended(client, response_id):
             return response
         await asyncio.sleep(0.05)
     raise AssertionError(f"{response_id} is still in progress")
+
+
+async def test_text_format_asks_for_json_of_its_schema(client):
+    """``responses.parse`` with a pydantic model sends ``text.format`` (``json_schema``, strict): the
+    answer parses into it, and is what the engine answers a chat request with that schema."""
+    parsed = await client.responses.parse(model=MODEL, input="Plan a trip.", text_format=Trip, extra_body={"seed": 61})
+    assert isinstance(parsed.output_parsed, Trip) and parsed.status == "completed"
+    assert parsed.text.format.type == "json_schema" and parsed.text.format.name == "Trip"
+    expected = await expected_output([{"role": "user", "content": "Plan a trip."}], seed=61,
+                                     response_format="json_schema", json_schema=json.dumps(Trip.model_json_schema()))
+    assert parsed.output_text == expected.text
+    plain = await client.responses.create(model=MODEL, input="Plan a trip.", text={"format": {"type": "json_object"}},
+                                          extra_body={"seed": 61})
+    assert isinstance(json.loads(plain.output_text), dict)
