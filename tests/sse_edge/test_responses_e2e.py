@@ -5,6 +5,7 @@ client gets for what is not served."""
 
 import asyncio
 import json
+import signal
 import uuid
 
 import httpx
@@ -14,11 +15,12 @@ from openai.pagination import SyncCursorPage
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.conftest import MODEL, SLOW_MODEL
+from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_calls, expected_output
 from tests.sse_edge.test_history_e2e import requests_on_the_bus
 from tests.sse_edge.test_openai_client import Trip
 from tests.sse_edge.test_tool_calls_e2e import QUESTION, WEATHER, specs
+from tokenbus.infra.devstack.processes import free_port
 
 pytestmark = pytest.mark.stack
 
@@ -344,3 +346,33 @@ async def test_text_format_asks_for_json_of_its_schema(client):
     plain = await client.responses.create(model=MODEL, input="Plan a trip.", text={"format": {"type": "json_object"}},
                                           extra_body={"seed": 61})
     assert isinstance(json.loads(plain.output_text), dict)
+
+
+async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack, edge_url, api_key):
+    """The edge serving a Responses stream dies mid-turn: the client reads the rest on another edge
+    from the log, event for event, and that edge, reaching the end, stores the response."""
+    port = free_port()
+    doomed = stack.start_edge("edge-responses", port, reply_partitions="2")
+    first_edge = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0,
+                                    timeout=30)
+    stream = await first_edge.responses.create(model=SLOW_MODEL, input="A long story.", max_output_tokens=60,
+                                               stream=True, extra_body={"seed": 35})
+    got = []
+    async for event in stream:
+        got.append(event)
+        if len(got) == 10:
+            break
+    doomed.signal(signal.SIGKILL)
+    await stream.close()
+    response_id = got[0].response.id
+    other_edge = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=30)
+    rest = [e async for e in await other_edge.responses.retrieve(response_id, stream=True,
+                                                                   starting_after=got[-1].sequence_number)]
+    events = got + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    expected = await expected_output([{"role": "user", "content": "A long story."}], seed=35, max_tokens=60,
+                                     settings=SLOW_SETTINGS)
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == expected.text
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == expected.text
+    stored = await other_edge.responses.retrieve(response_id)  # stored by the edge that read it to the end
+    assert stored.status == "incomplete" and stored.output[0].id == got[2].item.id
