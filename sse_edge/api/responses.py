@@ -35,7 +35,7 @@ from tokenbus.sse_edge.api.chat import (
 from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
-from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, listed_items
+from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, conversation_of, listed_items
 from tokenbus.sse_edge.plumbing.relay import collect_choices, generation_error
 from tokenbus.sse_edge.plumbing.response_relay import response_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamEnd, StreamFormat, sse_response
@@ -88,8 +88,10 @@ async def create_response(request: Request) -> Response:
 
 async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: ResponsesRequest, items: list[InputItem],
                   chat: ChatCompletionRequest, response_id: str, digest: str, started: float) -> Response:
-    earlier = await previous_turns(edge, key, asked)
+    earlier, chain = await previous_turns(edge, key, asked)
     bus_request = to_bus_request(chat, edge, key, response_id)
+    if bus_request.conversation_id is None:  # (a client's metadata.conversation_id names its own)
+        bus_request.conversation_id = chain  # a chain's turns are one conversation; its first is its own
     own = bus_request.messages
     bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
     turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
@@ -101,7 +103,7 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
         this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
         kept = KeptResponse(edge.responses, key.tenant, listed_items(items), asked.logprobs, earlier,
                             StoredTurn(turn.response_id, bus_request.created_at_ms, tuple(this_turn)),
-                            edge.settings.history_turns)
+                            edge.settings.history_turns, bus_request.conversation_id or turn.response_id)
         await kept.started(in_progress)
     on_end = kept.ended if kept is not None else nothing_kept
     if asked.background:
@@ -197,10 +199,11 @@ async def one_frame(written: bytes) -> AsyncGenerator[bytes, None]:
     yield StreamEnd(written)
 
 
-async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) -> list[StoredTurn]:
-    """The turns of the chain ``previous_response_id`` ends (none without one)."""
+async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) -> tuple[list[StoredTurn], str | None]:
+    """The turns of the chain ``previous_response_id`` ends, and the conversation it is (none
+    without one)."""
     if asked.previous_response_id is None:
-        return []
+        return [], None
     stored = await stored_response(edge, key, asked.previous_response_id)
     if stored is None:
         raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' not found.",
@@ -209,7 +212,7 @@ async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) 
     if chain is None:
         raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' is still in progress.",
                              param="previous_response_id", code="previous_response_in_progress")
-    return chain
+    return chain, conversation_of(stored)
 
 
 async def responses_prompt(edge: EdgeState, key: ApiKey, asked: ResponsesRequest, chat: ChatCompletionRequest,

@@ -4,7 +4,9 @@ starts and as it ends, the input items it was asked with, and its context.
 A context is the chain of turns a turn continuing the response is prompted with, as server-side
 history keeps turns (``StoredTurn``: each turn's input messages and its answer, no instructions),
 and, while the response is under way, its own input (``pending``): whoever reads its stream to
-the end (the edge that serves it, or any edge a client resumes it on) can then store it ended."""
+the end (the edge that serves it, or any edge a client resumes it on) can then store it ended. A
+chain is one conversation (``conversation``): named by the client's ``metadata.conversation_id``,
+or its first response's id."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class KeptResponse:
     earlier: list[StoredTurn]
     pending: StoredTurn
     chain_turns: int  # the most turns a chain keeps
+    conversation: str  # the conversation the chain is (its first response's id, or the client's)
 
     @classmethod
     def of_stored(cls, store: ResponseStore, stored: StoredResponse, chain_turns: int) -> KeptResponse | None:
@@ -48,18 +51,20 @@ class KeptResponse:
         if context.get("pending") is None:
             return None
         return cls(store, stored.tenant, stored.input_items, context.get("logprobs", False),
-                   [turn_from_json(t) for t in context["turns"]], turn_from_json(context["pending"]), chain_turns)
+                   [turn_from_json(t) for t in context["turns"]], turn_from_json(context["pending"]), chain_turns,
+                   conversation_of(stored))
 
     async def started(self, response: dict[str, Any]) -> None:
         await self._put(response, {"turns": [turn_to_json(t) for t in self.earlier], "logprobs": self.logprobs,
-                                   "pending": turn_to_json(self.pending)})
+                                   "conversation": self.conversation, "pending": turn_to_json(self.pending)})
 
     async def ended(self, response: dict[str, Any]) -> None:
         """Keep the response as it ended, with the chain's newest turns, this one last."""
         turn = StoredTurn(self.pending.request_id, self.pending.turn_at_ms,
                           (*self.pending.messages, answer_message(response)))
         chain = [*self.earlier, turn][-self.chain_turns:]
-        await self._put(response, {"turns": [turn_to_json(t) for t in chain], "logprobs": self.logprobs})
+        await self._put(response, {"turns": [turn_to_json(t) for t in chain], "logprobs": self.logprobs,
+                                   "conversation": self.conversation})
 
     async def _put(self, response: dict[str, Any], context: dict[str, Any]) -> None:
         """The response is answered either way: one that cannot be stored (Redis down) is only
@@ -77,6 +82,12 @@ def chain_of(stored: StoredResponse) -> list[StoredTurn] | None:
     if context.get("pending") is not None:
         return None
     return [turn_from_json(t) for t in context["turns"]]
+
+
+def conversation_of(stored: StoredResponse) -> str:
+    """The conversation a turn continuing ``stored`` is part of: its chain's, as transcripts group
+    turns and as the bus keys requests (a chain's turns go to the GPU consumer holding its prefix)."""
+    return str(json.loads(stored.context).get("conversation") or stored.id)
 
 
 def answer_message(response: dict[str, Any]) -> ChatMessage:

@@ -38,9 +38,9 @@ def expected_prompt(turns: list[list[dict]], new: list[dict]) -> list[dict]:
     return [new[0], *(m for turn in chosen for m in turn), *new[1:]]
 
 
-async def requests_on_the_bus(stack, request_ids: set[str]) -> dict[str, ChatRequest]:
+async def requests_on_the_bus(stack, request_ids: set[str], model: str = SLOW_MODEL) -> dict[str, ChatRequest]:
     bus = stack.bus_settings()
-    topic = TopicCatalog(bus).requests(SLOW_MODEL, "standard")
+    topic = TopicCatalog(bus).requests(model, "standard")
     codec, found = AvroCodec(), {}
     consumer = make_consumer(bus)
     await consumer.start()

@@ -6,7 +6,7 @@ import json
 
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn
-from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, listed_items
+from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, conversation_of, listed_items
 from tokenbus.sse_edge.protocol.response_objects import function_call_item, message_item
 from tokenbus.sse_edge.protocol.responses import FunctionCallOutputItem, MessageItem
 from tokenbus.stores.responses import ResponseStore, new_response_id
@@ -21,7 +21,8 @@ async def test_a_response_started_is_ended_by_any_reader_from_what_was_stored(ea
     items = [MessageItem(role="user", content="weather?"),
              FunctionCallOutputItem(type="function_call_output", call_id="call_0", output="rain")]
     kept = KeptResponse(store, "acme", listed_items(items), False, earlier,
-                        StoredTurn(response_id, 99, (ChatMessage("user", "weather?"),)), chain_turns=3)
+                        StoredTurn(response_id, 99, (ChatMessage("user", "weather?"),)), chain_turns=3,
+                        conversation="resp_first")
     await kept.started({"id": response_id, "status": "in_progress", "output": []})
     started = await store.get("acme", response_id)
     assert chain_of(started) is None  # under way: nothing continues it yet
@@ -29,6 +30,7 @@ async def test_a_response_started_is_ended_by_any_reader_from_what_was_stored(ea
 
     reader = KeptResponse.of_stored(store, started, chain_turns=3)  # another edge, from the store alone
     assert reader is not None and reader.pending == kept.pending and reader.earlier == earlier
+    assert reader.conversation == "resp_first" == conversation_of(started)
     output = [message_item("msg_1", "Let me look.", "completed"),
               function_call_item("fc_1", "call_1", "weather", '{"city": "Oslo"}', "completed")]
     await reader.ended({"id": response_id, "status": "completed", "output": output})
@@ -39,4 +41,4 @@ async def test_a_response_started_is_ended_by_any_reader_from_what_was_stored(ea
     assert chain[-1].messages == (ChatMessage("user", "weather?"),
                                   ChatMessage("assistant", "Let me look.",
                                               (ToolCall("call_1", "weather", '{"city": "Oslo"}'),)))
-    assert json.loads(ended.body)["status"] == "completed"
+    assert json.loads(ended.body)["status"] == "completed" and conversation_of(ended) == "resp_first"

@@ -20,6 +20,7 @@ from tests.expected import expected_calls, expected_output
 from tests.sse_edge.test_history_e2e import requests_on_the_bus
 from tests.sse_edge.test_openai_client import Trip
 from tests.sse_edge.test_tool_calls_e2e import QUESTION, WEATHER, specs
+from tests.stream_processors.helpers import eventually
 from tokenbus.infra.devstack.processes import free_port
 
 pytestmark = pytest.mark.stack
@@ -94,7 +95,7 @@ async def test_on_the_wire_each_event_is_named_as_its_type_and_no_done_follows(e
     assert SyncCursorPage[ResponseItem].model_validate(items.json()).data[0].type == "message"
 
 
-async def test_previous_response_id_continues_the_chain(client):
+async def test_previous_response_id_continues_the_chain(client, stack, edge_url, auth):
     first = await client.responses.create(model=MODEL, input="Hello.", instructions="Speak plainly.",
                                           extra_body={"seed": 23})
     second = await client.responses.create(model=MODEL, input="And then?", previous_response_id=first.id,
@@ -105,6 +106,21 @@ async def test_previous_response_id_continues_the_chain(client):
     expected = await expected_output(chain, seed=24)
     assert second.output_text == expected.text and second.previous_response_id == first.id
     assert second.usage.input_tokens == expected.prompt_tokens
+
+    # The chain is one conversation in the transcripts, named by its first response, each turn's
+    # new messages once; and on the bus, keyed by it (its turns go where its prefix is cached).
+    async def transcript():
+        answered = await http.get(f"/conversations/{first.id}/messages")
+        rows = answered.json()["data"] if answered.status_code == 200 else []
+        return rows if len(rows) == 5 else None
+
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
+        rows = await eventually(transcript)
+    assert [(m["role"], m["content"]) for m in rows] == [
+        ("system", "Speak plainly."), ("user", "Hello."), ("assistant", first.output_text), ("user", "And then?"),
+        ("assistant", second.output_text)]
+    published = await requests_on_the_bus(stack, {second.id}, MODEL)
+    assert published[second.id].conversation_id == first.id
 
     third = await client.responses.create(model=MODEL, input="Last one.", previous_response_id=second.id,
                                           instructions="Be brief.", stream=True, extra_body={"seed": 25})
