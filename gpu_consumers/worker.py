@@ -283,7 +283,7 @@ class GpuWorker:
 
     def _cancel_group(self, group: str, reason: str) -> None:
         """Cancel every request ``{group}-{n}``: those running and waiting now, and those fetched later."""
-        for request_id, running in self._running.items():
+        for request_id, running in list(self._running.items()):  # (a cancel may end one at once)
             if group_of(request_id) == group:
                 running.cancel(reason)
         for waiting in self.scheduler.remove_where(lambda p: group_of(p.request.request_id) == group):
