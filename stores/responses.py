@@ -5,7 +5,9 @@ hash a response, for ``ttl_s`` (OpenAI keeps them 30 days). Every read names the
 tenant's response is not found, whatever its id.
 
 The store keeps each part as the edge's JSON text and reads none of it: what a response object,
-an item or a context is belongs to the edge (sse_edge/protocol/responses.py)."""
+an item or a context is belongs to the edge (sse_edge/protocol/responses.py). A background
+response's reader holds a lease (``claim_reader``): an edge that finds one under way with no
+reader (its edge stopped) takes the reading over."""
 
 from __future__ import annotations
 
@@ -57,6 +59,24 @@ class ResponseStore:
             return None
         return StoredResponse(response_id, tenant, raw[b"body"].decode(), raw[b"input_items"].decode(),
                               raw[b"context"].decode())
+
+    def _reader(self, response_id: str) -> str:
+        return f"{self._prefix}response:{response_id}:reader"
+
+    async def claim_reader(self, response_id: str, reader: str, lease_s: float) -> bool:
+        """Whether ``reader`` may read a background response's stream to its end (and store it): no
+        other reader holds it, or ``reader`` does; held for ``lease_s``, kept by claiming again."""
+        key = self._reader(response_id)
+        if await self._redis.set(key, reader, nx=True, px=int(lease_s * 1000)):
+            return True
+        holder = await self._redis.get(key)
+        if holder is not None and holder.decode() == reader:
+            await self._redis.pexpire(key, int(lease_s * 1000))
+            return True
+        return False
+
+    async def release_reader(self, response_id: str) -> None:
+        await self._redis.delete(self._reader(response_id))
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         if await self.get(tenant, response_id) is None:

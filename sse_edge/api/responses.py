@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -54,11 +55,13 @@ from tokenbus.sse_edge.protocol.validation import body_hash, cursor_page, list_o
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.stores.responses import StoredResponse, new_response_id
-from tokenbus.topics import replay
+from tokenbus.topics import cancel_task, replay
 
 log = logging.getLogger(__name__)
 
 CANCEL_WAIT_S = 3.0  # for a cancelled turn's stream to end and store it
+READER_LEASE_S = 10.0  # a background response's reader holds it this long, unless it claims it again
+READER = f"edge-{uuid.uuid4().hex[:12]}"  # this process, as a reader of background responses
 # The Responses API's clients read SSE: its heartbeat comments are theirs too.
 EVENT_STREAM = StreamFormat(event_ids=True)
 
@@ -108,8 +111,10 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     on_end = kept.ended if kept is not None else nothing_kept
     if asked.background:
         writer = ResponseEvents(in_progress, asked.logprobs)
-        edge.in_background(read_through(response_frames(turn.events, writer, turn.hooks, edge.metrics, started,
-                                                        on_end)))
+        frames = response_frames(turn.events, writer, turn.hooks, edge.metrics, started, on_end)
+        with contextlib.suppress(redis.RedisError, OSError):  # (held before anyone can ask about it)
+            await edge.responses.claim_reader(response_id, READER, READER_LEASE_S)
+        edge.in_background(read_in_background(edge, response_id, frames))
         if asked.stream:  # the client reads the stream from the log, as any edge could: its going changes nothing
             await turn.registered
             return await stream_again(request, edge, key, response_id, in_progress, asked.logprobs, -1)
@@ -139,10 +144,45 @@ async def nothing_kept(response: dict[str, Any]) -> None:
     """A response not stored (``store: false``) ends with nothing to keep."""
 
 
+async def read_in_background(edge: EdgeState, response_id: str, frames: AsyncGenerator[bytes, None]) -> None:
+    """A background turn's stream, read to its end for what it stores (its frames go nowhere), under
+    the reader's lease, kept while it reads: an edge that stops mid-stream (its task cancelled, or
+    the process gone) leaves the lease to lapse, and the next edge asked about the response takes
+    the reading over (``take_over_reading``)."""
+    reading = asyncio.ensure_future(read_through(frames))
+    try:
+        while not reading.done():
+            with contextlib.suppress(redis.RedisError, OSError):
+                await edge.responses.claim_reader(response_id, READER, READER_LEASE_S)
+            await asyncio.wait({reading}, timeout=READER_LEASE_S / 3)
+    finally:
+        await cancel_task(reading)
+        if not reading.cancelled() and reading.exception() is not None:
+            log.error("background response %s: reading its stream failed: %r", response_id, reading.exception())
+        with contextlib.suppress(redis.RedisError, OSError):
+            await edge.responses.release_reader(response_id)
+
+
 async def read_through(frames: AsyncGenerator[bytes, None]) -> None:
-    """A background turn's stream, read to its end for what it stores (its frames go nowhere)."""
     async for _ in frames:
         pass
+
+
+async def take_over_reading(edge: EdgeState, key: ApiKey, stored: StoredResponse, response: dict[str, Any]) -> None:
+    """A background response under way that no reader holds (its edge stopped): read its stream
+    from the log to the end, here, and store it."""
+    try:
+        claimed = await edge.responses.claim_reader(stored.id, READER, READER_LEASE_S)
+    except (redis.RedisError, OSError):
+        return
+    if not claimed:
+        return
+    frames = await frames_from_log(edge, key, stored.id, response, scores_asked(stored), -1)
+    if frames is None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            await edge.responses.release_reader(stored.id)
+        return
+    edge.in_background(read_in_background(edge, stored.id, frames))
 
 
 async def answered_before(request: Request, edge: EdgeState, key: ApiKey, response_id: str,
@@ -169,26 +209,40 @@ async def stream_again(request: Request, edge: EdgeState, key: ApiKey, response_
     from the log while it holds the stream, and then live, numbered as it went out live; whoever
     reads it to the end stores the response ended, if it is not yet. Once the log no longer holds
     it, an ended response's stream is made from the stored response, each item in one piece."""
-    skeleton = {**response, "status": "in_progress", "output": [], "usage": None, "error": None,
-                "incomplete_details": None, "completed_at": None}
-    writer = ResponseEvents(skeleton, logprobs, starting_after, response.get("completed_at"))
     headers = {REQUEST_ID_HEADER: response_id}
-    record = await find_stream(edge, response_id, key.tenant, response_not_found)
-    if not record.topic or await edge.bus.router.log_exists(record.topic):
-        stored = await stored_response(edge, key, response_id)
-        kept = KeptResponse.of_stored(edge.responses, stored, edge.settings.history_turns) if stored else None
-        with contextlib.suppress(redis.RedisError, OSError):
-            await edge.streams.attach(response_id)  # a client that went away is back: not cancelled
-        events = replay(edge.settings.bus, response_id, record.partition, record.start_offset, topic=record.topic,
-                        idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
-        hooks = TurnHooks(edge, response_id, background=bool(response.get("background")))
-        frames = response_frames(events, writer, hooks, edge.metrics, time.perf_counter(),
-                                 kept.ended if kept is not None else nothing_kept)
+    frames = await frames_from_log(edge, key, response_id, response, logprobs, starting_after)
+    if frames is not None:
         return sse_response(frames, edge.settings.heartbeat_s, EVENT_STREAM, headers)
     if response["status"] == "in_progress":
         raise NotFound(f"The stream of '{response_id}' is no longer kept and cannot be read again.",
                        param="response_id", code="stream_expired")
+    writer = ResponseEvents(skeleton_of(response), logprobs, starting_after, response.get("completed_at"))
     return sse_response(one_frame(writer.replayed(response)), edge.settings.heartbeat_s, EVENT_STREAM, headers)
+
+
+async def frames_from_log(edge: EdgeState, key: ApiKey, response_id: str, response: dict[str, Any], logprobs: bool,
+                          starting_after: int) -> AsyncGenerator[bytes, None] | None:
+    """A response's events after ``starting_after``, made from its token events as the log holds
+    them (then live), storing the response ended if it is not yet; None once the log has let go."""
+    record = await find_stream(edge, response_id, key.tenant, response_not_found)
+    if record.topic and not await edge.bus.router.log_exists(record.topic):
+        return None
+    stored = await stored_response(edge, key, response_id)
+    kept = KeptResponse.of_stored(edge.responses, stored, edge.settings.history_turns) if stored else None
+    with contextlib.suppress(redis.RedisError, OSError):
+        await edge.streams.attach(response_id)  # a client that went away is back: not cancelled
+    events = replay(edge.settings.bus, response_id, record.partition, record.start_offset, topic=record.topic,
+                    idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
+    hooks = TurnHooks(edge, response_id, background=bool(response.get("background")))
+    writer = ResponseEvents(skeleton_of(response), logprobs, starting_after, response.get("completed_at"))
+    return response_frames(events, writer, hooks, edge.metrics, time.perf_counter(),
+                           kept.ended if kept is not None else nothing_kept)
+
+
+def skeleton_of(response: dict[str, Any]) -> dict[str, Any]:
+    """A response as it was when it began: what its stream's first events show."""
+    return {**response, "status": "in_progress", "output": [], "usage": None, "error": None,
+            "incomplete_details": None, "completed_at": None}
 
 
 def scores_asked(stored: StoredResponse) -> bool:
@@ -257,9 +311,13 @@ def response_not_found(response_id: str) -> NotFound:
 
 
 async def retrieve_response(request: Request) -> Response:
-    """A stored response; with ``stream=true``, its stream again, after ``starting_after`` if given."""
+    """A stored response; with ``stream=true``, its stream again, after ``starting_after`` if given.
+    A background response under way whose reader is gone is read on from here."""
     edge, key, stored = await tenant_response(request)
     if request.query_params.get("stream", "false").lower() in ("false", "0"):
+        response = json.loads(stored.body)
+        if response["status"] == "in_progress" and response.get("background"):
+            await take_over_reading(edge, key, stored, response)
         return Response(stored.body, media_type="application/json")
     raw = request.query_params.get("starting_after", "-1")
     if not raw.lstrip("-").isdigit() or int(raw) < -1:

@@ -392,3 +392,21 @@ async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack,
     assert events[-1].type == "response.incomplete" and events[-1].response.output_text == expected.text
     stored = await other_edge.responses.retrieve(response_id)  # stored by the edge that read it to the end
     assert stored.status == "incomplete" and stored.output[0].id == got[2].item.id
+
+
+async def test_a_background_response_whose_edge_is_killed_is_finished_by_another(stack, edge_url, api_key):
+    """The edge reading a background response dies: once its reader's lease lapses, the next edge
+    asked about the response reads its stream from the log to the end and stores it."""
+    port = free_port()
+    doomed = stack.start_edge("edge-background", port, reply_partitions="3")
+    first_edge = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0,
+                                    timeout=30)
+    started = await first_edge.responses.create(model=SLOW_MODEL, input="Work on without me.", max_output_tokens=40,
+                                                background=True, extra_body={"seed": 36})
+    doomed.signal(signal.SIGKILL)
+    other_edge = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=30)
+    assert (await other_edge.responses.retrieve(started.id)).status == "in_progress"  # (the dead edge's lease holds)
+    done = await until_ended(other_edge, started.id)
+    expected = await expected_output([{"role": "user", "content": "Work on without me."}], seed=36, max_tokens=40,
+                                     settings=SLOW_SETTINGS)
+    assert done.status == "incomplete" and done.output_text == expected.text and done.usage.output_tokens == 40
