@@ -177,7 +177,10 @@ async def take_over_reading(edge: EdgeState, key: ApiKey, stored: StoredResponse
         return
     if not claimed:
         return
-    frames = await frames_from_log(edge, key, stored.id, response, scores_asked(stored), -1)
+    try:
+        frames = await frames_from_log(edge, key, stored.id, response, scores_asked(stored), -1)
+    except ApiError:  # its stream cannot be found now: the response is answered as stored
+        frames = None
     if frames is None:
         with contextlib.suppress(redis.RedisError, OSError):
             await edge.responses.release_reader(stored.id)
