@@ -130,8 +130,11 @@ class EdgeSettings(BaseSettings):
     batch_tier: str | None = None
     # OpenAI's Responses API: how long a stored response (``store``, the default) is kept, for
     # retrieval and for turns that continue it (OpenAI's: 30 days). A chain keeps its newest
-    # ``history_turns`` turns.
+    # ``history_turns`` turns. ``store_responses`` false: nothing of a turn is kept at the edge
+    # (every request is served as ``store: false``; a background one, which must be stored, is
+    # refused), for deployments that may not hold prompts.
     response_ttl_s: int = Field(default=30 * 86_400, ge=1)
+    store_responses: bool = True
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",

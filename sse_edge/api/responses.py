@@ -74,6 +74,11 @@ async def create_response(request: Request) -> Response:
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     raw = await read_body(request, edge.settings.max_body_bytes, edge.settings.body_timeout_s)
     asked, items, chat = parse_responses_request(raw, edge.settings)
+    if not edge.settings.store_responses:
+        if asked.background:
+            raise InvalidRequest("Background responses must be stored, and this deployment stores no responses.",
+                                 param="background", code="unsupported_value")
+        asked.store = False  # (and the response says so)
     check_model(edge, key, chat.model)
     response_id, digest = new_response_id(), body_hash(raw)
     idempotency_key = request.headers.get("idempotency-key")

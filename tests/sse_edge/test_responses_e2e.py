@@ -410,3 +410,22 @@ async def test_a_background_response_whose_edge_is_killed_is_finished_by_another
     expected = await expected_output([{"role": "user", "content": "Work on without me."}], seed=36, max_tokens=40,
                                      settings=SLOW_SETTINGS)
     assert done.status == "incomplete" and done.output_text == expected.text and done.usage.output_tokens == 40
+
+
+async def test_an_edge_that_stores_no_responses_serves_each_as_not_stored(stack, api_key):
+    """``TOKENBUS_EDGE_STORE_RESPONSES=false``: nothing of a turn is kept at the edge, whatever the
+    request says; a background response, which must be stored, is refused."""
+    port = free_port()
+    edge = stack.start_edge("edge-no-store", port, reply_partitions="4", env={"TOKENBUS_EDGE_STORE_RESPONSES": "false"})
+    try:
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0,
+                                    timeout=30)
+        answered = await client.responses.create(model=MODEL, input="Forget me.", extra_body={"seed": 37})
+        assert answered.status == "completed" and answered.store is False and answered.output_text
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(answered.id)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model=MODEL, input="Later.", background=True)
+        assert refused.value.body["param"] == "background"
+    finally:
+        edge.signal(signal.SIGTERM)
