@@ -29,6 +29,14 @@ FLAT_WEATHER = {"type": "function", **WEATHER["function"]}
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
+def another_edge(stack, api_key: str, name: str, reply_partitions: str, env: dict[str, str] | None = None):
+    """An edge of its own beside the stack's (to kill, or to set up otherwise), and a client of it."""
+    port = free_port()
+    process = stack.start_edge(name, port, reply_partitions=reply_partitions, env=env)
+    return process, openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0,
+                                       timeout=30)
+
+
 @pytest.fixture
 def client(edge_url, api_key):
     return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=60)
@@ -367,10 +375,7 @@ async def test_text_format_asks_for_json_of_its_schema(client):
 async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack, edge_url, api_key):
     """The edge serving a Responses stream dies mid-turn: the client reads the rest on another edge
     from the log, event for event, and that edge, reaching the end, stores the response."""
-    port = free_port()
-    doomed = stack.start_edge("edge-responses", port, reply_partitions="2")
-    first_edge = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0,
-                                    timeout=30)
+    doomed, first_edge = another_edge(stack, api_key, "edge-responses", "2")
     stream = await first_edge.responses.create(model=SLOW_MODEL, input="A long story.", max_output_tokens=60,
                                                stream=True, extra_body={"seed": 35})
     got = []
@@ -397,10 +402,7 @@ async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack,
 async def test_a_background_response_whose_edge_is_killed_is_finished_by_another(stack, edge_url, api_key):
     """The edge reading a background response dies: once its reader's lease lapses, the next edge
     asked about the response reads its stream from the log to the end and stores it."""
-    port = free_port()
-    doomed = stack.start_edge("edge-background", port, reply_partitions="3")
-    first_edge = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0,
-                                    timeout=30)
+    doomed, first_edge = another_edge(stack, api_key, "edge-background", "3")
     started = await first_edge.responses.create(model=SLOW_MODEL, input="Work on without me.", max_output_tokens=40,
                                                 background=True, extra_body={"seed": 36})
     doomed.signal(signal.SIGKILL)
@@ -415,11 +417,8 @@ async def test_a_background_response_whose_edge_is_killed_is_finished_by_another
 async def test_an_edge_that_stores_no_responses_serves_each_as_not_stored(stack, api_key):
     """``TOKENBUS_EDGE_STORE_RESPONSES=false``: nothing of a turn is kept at the edge, whatever the
     request says; a background response, which must be stored, is refused."""
-    port = free_port()
-    edge = stack.start_edge("edge-no-store", port, reply_partitions="4", env={"TOKENBUS_EDGE_STORE_RESPONSES": "false"})
+    edge, client = another_edge(stack, api_key, "edge-no-store", "4", {"TOKENBUS_EDGE_STORE_RESPONSES": "false"})
     try:
-        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0,
-                                    timeout=30)
         answered = await client.responses.create(model=MODEL, input="Forget me.", extra_body={"seed": 37})
         assert answered.status == "completed" and answered.store is False and answered.output_text
         with pytest.raises(openai.NotFoundError):
