@@ -156,10 +156,12 @@ class Gated:
             # text; finding them in its case-folded copy, ~3. The two agree on ASCII words wherever
             # folding keeps each character one (then where it does not, the expression decides),
             # but for the dotless i, which the expression takes for an i.
-            folded = text.casefold()
-            if len(folded) == len(text):
+            # (Only what lies from ``start`` on: output moderation asks of each token event's window.)
+            searched = text[start:] if start else text
+            folded = searched.casefold()
+            if len(folded) == len(searched):
                 folded = folded.replace("\u0131", "i")
-                return any(folded.find(word, start) != -1 for word in self._words)
+                return any(word in folded for word in self._words)
         if self._digit and text.isascii():  # (``\d`` takes any script's digits: ASCII text has only these)
             return any(text.find(digit, start) != -1 for digit in "0123456789")
         return self._gate.search(text, start) is not None

@@ -37,18 +37,16 @@ from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
 from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, conversation_of, listed_items
-from tokenbus.sse_edge.plumbing.relay import collect_choices, generation_error
-from tokenbus.sse_edge.plumbing.response_relay import response_frames
+from tokenbus.sse_edge.plumbing.relay import collect_choices
+from tokenbus.sse_edge.plumbing.response_relay import Ending, response_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamEnd, StreamFormat, sse_response
 from tokenbus.sse_edge.protocol.batches import list_body
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest
 from tokenbus.sse_edge.protocol.response_objects import (
-    INCOMPLETE_BECAUSE,
     ResponseEvents,
+    ended_as,
     output_items,
     response_object,
-    status_of,
-    usage_of,
 )
 from tokenbus.sse_edge.protocol.responses import InputItem, ResponsesRequest
 from tokenbus.sse_edge.protocol.validation import body_hash, cursor_page, list_order, parse_responses_request, read_body
@@ -104,8 +102,7 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
     turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
     turn.hooks.background = asked.background
-    in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed(),
-                                  "in_progress", [])
+    in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed())
     kept = None
     if asked.store:
         this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
@@ -129,19 +126,14 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
         frames = response_frames(turn.events, writer, turn.hooks, edge.metrics, started, on_end, turn.direct)
         return sse_response(frames, edge.settings.heartbeat_s, EVENT_STREAM, turn.headers, turn.direct)
     [choice] = await collect_choices(request, turn.events, turn.choices, turn.hooks)
-    final = choice.final
-    error = generation_error(final)
-    status = status_of(final.finish_reason, failed=error is not None)
+    ending = Ending.of(choice.final)
     calls = [(c.id, c.name, c.arguments) for c in choice.calls]
-    response = response_object(
-        turn.response_id, in_progress["created_at"], turn.model, asked.echoed(), status,
-        output_items(turn.response_id, choice.text, calls, status, choice.scored if asked.logprobs else None),
-        usage_of(final.prompt_tokens or 0, final.completion_tokens or 0, final.cached_tokens or 0),
-        error=error.body()["error"] if error is not None else None,
-        incomplete_reason=INCOMPLETE_BECAUSE.get(final.finish_reason or ""))
+    output = output_items(turn.response_id, choice.text, calls, ending.status,
+                          choice.scored if asked.logprobs else None)
+    response = ended_as(in_progress, ending.status, output, ending.usage, ending.error, ending.incomplete_reason)
     await on_end(response)  # a failed one too: retrieving it says how it ended
-    if error is not None:
-        raise error
+    if ending.failure is not None:
+        raise ending.failure
     return JSONResponse(response, headers=turn.headers)
 
 
@@ -249,8 +241,7 @@ async def frames_from_log(edge: EdgeState, key: ApiKey, response_id: str, respon
 
 def skeleton_of(response: dict[str, Any]) -> dict[str, Any]:
     """A response as it was when it began: what its stream's first events show."""
-    return {**response, "status": "in_progress", "output": [], "usage": None, "error": None,
-            "incomplete_details": None, "completed_at": None}
+    return ended_as(response, "in_progress", [], None)
 
 
 def scores_asked(stored: StoredResponse) -> bool:

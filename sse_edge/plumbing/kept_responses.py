@@ -19,7 +19,7 @@ import redis.asyncio as redis
 
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn, turn_from_json, turn_to_json
-from tokenbus.sse_edge.protocol.response_objects import item_id
+from tokenbus.sse_edge.protocol.response_objects import item_id, output_text
 from tokenbus.sse_edge.protocol.responses import FunctionCallItem, FunctionCallOutputItem, InputItem
 from tokenbus.stores.responses import ResponseStore, StoredResponse
 
@@ -92,8 +92,7 @@ def conversation_of(stored: StoredResponse) -> str:
 
 def answer_message(response: dict[str, Any]) -> ChatMessage:
     """A response's output as the assistant message a turn continuing it is prompted with."""
-    text = "".join(part["text"] for item in response["output"] if item["type"] == "message"
-                   for part in item["content"])
+    text = output_text(response)
     calls = tuple(ToolCall(item["call_id"], item["name"], item["arguments"]) for item in response["output"]
                   if item["type"] == "function_call")
     return ChatMessage("assistant", text, calls)

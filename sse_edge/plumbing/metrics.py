@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tokenbus.topics.per_event_metrics import LoopHistogram
@@ -41,3 +43,14 @@ class EdgeMetrics:
         # The stream processors export the same counter for what they moderate.
         self.decisions = Counter("tokenbus:moderation_decisions", "Moderation decisions.", ["stage", "action"],
                                  registry=r)
+
+    def content_sent(self, started: float, last_sent: float | None) -> float:
+        """A stream wrote content (``started``: when its request came; ``last_sent``: when it last
+        wrote content, None before the first): its time to first token, or the gap since, observed.
+        Returns now, the next ``last_sent``."""
+        now = time.perf_counter()
+        if last_sent is None:
+            self.ttft.observe(now - started)
+        else:
+            self.itl.observe(now - last_sent)
+        return now

@@ -150,12 +150,7 @@ class EventFrames:
         event = reply.event
         chunks = event_chunks(event, self.writer)
         if len(chunks) > self.skip and (event.text or event.tool_calls):
-            now = time.perf_counter()
-            if self.last_sent is None:
-                self.metrics.ttft.observe(now - self.started)
-            else:
-                self.metrics.itl.observe(now - self.last_sent)
-            self.last_sent = now
+            self.last_sent = self.metrics.content_sent(self.started, self.last_sent)
         if len(chunks) == 1 and not self.skip and not self.ids:  # nearly every event
             return frame(chunks[0])
         out = []

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tokenbus.schemas import TokenEvent
+from tokenbus.sse_edge.errors import ApiError
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, generation_error, stream_error
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd
@@ -48,9 +50,7 @@ class EventWrites:
             if event.text else b""
         for piece in event.tool_calls:
             out += writer.call(piece.index, piece.id, piece.name, piece.arguments)
-        now = time.perf_counter()
-        (self.metrics.ttft if self.last_sent is None else self.metrics.itl).observe(now - (self.last_sent or self.started))
-        self.last_sent = now
+        self.last_sent = self.metrics.content_sent(self.started, self.last_sent)
         return out
 
 
@@ -93,10 +93,30 @@ async def response_frames(events: AsyncGenerator[ReplyEvent, None], writer: Resp
             hooks.on_abandoned()
 
 
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a response ends, read off its final token event: its status, usage, the error that
+    ended it (``failure``, as the HTTP error a whole answer raises) and why it is incomplete."""
+
+    status: str
+    usage: dict[str, Any]
+    failure: ApiError | None
+    incomplete_reason: str | None
+
+    @classmethod
+    def of(cls, final: TokenEvent) -> Ending:
+        failure = generation_error(final)
+        return cls(status_of(final.finish_reason, failure is not None),
+                   usage_of(final.prompt_tokens or 0, final.completion_tokens or 0, final.cached_tokens or 0),
+                   failure, INCOMPLETE_BECAUSE.get(final.finish_reason or ""))
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The response's ``error``: the failure's OpenAI error object."""
+        return self.failure.body()["error"] if self.failure is not None else None
+
+
 def ended(writer: ResponseEvents, final: TokenEvent) -> tuple[bytes, dict[str, Any]]:
     """The events that end a response with its final token event, and the response as it ended."""
-    error = generation_error(final)
-    status = status_of(final.finish_reason, error is not None)
-    usage = usage_of(final.prompt_tokens or 0, final.completion_tokens or 0, final.cached_tokens or 0)
-    return writer.ended(status, usage, error.body()["error"] if error is not None else None,
-                        INCOMPLETE_BECAUSE.get(final.finish_reason or ""))
+    ending = Ending.of(final)
+    return writer.ended(ending.status, ending.usage, ending.error, ending.incomplete_reason)

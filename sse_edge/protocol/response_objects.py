@@ -77,16 +77,21 @@ def output_items(response_id: str, text: str, calls: Sequence[tuple[str, str, st
     return items
 
 
-def response_object(response_id: str, created_at: int, model: str, echoed: dict[str, Any], status: str,
-                    output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
-                    error: dict[str, Any] | None = None, incomplete_reason: str | None = None) -> dict[str, Any]:
-    """A ``response``: ``echoed``, the request's settings as it repeats them (ResponsesRequest.echoed)."""
-    return {
-        "id": response_id, "object": "response", "created_at": created_at, "status": status,
-        "completed_at": int(time.time()) if status == "completed" else None,
-        "error": error, "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
-        "model": model, "output": output, **echoed, "usage": usage,
-    }
+def response_object(response_id: str, created_at: int, model: str, echoed: dict[str, Any]) -> dict[str, Any]:
+    """A ``response`` as it begins (``in_progress``, no output): ``echoed``, the request's settings
+    as it repeats them (ResponsesRequest.echoed). ``ended_as`` gives it its end."""
+    return ended_as({"id": response_id, "object": "response", "created_at": created_at, "model": model, **echoed},
+                    "in_progress", [], None)
+
+
+def ended_as(response: dict[str, Any], status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
+             error: dict[str, Any] | None = None, incomplete_reason: str | None = None,
+             completed_at: int | None = None) -> dict[str, Any]:
+    """``response`` with what its end says (``in_progress``: as it began again): its status, output,
+    usage, error, why it is incomplete, and when it completed (now, unless ``completed_at``)."""
+    return {**response, "status": status, "output": output, "usage": usage, "error": error,
+            "completed_at": (completed_at or int(time.time())) if status == "completed" else None,
+            "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None}
 
 
 def output_text(response: dict[str, Any]) -> str:
@@ -211,10 +216,7 @@ class ResponseEvents:
               incomplete_reason: str | None = None) -> tuple[bytes, dict[str, Any]]:
         """The events that end the stream, and the response as it ended."""
         out = self._closed(status)
-        completed_at = self.completed_at or int(time.time())
-        response = {**self.response, "status": status, "output": self._items, "usage": usage, "error": error,
-                    "completed_at": completed_at if status == "completed" else None,
-                    "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None}
+        response = ended_as(self.response, status, self._items, usage, error, incomplete_reason, self.completed_at)
         return out + self._event(ENDED_EVENTS.get(status, "response.failed"), response=response), response
 
     def replayed(self, stored: dict[str, Any]) -> bytes:

@@ -263,7 +263,7 @@ def chat_body(request: ResponsesRequest, items: list[InputItem]) -> tuple[dict[s
 # What a chat's parameter is called in the Responses request it was made from.
 RENAMED = (("max_completion_tokens", "max_output_tokens"), ("response_format.json_schema.schema", "text.format.schema"),
            ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
-           ("top_logprobs", "top_logprobs"), ("logprobs", "include"))
+           ("logprobs", "include"))
 
 
 def in_responses_terms(error: ApiError, sources: list[str]) -> ApiError:

@@ -64,7 +64,7 @@ def test_a_chat_checks_error_names_the_responses_parameter():
 
 
 def test_a_streamed_response_is_events_the_openai_client_reads_in_order():
-    start = response_object("resp_1", 5, "m", ResponsesRequest(model="m", input="x").echoed(), "in_progress", [])
+    start = response_object("resp_1", 5, "m", ResponsesRequest(model="m", input="x").echoed())
     events = ResponseEvents(start, logprobs=False)
     written = events.started() + events.text("Hel") + events.text("lo") + events.call(0, "call_a", "f", '{"a"')
     written += events.call(0, None, None, ": 1}") + events.call(1, "call_b", "g", "{}")
