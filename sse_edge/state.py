@@ -65,6 +65,7 @@ class EdgeState:
         self.queues = QueueDepthMonitor(settings.bus, gauge=self.metrics.queue_depth)
         self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings, self.metrics)
         self._background: set[asyncio.Task[None]] = set()
+        self.draining = False  # shutting down: no new work begins here (a response's reading is left to another edge)
         self._transcripts: TranscriptStore | None = None
         self.history = ConversationHistory(self.redis, settings.redis_prefix, self.transcripts, settings.history_turns,
                                            settings.history_ttl_s, settings.history_wait_s)
@@ -107,6 +108,7 @@ class EdgeState:
     async def drain(self, grace_s: float) -> None:
         """Shutting down (no new connections are taken by then): give open streams ``grace_s`` to
         finish, then end the rest with an event that tells their clients to resume on another edge."""
+        self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while self.bus.router.open_streams and loop.time() < deadline:

@@ -5,7 +5,7 @@ hash a response, for ``ttl_s`` (OpenAI keeps them 30 days). Every read names the
 tenant's response is not found, whatever its id.
 
 The store keeps each part as the edge's JSON text and reads none of it: what a response object,
-an item or a context is belongs to the edge (sse_edge/protocol/responses.py). A background
+an item or a context is belongs to the edge (sse_edge/protocol/responses.py). A stored
 response's reader holds a lease (``claim_reader``): an edge that finds one under way with no
 reader (its edge stopped) takes the reading over."""
 
@@ -64,7 +64,7 @@ class ResponseStore:
         return f"{self._prefix}response:{response_id}:reader"
 
     async def claim_reader(self, response_id: str, reader: str, lease_s: float) -> bool:
-        """Whether ``reader`` may read a background response's stream to its end (and store it): no
+        """Whether ``reader`` may read a response's stream to its end (and store it): no
         other reader holds it, or ``reader`` does; held for ``lease_s``, kept by claiming again."""
         key = self._reader(response_id)
         if await self._redis.set(key, reader, nx=True, px=int(lease_s * 1000)):

@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
-import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import redis.asyncio as redis
@@ -38,6 +36,7 @@ from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFoun
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
 from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, conversation_of, listed_items
 from tokenbus.sse_edge.plumbing.relay import collect_choices
+from tokenbus.sse_edge.plumbing.response_readers import ReaderLease, read_to_the_end, served_frames, serving
 from tokenbus.sse_edge.plumbing.response_relay import Ending, response_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamEnd, StreamFormat, sse_response
 from tokenbus.sse_edge.protocol.batches import list_body
@@ -53,13 +52,9 @@ from tokenbus.sse_edge.protocol.validation import body_hash, cursor_page, list_o
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.stores.responses import StoredResponse, new_response_id
-from tokenbus.topics import cancel_task, replay
-
-log = logging.getLogger(__name__)
+from tokenbus.topics import replay
 
 CANCEL_WAIT_S = 3.0  # for a cancelled turn's stream to end and store it
-READER_LEASE_S = 10.0  # a background response's reader holds it this long, unless it claims it again
-READER = f"edge-{uuid.uuid4().hex[:12]}"  # this process, as a reader of background responses
 # The Responses API's clients read SSE: its heartbeat comments are theirs too.
 EVENT_STREAM = StreamFormat(event_ids=True)
 
@@ -103,20 +98,20 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
     turn.hooks.background = asked.background
     in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed())
-    kept = None
+    kept, lease = None, ReaderLease(edge.responses, response_id)
     if asked.store:
         this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
         kept = KeptResponse(edge.responses, key.tenant, listed_items(items), asked.logprobs, earlier,
                             StoredTurn(turn.response_id, bus_request.created_at_ms, tuple(this_turn)),
                             edge.settings.history_turns, bus_request.conversation_id or turn.response_id)
+        await lease.claim()  # (held before anyone can ask about it)
         await kept.started(in_progress)
     on_end = kept.ended if kept is not None else nothing_kept
+    hand_over = handing_over(edge, key, response_id, in_progress, asked.logprobs)
     if asked.background:
         writer = ResponseEvents(in_progress, asked.logprobs)
         frames = response_frames(turn.events, writer, turn.hooks, edge.metrics, started, on_end)
-        with contextlib.suppress(redis.RedisError, OSError):  # (held before anyone can ask about it)
-            await edge.responses.claim_reader(response_id, READER, READER_LEASE_S)
-        edge.in_background(read_in_background(edge, response_id, frames))
+        edge.in_background(read_to_the_end(lease, frames))
         if asked.stream:  # the client reads the stream from the log, as any edge could: its going changes nothing
             await turn.registered
             return await stream_again(request, edge, key, response_id, in_progress, asked.logprobs, -1)
@@ -124,14 +119,17 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     if asked.stream:
         writer = ResponseEvents(in_progress, asked.logprobs)
         frames = response_frames(turn.events, writer, turn.hooks, edge.metrics, started, on_end, turn.direct)
+        if kept is not None:
+            frames = served_frames(frames, kept, hand_over, lease)
         return sse_response(frames, edge.settings.heartbeat_s, EVENT_STREAM, turn.headers, turn.direct)
-    [choice] = await collect_choices(request, turn.events, turn.choices, turn.hooks)
-    ending = Ending.of(choice.final)
-    calls = [(c.id, c.name, c.arguments) for c in choice.calls]
-    output = output_items(turn.response_id, choice.text, calls, ending.status,
-                          choice.scored if asked.logprobs else None)
-    response = ended_as(in_progress, ending.status, output, ending.usage, ending.error, ending.incomplete_reason)
-    await on_end(response)  # a failed one too: retrieving it says how it ended
+    async with serving(kept, hand_over, lease) if kept is not None else contextlib.nullcontext():
+        [choice] = await collect_choices(request, turn.events, turn.choices, turn.hooks)
+        ending = Ending.of(choice.final)
+        calls = [(c.id, c.name, c.arguments) for c in choice.calls]
+        output = output_items(turn.response_id, choice.text, calls, ending.status,
+                              choice.scored if asked.logprobs else None)
+        response = ended_as(in_progress, ending.status, output, ending.usage, ending.error, ending.incomplete_reason)
+        await on_end(response)  # a failed one too: retrieving it says how it ended
     if ending.failure is not None:
         raise ending.failure
     return JSONResponse(response, headers=turn.headers)
@@ -141,48 +139,37 @@ async def nothing_kept(response: dict[str, Any]) -> None:
     """A response not stored (``store: false``) ends with nothing to keep."""
 
 
-async def read_in_background(edge: EdgeState, response_id: str, frames: AsyncGenerator[bytes, None]) -> None:
-    """A background turn's stream, read to its end for what it stores (its frames go nowhere), under
-    the reader's lease, kept while it reads: an edge that stops mid-stream (its task cancelled, or
-    the process gone) leaves the lease to lapse, and the next edge asked about the response takes
-    the reading over (``take_over_reading``)."""
-    reading = asyncio.ensure_future(read_through(frames))
-    try:
-        while not reading.done():
-            with contextlib.suppress(redis.RedisError, OSError):
-                await edge.responses.claim_reader(response_id, READER, READER_LEASE_S)
-            await asyncio.wait({reading}, timeout=READER_LEASE_S / 3)
-    finally:
-        await cancel_task(reading)
-        if not reading.cancelled() and reading.exception() is not None:
-            log.error("background response %s: reading its stream failed: %r", response_id, reading.exception())
-        with contextlib.suppress(redis.RedisError, OSError):
-            await edge.responses.release_reader(response_id)
+def handing_over(edge: EdgeState, key: ApiKey, response_id: str, response: dict[str, Any],
+                 logprobs: bool) -> Callable[[], None]:
+    """What a client's reading of a stored response under way does when it stops before the end:
+    this edge reads it on from the log (unless it is stopping: another edge will, when asked)."""
+    def hand_over() -> None:
+        if not edge.draining:
+            edge.in_background(read_on(edge, key, response_id, response, logprobs))
+    return hand_over
 
 
-async def read_through(frames: AsyncGenerator[bytes, None]) -> None:
-    async for _ in frames:
-        pass
-
-
-async def take_over_reading(edge: EdgeState, key: ApiKey, stored: StoredResponse, response: dict[str, Any]) -> None:
-    """A background response under way that no reader holds (its edge stopped): read its stream
-    from the log to the end, here, and store it."""
-    try:
-        claimed = await edge.responses.claim_reader(stored.id, READER, READER_LEASE_S)
-    except (redis.RedisError, OSError):
-        return
-    if not claimed:
+async def read_on(edge: EdgeState, key: ApiKey, response_id: str, response: dict[str, Any], logprobs: bool) -> None:
+    """A stored response under way that no reader holds (its client went, or its edge stopped):
+    read its stream from the log to the end, here, and store it."""
+    lease = ReaderLease(edge.responses, response_id)
+    if not await lease.claim():
         return
     try:
-        frames = await frames_from_log(edge, key, stored.id, response, scores_asked(stored), -1)
+        frames = await frames_from_log(edge, key, response_id, response, logprobs, -1, by_client=False)
     except ApiError:  # its stream cannot be found now: the response is answered as stored
         frames = None
     if frames is None:
-        with contextlib.suppress(redis.RedisError, OSError):
-            await edge.responses.release_reader(stored.id)
+        await lease.release()
         return
-    edge.in_background(read_in_background(edge, stored.id, frames))
+    await read_to_the_end(lease, frames)
+
+
+def read_on_if_unread(edge: EdgeState, key: ApiKey, stored: StoredResponse) -> None:
+    """A stored response found under way is read on here, where no reader holds it."""
+    response = json.loads(stored.body)
+    if response["status"] == "in_progress":
+        edge.in_background(read_on(edge, key, stored.id, response, scores_asked(stored)))
 
 
 async def answered_before(request: Request, edge: EdgeState, key: ApiKey, response_id: str,
@@ -221,22 +208,28 @@ async def stream_again(request: Request, edge: EdgeState, key: ApiKey, response_
 
 
 async def frames_from_log(edge: EdgeState, key: ApiKey, response_id: str, response: dict[str, Any], logprobs: bool,
-                          starting_after: int) -> AsyncGenerator[bytes, None] | None:
+                          starting_after: int, by_client: bool = True) -> AsyncGenerator[bytes, None] | None:
     """A response's events after ``starting_after``, made from its token events as the log holds
-    them (then live), storing the response ended if it is not yet; None once the log has let go."""
+    them (then live), storing the response ended if it is not yet; None once the log has let go.
+    Read ``by_client`` (resumed), a turn is no longer abandoned, and is again if the client goes
+    (and the reading handed over); read by an edge (``read_on``), it is neither."""
     record = await find_stream(edge, response_id, key.tenant, response_not_found)
     if record.topic and not await edge.bus.router.log_exists(record.topic):
         return None
     stored = await stored_response(edge, key, response_id)
     kept = KeptResponse.of_stored(edge.responses, stored, edge.settings.history_turns) if stored else None
-    with contextlib.suppress(redis.RedisError, OSError):
-        await edge.streams.attach(response_id)  # a client that went away is back: not cancelled
+    if by_client:
+        with contextlib.suppress(redis.RedisError, OSError):
+            await edge.streams.attach(response_id)  # a client that went away is back: not cancelled
     events = replay(edge.settings.bus, response_id, record.partition, record.start_offset, topic=record.topic,
                     idle_timeout=edge.settings.stream_idle_timeout_s, codec=edge.bus.codec)
-    hooks = TurnHooks(edge, response_id, background=bool(response.get("background")))
+    hooks = TurnHooks(edge, response_id, background=not by_client or bool(response.get("background")))
     writer = ResponseEvents(skeleton_of(response), logprobs, starting_after, response.get("completed_at"))
-    return response_frames(events, writer, hooks, edge.metrics, time.perf_counter(),
-                           kept.ended if kept is not None else nothing_kept)
+    frames = response_frames(events, writer, hooks, edge.metrics, time.perf_counter(),
+                             kept.ended if kept is not None else nothing_kept)
+    if by_client and kept is not None:
+        frames = served_frames(frames, kept, handing_over(edge, key, response_id, response, logprobs))
+    return frames
 
 
 def skeleton_of(response: dict[str, Any]) -> dict[str, Any]:
@@ -263,6 +256,7 @@ async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) 
                              param="previous_response_id", code="previous_response_not_found")
     chain = chain_of(stored)
     if chain is None:
+        read_on_if_unread(edge, key, stored)
         raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' is still in progress.",
                              param="previous_response_id", code="previous_response_in_progress")
     return chain, conversation_of(stored)
@@ -311,12 +305,10 @@ def response_not_found(response_id: str) -> NotFound:
 
 async def retrieve_response(request: Request) -> Response:
     """A stored response; with ``stream=true``, its stream again, after ``starting_after`` if given.
-    A background response under way whose reader is gone is read on from here."""
+    A response under way whose reader is gone (its edge stopped) is read on from here."""
     edge, key, stored = await tenant_response(request)
     if request.query_params.get("stream", "false").lower() in ("false", "0"):
-        response = json.loads(stored.body)
-        if response["status"] == "in_progress" and response.get("background"):
-            await take_over_reading(edge, key, stored, response)
+        read_on_if_unread(edge, key, stored)
         return Response(stored.body, media_type="application/json")
     raw = request.query_params.get("starting_after", "-1")
     if not raw.lstrip("-").isdigit() or int(raw) < -1:
@@ -347,6 +339,8 @@ async def cancel_response(request: Request) -> Response:
     if stored is None or json.loads(stored.body)["status"] == "in_progress":
         await find_stream(edge, response_id, key.tenant, response_not_found)
         await edge.bus.cancel(response_id, "cancelled by the client")
+        if stored is not None:
+            read_on_if_unread(edge, key, stored)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while time.monotonic() < deadline:  # its stream ends, and stores it
             await asyncio.sleep(0.05)

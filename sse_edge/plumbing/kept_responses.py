@@ -43,6 +43,7 @@ class KeptResponse:
     pending: StoredTurn
     chain_turns: int  # the most turns a chain keeps
     conversation: str  # the conversation the chain is (its first response's id, or the client's)
+    has_ended: bool = False  # its reader met its end (and stored it, where Redis allowed)
 
     @classmethod
     def of_stored(cls, store: ResponseStore, stored: StoredResponse, chain_turns: int) -> KeptResponse | None:
@@ -60,6 +61,7 @@ class KeptResponse:
 
     async def ended(self, response: dict[str, Any]) -> None:
         """Keep the response as it ended, with the chain's newest turns, this one last."""
+        self.has_ended = True
         turn = StoredTurn(self.pending.request_id, self.pending.turn_at_ms,
                           (*self.pending.messages, answer_message(response)))
         chain = [*self.earlier, turn][-self.chain_turns:]

@@ -22,6 +22,8 @@ from tests.sse_edge.test_openai_client import Trip
 from tests.sse_edge.test_tool_calls_e2e import QUESTION, WEATHER, specs
 from tests.stream_processors.helpers import eventually
 from tokenbus.infra.devstack.processes import free_port
+from tokenbus.stores.redis_client import redis_client
+from tokenbus.stores.responses import ResponseStore
 
 pytestmark = pytest.mark.stack
 
@@ -410,6 +412,87 @@ async def test_a_background_response_whose_edge_is_killed_is_finished_by_another
     assert (await other_edge.responses.retrieve(started.id)).status == "in_progress"  # (the dead edge's lease holds)
     done = await until_ended(other_edge, started.id)
     expected = await expected_output([{"role": "user", "content": "Work on without me."}], seed=36, max_tokens=40,
+                                     settings=SLOW_SETTINGS)
+    assert done.status == "incomplete" and done.output_text == expected.text and done.usage.output_tokens == 40
+
+
+async def as_stored(stack, edge_url: str, api_key: str, response_id: str) -> dict:
+    """A response as the store holds it, read without asking an edge (which would read it on)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        tenant = (await http.get(f"{edge_url}/v1/keys/self", headers={"Authorization": f"Bearer {api_key}"})).json()
+    connection = redis_client(stack.settings.redis_url)
+    try:
+        stored = await ResponseStore(connection, stack.settings.redis_prefix, ttl_s=60).get(tenant["tenant"],
+                                                                                           response_id)
+    finally:
+        await connection.aclose()
+    assert stored is not None
+    return json.loads(stored.body)
+
+
+async def test_a_streamed_response_whose_client_goes_is_stored_as_it_ended_unasked(stack, edge_url, api_key, client):
+    """The client of a stored, streamed turn goes mid-stream and never comes back: its generation
+    is cancelled after the grace window, and the edge that served it, reading on from the log,
+    stores the response cancelled, with what was generated; nobody has to ask about it."""
+    stream = await client.responses.create(model=SLOW_MODEL, input="Leave me.", stream=True, extra_body={"seed": 38})
+    got = []
+    async for event in stream:
+        got.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    await stream.close()
+    response_id = got[0].response.id
+
+    async def ended():
+        stored = await as_stored(stack, edge_url, api_key, response_id)
+        return stored if stored["status"] != "in_progress" else None
+
+    stored = await eventually(ended)
+    assert stored["status"] == "cancelled" and stored["error"]["code"] == "generation_cancelled"
+    (message,) = stored["output"]
+    assert 0 < stored["usage"]["output_tokens"] < 300 and message["content"][0]["text"].startswith(got[-1].delta)
+    assert (await client.responses.retrieve(response_id)).status == "cancelled"
+
+
+async def test_a_whole_answer_whose_client_goes_is_stored_as_it_ended(stack, edge_url, api_key, auth):
+    """A stored turn answered whole, its client gone before the answer: the response is stored as
+    it ended (cancelled, after the grace window), unasked."""
+    asked = f"Answer me whole, {uuid.uuid4().hex}."
+    async with httpx.AsyncClient(timeout=30) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(f"{edge_url}/v1/responses", json={"model": SLOW_MODEL, "input": asked, "seed": 39},
+                            headers=auth, timeout=1.0)
+
+    async def ended():  # (its id never reached the client: found by its input, in the store)
+        connection = redis_client(stack.settings.redis_url)
+        try:
+            async for key in connection.scan_iter(match=f"{stack.settings.redis_prefix}response:resp_*"):
+                if not key.endswith(b":reader") and asked in (await connection.hget(key, "input_items")).decode():
+                    stored = await as_stored(stack, edge_url, api_key, key.decode().rsplit(":", 1)[1])
+                    return stored if stored["status"] != "in_progress" else None
+        finally:
+            await connection.aclose()
+        return None
+
+    response = await eventually(ended)
+    assert response["status"] == "cancelled" and response["error"]["code"] == "generation_cancelled"
+    (message,) = response["output"]
+    assert 0 < response["usage"]["output_tokens"] < 300 and message["content"][0]["text"]
+
+
+async def test_a_streamed_response_whose_edge_is_killed_is_finished_by_the_next_edge_asked(stack, edge_url, api_key):
+    """The edge serving a stored, streamed turn dies and its client does not resume: once the dead
+    edge's lease lapses, the next edge asked about the response reads it from the log to the end."""
+    doomed, first_edge = another_edge(stack, api_key, "edge-foreground", "5")
+    stream = await first_edge.responses.create(model=SLOW_MODEL, input="Do not wait for me.", max_output_tokens=40,
+                                               stream=True, extra_body={"seed": 40})
+    first = await anext(aiter(stream))
+    doomed.signal(signal.SIGKILL)
+    await stream.close()
+    other_edge = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=30)
+    assert (await other_edge.responses.retrieve(first.response.id)).status == "in_progress"
+    done = await until_ended(other_edge, first.response.id)
+    expected = await expected_output([{"role": "user", "content": "Do not wait for me."}], seed=40, max_tokens=40,
                                      settings=SLOW_SETTINGS)
     assert done.status == "incomplete" and done.output_text == expected.text and done.usage.output_tokens == 40
 
