@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenbus.schemas import TokenEvent
-from tokenbus.sse_edge.errors import ApiError
+from tokenbus.sse_edge.errors import ApiError, InvalidRequest
 from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.relay import RelayHooks, generation_error, stream_error
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd
@@ -112,8 +112,13 @@ class Ending:
 
     @property
     def error(self) -> dict[str, Any] | None:
-        """The response's ``error``: the failure's OpenAI error object."""
-        return self.failure.body()["error"] if self.failure is not None else None
+        """The response's ``error``, as OpenAI's are: one of its codes (clients that type them know
+        no others: the edge's own code is the HTTP error's, ``failure``) and the message. None for
+        a cancelled response, as OpenAI's: its status says it."""
+        if self.failure is None or self.status == "cancelled":
+            return None
+        return {"code": "invalid_prompt" if isinstance(self.failure, InvalidRequest) else "server_error",
+                "message": self.failure.message}
 
 
 def ended(writer: ResponseEvents, final: TokenEvent) -> tuple[bytes, dict[str, Any]]:

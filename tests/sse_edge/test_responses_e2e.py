@@ -290,7 +290,7 @@ async def test_cancel_stops_a_streamed_turn_and_stores_it_cancelled(client):
     events += [e async for e in stream]
     assert cancelled.id == response_id and cancelled.status == "cancelled"
     assert events[-1].type == "response.failed" and events[-1].response.status == "cancelled"
-    assert events[-1].response.error.code == "generation_cancelled"
+    assert events[-1].response.error is None  # (as OpenAI's: the status says it)
     assert 0 < events[-1].response.usage.output_tokens < 300  # SLOW_MODEL's 300, cut short
     assert (await client.responses.retrieve(response_id)).status == "cancelled"
 
@@ -448,7 +448,7 @@ async def test_a_streamed_response_whose_client_goes_is_stored_as_it_ended_unask
         return stored if stored["status"] != "in_progress" else None
 
     stored = await eventually(ended)
-    assert stored["status"] == "cancelled" and stored["error"]["code"] == "generation_cancelled"
+    assert stored["status"] == "cancelled" and stored["error"] is None
     (message,) = stored["output"]
     assert 0 < stored["usage"]["output_tokens"] < 300 and message["content"][0]["text"].startswith(got[-1].delta)
     assert (await client.responses.retrieve(response_id)).status == "cancelled"
@@ -475,7 +475,7 @@ async def test_a_whole_answer_whose_client_goes_is_stored_as_it_ended(stack, edg
         return None
 
     response = await eventually(ended)
-    assert response["status"] == "cancelled" and response["error"]["code"] == "generation_cancelled"
+    assert response["status"] == "cancelled" and response["error"] is None
     (message,) = response["output"]
     assert 0 < response["usage"]["output_tokens"] < 300 and message["content"][0]["text"]
 

@@ -8,7 +8,10 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from tokenbus.schemas import TokenEvent
 from tokenbus.sse_edge.errors import InvalidRequest
+from tokenbus.sse_edge.plumbing.relay import REFUSED_AS_ASKED
+from tokenbus.sse_edge.plumbing.response_relay import Ending
 from tokenbus.sse_edge.protocol.response_objects import ResponseEvents, response_object, usage_of
 from tokenbus.sse_edge.protocol.responses import ResponsesRequest, chat_body, in_responses_terms, parse_input_items
 from tokenbus.sse_edge.protocol.validation import parse_responses_request
@@ -96,3 +99,23 @@ def test_a_streamed_response_is_events_the_openai_client_reads_in_order():
     assert replayed[-1]["response"] == response
     assert [e["item"]["id"] for e in replayed if e["type"] == "response.output_item.done"] == [
         item["id"] for item in response["output"]]
+
+
+@pytest.mark.parametrize(("finish_reason", "error", "status", "code"), [
+    ("error", "engine out of memory", "failed", "server_error"),
+    ("error", f"{REFUSED_AS_ASKED}its grammar cannot be compiled", "failed", "invalid_prompt"),
+    ("cancelled", None, "cancelled", None),
+])
+def test_a_response_that_failed_names_it_as_strict_openai_clients_read_it(finish_reason, error, status, code):
+    """A failure's own code (``generation_failed``, ...) is the HTTP error's; the response's
+    ``error`` takes one of OpenAI's codes, which typed clients check, and a cancelled response has
+    none (its status says it), as OpenAI's."""
+    ending = Ending.of(TokenEvent("resp_1", 3, finish_reason=finish_reason, error=error, prompt_tokens=4,
+                                  completion_tokens=2))
+    assert ending.status == status and ending.failure is not None
+    start = response_object("resp_1", 5, "m", ResponsesRequest(model="m", input="x").echoed())
+    _, response = ResponseEvents(start, logprobs=False).ended(ending.status, ending.usage, ending.error)
+    strict = Response.model_validate(response)  # (openai's models, validated: every code checked)
+    assert strict.status == status and (strict.error.code if strict.error else None) == code
+    if code is not None:
+        assert error.removeprefix(REFUSED_AS_ASKED) in strict.error.message
