@@ -140,11 +140,13 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-def from_validation_error(exc: ValidationError) -> ApiError:
+def from_validation_error(exc: ValidationError, within: tuple[int | str, ...] = ()) -> ApiError:
+    """Pydantic's error as OpenAI's, naming the parameter; ``within``: where in the request the
+    value validated lies (``("input", 3)``), where it is a part of it."""
     # Of a union's alternatives, the error that got furthest into the value says most.
     errors = exc.errors(include_url=False)
     first = max(errors, key=lambda e: len(_param_path(tuple(e["loc"]))))
-    param = _param_path(tuple(first["loc"])) or None
+    param = _param_path((*within, *first["loc"])) or None
     kind = first["type"]
     if kind == "missing":
         message = f"Missing required parameter: '{param}'."

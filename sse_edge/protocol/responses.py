@@ -179,14 +179,8 @@ def parse_input_items(request: ResponsesRequest) -> list[InputItem]:
         try:
             items.append(model.model_validate(raw))
         except ValidationError as exc:
-            raise with_param_prefix(from_validation_error(exc), f"input[{i}]") from None
+            raise from_validation_error(exc, within=("input", i)) from None
     return items
-
-
-def with_param_prefix(error: ApiError, prefix: str) -> ApiError:
-    error.param = f"{prefix}.{error.param}" if error.param else prefix
-    error.message = error.message.replace(" for '", f" for '{prefix}.", 1)
-    return error
 
 
 def function_tools(request: ResponsesRequest) -> list[FunctionTool]:
@@ -198,7 +192,7 @@ def function_tools(request: ResponsesRequest) -> list[FunctionTool]:
         try:
             tools.append(FunctionTool.model_validate(raw))
         except ValidationError as exc:
-            raise with_param_prefix(from_validation_error(exc), f"tools[{i}]") from None
+            raise from_validation_error(exc, within=("tools", i)) from None
     return tools
 
 

@@ -119,3 +119,15 @@ def test_a_response_that_failed_names_it_as_strict_openai_clients_read_it(finish
     assert strict.status == status and (strict.error.code if strict.error else None) == code
     if code is not None:
         assert error.removeprefix(REFUSED_AS_ASKED) in strict.error.message
+
+
+@pytest.mark.parametrize(("item", "param", "message"), [
+    ({"type": "function_call_output", "output": "rain"}, "input[1].call_id",
+     "Missing required parameter: 'input[1].call_id'."),
+    ({"type": "message", "content": "x"}, "input[1].role", "Missing required parameter: 'input[1].role'."),
+    ({"role": "user", "content": 7}, "input[1].content", "Invalid value for 'input[1].content'"),
+])
+def test_an_input_items_error_names_it_by_its_place_in_the_request(item, param, message):
+    with pytest.raises(InvalidRequest) as refused:
+        parse_input_items(ResponsesRequest(model="m", input=[{"role": "user", "content": "hi"}, item]))
+    assert refused.value.param == param and refused.value.message.startswith(message)
