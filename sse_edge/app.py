@@ -15,7 +15,16 @@ from tokenbus.sse_edge.api.chat import chat_completions
 from tokenbus.sse_edge.api.completions import completions
 from tokenbus.sse_edge.api.console import console, console_root
 from tokenbus.sse_edge.api.continuation import continue_turn
-from tokenbus.sse_edge.api.conversations import list_conversations, list_messages
+from tokenbus.sse_edge.api.conversations import (
+    add_items,
+    create_conversation,
+    delete_conversation,
+    delete_item,
+    list_items,
+    retrieve_conversation,
+    retrieve_item,
+    update_conversation,
+)
 from tokenbus.sse_edge.api.files import delete_file, file_content, list_files, retrieve_file, upload_file
 from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_key
 from tokenbus.sse_edge.api.models import list_models, retrieve_model
@@ -29,6 +38,7 @@ from tokenbus.sse_edge.api.responses import (
     retrieve_response,
 )
 from tokenbus.sse_edge.api.resume import resume_stream
+from tokenbus.sse_edge.api.transcripts import list_conversations, list_messages
 from tokenbus.sse_edge.api.usage import tenant_usage
 from tokenbus.sse_edge.errors import HANDLERS
 from tokenbus.sse_edge.plumbing.framing import RefuseAmbiguousFraming
@@ -113,6 +123,14 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/v1/conversations", list_conversations, methods=["GET"]),
+            Route("/v1/conversations", create_conversation, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}", retrieve_conversation, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}", update_conversation, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}", delete_conversation, methods=["DELETE"]),
+            Route("/v1/conversations/{conversation_id}/items", list_items, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}/items", add_items, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}/items/{item_id}", retrieve_item, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}/items/{item_id}", delete_item, methods=["DELETE"]),
             Route("/v1/usage", tenant_usage, methods=["GET"]),
             Route("/v1/keys", list_keys, methods=["GET"]),
             Route("/v1/keys", create_key, methods=["POST"]),

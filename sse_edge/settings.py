@@ -135,6 +135,10 @@ class EdgeSettings(BaseSettings):
     # refused), for deployments that may not hold prompts.
     response_ttl_s: int = Field(default=30 * 86_400, ge=1)
     store_responses: bool = True
+    # A conversation object (the Conversations API) is kept this long after it was last written
+    # (made, added to, its metadata set): one in use does not expire. ``store_responses`` false
+    # serves none.
+    conversation_ttl_s: int = Field(default=30 * 86_400, ge=1)
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",

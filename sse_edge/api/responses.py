@@ -34,7 +34,13 @@ from tokenbus.sse_edge.api.chat import (
 from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
-from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, conversation_of, listed_items
+from tokenbus.sse_edge.plumbing.kept_responses import (
+    KeptResponse,
+    chain_of,
+    conversation_of,
+    conversation_turns,
+    listed_items,
+)
 from tokenbus.sse_edge.plumbing.relay import collect_choices
 from tokenbus.sse_edge.plumbing.response_readers import ReaderLease, read_to_the_end, served_frames, serving
 from tokenbus.sse_edge.plumbing.response_relay import Ending, response_frames
@@ -71,6 +77,9 @@ async def create_response(request: Request) -> Response:
         if asked.background:
             raise InvalidRequest("Background responses must be stored, and this deployment stores no responses.",
                                  param="background", code="unsupported_value")
+        if asked.conversation is not None:
+            raise InvalidRequest("This deployment stores no responses, and keeps no conversations.",
+                                 param="conversation", code="unsupported_value")
         asked.store = False  # (and the response says so)
     check_model(edge, key, chat.model)
     response_id, digest = new_response_id(), body_hash(raw)
@@ -91,8 +100,10 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
                   chat: ChatCompletionRequest, response_id: str, digest: str, started: float) -> Response:
     earlier, chain = await previous_turns(edge, key, asked)
     bus_request = to_bus_request(chat, edge, key, response_id)
-    if bus_request.conversation_id is None:  # (a client's metadata.conversation_id names its own)
-        bus_request.conversation_id = chain  # a chain's turns are one conversation; its first is its own
+    # A chain's turns are one conversation (its first names it), and a conversation object's are
+    # its; otherwise a client's metadata.conversation_id names its own.
+    if bus_request.conversation_id is None or asked.conversation_id is not None:
+        bus_request.conversation_id = chain
     own = bus_request.messages
     bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
     turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
@@ -103,7 +114,8 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
         this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
         kept = KeptResponse(edge.responses, key.tenant, listed_items(items), asked.logprobs, earlier,
                             StoredTurn(turn.response_id, bus_request.created_at_ms, tuple(this_turn)),
-                            edge.settings.history_turns, bus_request.conversation_id or turn.response_id)
+                            edge.settings.history_turns, bus_request.conversation_id or turn.response_id,
+                            edge.conversations if asked.conversation_id else None)
         await lease.claim()  # (held before anyone can ask about it)
         await kept.started(in_progress)
     on_end = kept.ended if kept is not None else nothing_kept
@@ -217,7 +229,8 @@ async def frames_from_log(edge: EdgeState, key: ApiKey, response_id: str, respon
     if record.topic and not await edge.bus.router.log_exists(record.topic):
         return None
     stored = await stored_response(edge, key, response_id)
-    kept = KeptResponse.of_stored(edge.responses, stored, edge.settings.history_turns) if stored else None
+    kept = KeptResponse.of_stored(edge.responses, stored, edge.settings.history_turns,
+                                  edge.conversations) if stored else None
     if by_client:
         with contextlib.suppress(redis.RedisError, OSError):
             await edge.streams.attach(response_id)  # a client that went away is back: not cancelled
@@ -246,8 +259,18 @@ async def one_frame(written: bytes) -> AsyncGenerator[bytes, None]:
 
 
 async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) -> tuple[list[StoredTurn], str | None]:
-    """The turns of the chain ``previous_response_id`` ends, and the conversation it is (none
-    without one)."""
+    """The turns of the chain ``previous_response_id`` ends, or of the conversation object the turn
+    is in, and the conversation it is (none without either)."""
+    if asked.conversation_id is not None:
+        try:
+            conversation = await edge.conversations.get(key.tenant, asked.conversation_id)
+        except (redis.RedisError, OSError):
+            raise Unavailable("Conversations are unavailable right now; retry shortly.",
+                              "conversations_unavailable") from None
+        if conversation is None:
+            raise InvalidRequest(f"Conversation with id '{asked.conversation_id}' not found.", param="conversation",
+                                 code="conversation_not_found")
+        return conversation_turns(conversation), conversation.id
     if asked.previous_response_id is None:
         return [], None
     stored = await stored_response(edge, key, asked.previous_response_id)

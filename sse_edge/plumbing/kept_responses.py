@@ -6,7 +6,12 @@ history keeps turns (``StoredTurn``: each turn's input messages and its answer, 
 and, while the response is under way, its own input (``pending``): whoever reads its stream to
 the end (the edge that serves it, or any edge a client resumes it on) can then store it ended. A
 chain is one conversation (``conversation``): named by the client's ``metadata.conversation_id``,
-or its first response's id."""
+or its first response's id.
+
+A turn in a conversation object (the Conversations API's) is prompted with the conversation's
+items (``conversation_turns``), and whoever stores it ended adds its input and output items to
+the conversation (``adds_to``), where it completed (or was cut short by its token limit): a
+failed or cancelled turn adds nothing."""
 
 from __future__ import annotations
 
@@ -19,11 +24,21 @@ import redis.asyncio as redis
 
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn, turn_from_json, turn_to_json
+from tokenbus.sse_edge.protocol.conversations import turn_items
 from tokenbus.sse_edge.protocol.response_objects import item_id, output_text
-from tokenbus.sse_edge.protocol.responses import FunctionCallItem, FunctionCallOutputItem, InputItem
+from tokenbus.sse_edge.protocol.responses import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    chat_messages,
+    parse_items,
+)
+from tokenbus.stores.conversations import ConversationStore, StoredConversation, added_at_ms, group_field
 from tokenbus.stores.responses import ResponseStore, StoredResponse
 
 log = logging.getLogger(__name__)
+
+ADDED_WHEN = ("completed", "incomplete")  # the statuses of a turn whose items its conversation takes
 
 
 def compact(value: Any) -> str:
@@ -42,22 +57,25 @@ class KeptResponse:
     earlier: list[StoredTurn]
     pending: StoredTurn
     chain_turns: int  # the most turns a chain keeps
-    conversation: str  # the conversation the chain is (its first response's id, or the client's)
+    conversation: str  # the conversation the chain is (its first response's id, the client's, a conversation object)
+    adds_to: ConversationStore | None = None  # where ``conversation`` is a conversation object, its store
     has_ended: bool = False  # its reader met its end (and stored it, where Redis allowed)
 
     @classmethod
-    def of_stored(cls, store: ResponseStore, stored: StoredResponse, chain_turns: int) -> KeptResponse | None:
+    def of_stored(cls, store: ResponseStore, stored: StoredResponse, chain_turns: int,
+                  conversations: ConversationStore) -> KeptResponse | None:
         """The keeping of a response stored as it started; None where it has ended."""
         context = json.loads(stored.context)
         if context.get("pending") is None:
             return None
         return cls(store, stored.tenant, stored.input_items, context.get("logprobs", False),
                    [turn_from_json(t) for t in context["turns"]], turn_from_json(context["pending"]), chain_turns,
-                   conversation_of(stored))
+                   conversation_of(stored), conversations if context.get("adds_items") else None)
 
     async def started(self, response: dict[str, Any]) -> None:
         await self._put(response, {"turns": [turn_to_json(t) for t in self.earlier], "logprobs": self.logprobs,
-                                   "conversation": self.conversation, "pending": turn_to_json(self.pending)})
+                                   "conversation": self.conversation, "pending": turn_to_json(self.pending),
+                                   "adds_items": self.adds_to is not None})
 
     async def ended(self, response: dict[str, Any]) -> None:
         """Keep the response as it ended, with the chain's newest turns, this one last."""
@@ -67,6 +85,20 @@ class KeptResponse:
         chain = [*self.earlier, turn][-self.chain_turns:]
         await self._put(response, {"turns": [turn_to_json(t) for t in chain], "logprobs": self.logprobs,
                                    "conversation": self.conversation})
+        if self.adds_to is not None and response["status"] in ADDED_WHEN:
+            await self._add_to_conversation(self.adds_to, response)
+
+    async def _add_to_conversation(self, conversations: ConversationStore, response: dict[str, Any]) -> None:
+        """Under the turn's own group (its start and id): a second reader writes it again, not twice."""
+        try:
+            added = await conversations.put_group(self.conversation, group_field(self.pending.turn_at_ms,
+                                                                                 self.pending.request_id),
+                                                  turn_items(self.items, response))
+        except (redis.RedisError, OSError) as exc:
+            log.warning("could not add response %s to its conversation: %s", response["id"], type(exc).__name__)
+            return
+        if not added:
+            log.info("response %s ended after its conversation was deleted: nothing added", response["id"])
 
     async def _put(self, response: dict[str, Any], context: dict[str, Any]) -> None:
         """The response is answered either way: one that cannot be stored (Redis down) is only
@@ -84,6 +116,24 @@ def chain_of(stored: StoredResponse) -> list[StoredTurn] | None:
     if context.get("pending") is not None:
         return None
     return [turn_from_json(t) for t in context["turns"]]
+
+
+def conversation_turns(stored: StoredConversation) -> list[StoredTurn]:
+    """A conversation's items as the turns a turn in it is prompted with: each group added (a
+    turn's, or items a client added at once) one turn, its messages as the items read."""
+    turns = []
+    for field, items in stored.groups:
+        messages, _ = chat_messages(None, parse_items(json.loads(items), "items"))
+        turns.append(StoredTurn(StoredConversation.group_id(field), added_at_ms(field),
+                                tuple(bus_message(m) for m in messages)))
+    return turns
+
+
+def bus_message(message: dict[str, Any]) -> ChatMessage:
+    """A chat message (chat_messages' shape) as the bus carries it."""
+    calls = tuple(ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+                  for c in message.get("tool_calls", ()))
+    return ChatMessage(message["role"], message.get("content") or "", calls, message.get("tool_call_id"))
 
 
 def conversation_of(stored: StoredResponse) -> str:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
+from tokenbus.sse_edge.protocol.metadata import Metadata
 from tokenbus.stores.batches import Batch
 from tokenbus.stores.files import StoredFile
 
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOW_S = {"24h": 86_400}  # the one window OpenAI offers
-METADATA_PAIRS_MAX = 16  # OpenAI's metadata: 16 pairs, keys of 64 characters, values of 512
 CUSTOM_ID_MAX_CHARS = 512
 
 
@@ -25,15 +25,7 @@ class CreateBatchRequest(BaseModel):
     input_file_id: str = Field(max_length=64)
     endpoint: Literal["/v1/chat/completions", "/v1/completions"]
     completion_window: Literal["24h"]
-    metadata: dict[str, str] | None = None
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_within_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        if metadata is not None and (len(metadata) > METADATA_PAIRS_MAX
-                                     or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items())):
-            raise ValueError(f"at most {METADATA_PAIRS_MAX} pairs, keys of up to 64 characters, values of up to 512")
-        return metadata
+    metadata: Metadata | None = None
 
 
 class BatchLine(BaseModel):

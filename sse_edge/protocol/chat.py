@@ -21,6 +21,7 @@ from tokenbus.schemas.request_checks import (
     TOP_LOGPROBS_MAX,
     logit_bias_problem,
 )
+from tokenbus.sse_edge.protocol.metadata import Metadata
 
 
 class TextContentPart(BaseModel):
@@ -251,7 +252,7 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     modalities: list[str] | None = None
     # OpenAI's request metadata; tokenbus reads `conversation_id` from it to group transcripts.
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     tools: list[ToolParam] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -285,11 +286,9 @@ class ChatCompletionRequest(GenerationRequest):
 
     @field_validator("metadata")
     @classmethod
-    def _openai_metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+    def _conversation_id_is_a_name(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         if value is None:
             return value
-        if len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
-            raise ValueError("at most 16 pairs, keys up to 64 and values up to 512 characters")
         conversation = value.get("conversation_id")
         if conversation is not None and not CONVERSATION_ID.fullmatch(conversation):
             raise ValueError("conversation_id must be 1 to 128 of A-Z a-z 0-9 . _ : -")

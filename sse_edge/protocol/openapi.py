@@ -7,6 +7,11 @@ from typing import Any
 from tokenbus.sse_edge.protocol.batches import CreateBatchRequest
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueRequest
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
+from tokenbus.sse_edge.protocol.conversations import (
+    AddItemsRequest,
+    CreateConversationRequest,
+    UpdateConversationRequest,
+)
 from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
 from tokenbus.sse_edge.protocol.moderations import ModerationRequest
 from tokenbus.sse_edge.protocol.responses import ResponsesRequest
@@ -90,6 +95,12 @@ RESPONSE = {"type": "object", "required": ["id", "object", "created_at", "status
         "input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}}
 
 
+CONVERSATION = {"type": "object", "required": ["id", "object", "created_at", "metadata"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "conversation"}, "created_at": {"type": "integer"},
+    "metadata": {"type": "object", "additionalProperties": {"type": "string"}}}}
+ITEM = {"type": "object", "required": ["id", "type"], "properties": {"id": {"type": "string"}, "type": {"type": "string"}}}
+
+
 def _list_of(item: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": ["object", "data", "has_more"], "properties": {
         "object": {"const": "list"}, "data": {"type": "array", "items": item}, "has_more": {"type": "boolean"},
@@ -105,6 +116,10 @@ def _page_parameters(max_limit: int) -> list[dict[str, Any]]:
 
 def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _body(schema: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
 
 
 def _path_id(name: str) -> list[dict[str, Any]]:
@@ -124,8 +139,7 @@ def _generation(operation: str, request_schema: str, response: dict[str, Any], s
         "operationId": operation, "security": secured,
         "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
                         "schema": {"type": "string", "maxLength": 255}}],
-        "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{request_schema}"}}}},
+        "requestBody": _body(request_schema),
         "responses": {"200": {"description": answered, "content": {"application/json": {"schema": response},
                                                                    "text/event-stream": {"schema": {"type": "string"}}}},
                       **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503)},
@@ -140,13 +154,16 @@ def openapi_spec() -> dict[str, Any]:
     create_batch_schema = CreateBatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     moderation_schema = ModerationRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     responses_schema = ResponsesRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    conversation_schemas = {model.__name__: model.model_json_schema(ref_template="#/components/schemas/{model}")
+                            for model in (CreateConversationRequest, UpdateConversationRequest, AddItemsRequest)}
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
                   "CompletionRequest": text_schema, **text_schema.pop("$defs", {}),
                   "ContinueRequest": continue_schema, **continue_schema.pop("$defs", {}),
                   "CreateKeyRequest": create_key_schema, "ApiKey": API_KEY,
                   "CreateBatchRequest": create_batch_schema, "File": FILE, "Batch": BATCH,
                   "ModerationRequest": moderation_schema, **moderation_schema.pop("$defs", {}),
-                  "ResponsesRequest": responses_schema, **responses_schema.pop("$defs", {})}
+                  "ResponsesRequest": responses_schema, **responses_schema.pop("$defs", {}),
+                  **conversation_schemas, "Conversation": CONVERSATION}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
@@ -234,6 +251,45 @@ def openapi_spec() -> dict[str, Any]:
                 "operationId": "cancelResponse", "security": secured, "parameters": _path_id("response_id"),
                 "description": "Stop a turn's generation now; a response that has ended is left as it is.",
                 "responses": {"200": _json("The response as it ended", RESPONSE), **_errors(401, 404, 503)}}},
+            "/v1/conversations": {"post": {
+                "operationId": "createConversation", "security": secured,
+                "description": "OpenAI's Conversations API: a conversation, with up to 20 items and metadata; a "
+                               "Responses turn naming it is prompted with its items and adds its own once it ends.",
+                "requestBody": _body("CreateConversationRequest"),
+                "responses": {"200": _json("The conversation", CONVERSATION), **_errors(400, 401, 408, 413, 503)}}},
+            "/v1/conversations/{conversation_id}": {
+                "get": {"operationId": "retrieveConversation", "security": secured,
+                        "parameters": _path_id("conversation_id"),
+                        "responses": {"200": _json("The conversation", CONVERSATION), **_errors(400, 401, 404, 503)}},
+                "post": {"operationId": "updateConversation", "security": secured,
+                         "parameters": _path_id("conversation_id"), "requestBody": _body("UpdateConversationRequest"),
+                         "responses": {"200": _json("The conversation, its metadata replaced", CONVERSATION),
+                                       **_errors(400, 401, 404, 408, 413, 503)}},
+                "delete": {"operationId": "deleteConversation", "security": secured,
+                           "parameters": _path_id("conversation_id"),
+                           "responses": {"200": _json("Deleted", {"type": "object"}), **_errors(400, 401, 404, 503)}},
+            },
+            "/v1/conversations/{conversation_id}/items": {
+                "get": {"operationId": "listConversationItems", "security": secured,
+                        "parameters": [*_path_id("conversation_id"), *_page_parameters(100),
+                                       {"name": "order", "in": "query", "required": False,
+                                        "schema": {"enum": ["asc", "desc"]}}],
+                        "responses": {"200": _json("The conversation's items, newest first unless order=asc",
+                                                   _list_of(ITEM)), **_errors(400, 401, 404, 503)}},
+                "post": {"operationId": "createConversationItems", "security": secured,
+                         "parameters": _path_id("conversation_id"), "requestBody": _body("AddItemsRequest"),
+                         "responses": {"200": _json("The items added", _list_of(ITEM)),
+                                       **_errors(400, 401, 404, 408, 413, 503)}},
+            },
+            "/v1/conversations/{conversation_id}/items/{item_id}": {
+                "get": {"operationId": "retrieveConversationItem", "security": secured,
+                        "parameters": [*_path_id("conversation_id"), *_path_id("item_id")],
+                        "responses": {"200": _json("The item", ITEM), **_errors(400, 401, 404, 503)}},
+                "delete": {"operationId": "deleteConversationItem", "security": secured,
+                           "parameters": [*_path_id("conversation_id"), *_path_id("item_id")],
+                           "responses": {"200": _json("The conversation, the item taken out", CONVERSATION),
+                                         **_errors(400, 401, 404, 503)}},
+            },
             "/v1/models": {"get": {"operationId": "listModels", "security": secured, "responses": {
                 "200": {"description": "Models this key may use",
                         "content": {"application/json": {"schema": MODEL_LIST}}}, **_errors(401)}}},
@@ -270,8 +326,7 @@ def openapi_spec() -> dict[str, Any]:
                 "operationId": "createModeration", "security": secured,
                 "description": "Each text decided by the edge's moderation policy as a prompt on the key's tier: "
                                "the policy's categories, flagged unless the decision is `allow` (`action`).",
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/ModerationRequest"}}}},
+                "requestBody": _body("ModerationRequest"),
                 "responses": {"200": _json("One result an input", MODERATION), **_errors(400, 401, 408, 413, 429)}}},
             "/v1/files": {
                 "post": {"operationId": "createFile", "security": secured,
@@ -306,8 +361,7 @@ def openapi_spec() -> dict[str, Any]:
                 "post": {"operationId": "createBatch", "security": secured,
                          "description": "Run an uploaded file's requests at the batch tier; a file with a bad line "
                                         "fails whole (status `failed`, its lines named in `errors`).",
-                         "requestBody": {"required": True, "content": {"application/json": {
-                             "schema": {"$ref": "#/components/schemas/CreateBatchRequest"}}}},
+                         "requestBody": _body("CreateBatchRequest"),
                          "responses": {"200": _json("The batch", BATCH), **_errors(400, 401, 404, 408, 413, 503)}},
                 "get": {"operationId": "listBatches", "security": secured, "parameters": _page_parameters(100),
                         "responses": {"200": _json("The tenant's batches, newest first", _list_of(BATCH)),

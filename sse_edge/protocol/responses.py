@@ -4,7 +4,7 @@ and the stream's events are response_objects.py's. Nothing here knows about Kafk
 
 What a Responses request adds to a chat's is its shapes (``input`` items, flat function tools,
 ``text.format``, ``instructions``) and state kept between turns (``store``, ``previous_response_id``,
-served at the edge); the generation itself is a chat turn's. Hosted tools (web search, file
+``conversation``, served at the edge); the generation itself is a chat turn's. Hosted tools (web search, file
 search, computer use, MCP, ...) and non-text input are not served: a request that asks for one
 gets a 400 naming it."""
 
@@ -21,7 +21,6 @@ from tokenbus.sse_edge.errors import ApiError, InvalidRequest, from_validation_e
 # non-text input, which are refused where they appear).
 RESPONSES_UNSUPPORTED = {
     "prompt": "stored prompt templates",
-    "conversation": "OpenAI's conversation objects (chain turns with previous_response_id)",
     "max_tool_calls": "a cap on tool calls (parallel_tool_calls: false allows one)",
 }
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -91,6 +90,10 @@ class TextFormat(BaseModel):
     strict: bool | None = None
 
 
+class ConversationRef(BaseModel):
+    id: str = Field(min_length=1, max_length=64)
+
+
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")  # verbosity: the models here have one
 
@@ -118,6 +121,9 @@ class ResponsesRequest(BaseModel):
     # or read its stream, later).
     background: bool = False
     previous_response_id: str | None = None
+    # A conversation object (Conversations API): its items are the turn's context, and the turn's
+    # input and output are added to it once it ends.
+    conversation: str | ConversationRef | None = None
     metadata: dict[str, str] | None = None
     text: TextConfig | None = None
     user: str | None = Field(default=None, max_length=256)
@@ -134,6 +140,20 @@ class ResponsesRequest(BaseModel):
             raise ValueError("background responses must be stored (store: true)")
         return value
 
+    @field_validator("conversation")
+    @classmethod
+    def _conversation_alone(cls, value: str | ConversationRef | None,
+                            info: ValidationInfo) -> str | ConversationRef | None:
+        if value is not None and info.data.get("previous_response_id") is not None:  # OpenAI's rule
+            raise ValueError("a turn continues a conversation or a previous response, not both")
+        if value is not None and info.data.get("store") is False:
+            raise ValueError("a turn in a conversation is stored (store: true)")
+        return value
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
+
     @property
     def logprobs(self) -> bool:
         return LOGPROBS_INCLUDE in (self.include or [])
@@ -143,6 +163,7 @@ class ResponsesRequest(BaseModel):
         text = self.text.model_dump(by_alias=True, exclude_none=True) if self.text and self.text.format else None
         return {
             "background": self.background, "instructions": self.instructions,
+            "conversation": {"id": self.conversation_id} if self.conversation_id else None,
             "max_output_tokens": self.max_output_tokens,
             "metadata": self.metadata or {}, "parallel_tool_calls": self.parallel_tool_calls is not False,
             "previous_response_id": self.previous_response_id,
@@ -161,25 +182,31 @@ def parse_input_items(request: ResponsesRequest) -> list[InputItem]:
     """The ``input`` as items (text alone is one user message), each checked as its type says."""
     if isinstance(request.input, str):
         return [MessageItem(role="user", content=request.input)]
-    if not request.input:
-        raise InvalidRequest("'input' is empty.", param="input", code="invalid_value")
+    return parse_items(request.input, "input")
+
+
+def parse_items(raw_items: list[dict[str, Any]], param: str) -> list[InputItem]:
+    """Items (a request's ``input``, those added to a conversation), each checked as its type says;
+    an error names the item as the request's ``param`` holds it."""
+    if not raw_items:
+        raise InvalidRequest(f"'{param}' is empty.", param=param, code="invalid_value")
     items: list[InputItem] = []
-    for i, raw in enumerate(request.input):
+    for i, raw in enumerate(raw_items):
         kind = raw.get("type", "message")
         model = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
         if model is None:
             raise InvalidRequest(f"Input items of type '{kind}' are not supported: tokenbus serves messages, "
-                                 "function calls and their outputs.", param=f"input[{i}].type",
+                                 "function calls and their outputs.", param=f"{param}[{i}].type",
                                  code="unsupported_value")
         content = raw.get("content")
         for j, part in enumerate(content if isinstance(content, list) else []):
             if isinstance(part, dict) and part.get("type") not in ("input_text", "output_text"):
                 raise InvalidRequest(f"Content of type '{part.get('type')}' is not supported: tokenbus serves text.",
-                                     param=f"input[{i}].content[{j}].type", code="unsupported_value")
+                                     param=f"{param}[{i}].content[{j}].type", code="unsupported_value")
         try:
             items.append(model.model_validate(raw))
         except ValidationError as exc:
-            raise from_validation_error(exc, within=("input", i)) from None
+            raise from_validation_error(exc, within=(param, i)) from None
     return items
 
 
@@ -200,15 +227,14 @@ def text_of(content: str | list[TextPart]) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def chat_messages(request: ResponsesRequest, items: list[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The chat messages the request's ``instructions`` and input items read as, and for each the
-    parameter it came from (what an error about the message names). Function calls given back
-    join the assistant message before them, as a chat's ``tool_calls``; their outputs are tool
-    messages."""
+def chat_messages(instructions: str | None, items: list[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chat messages ``instructions`` and input items read as, and for each the parameter it
+    came from (what an error about the message names). Function calls given back join the
+    assistant message before them, as a chat's ``tool_calls``; their outputs are tool messages."""
     messages: list[dict[str, Any]] = []
     sources: list[str] = []
-    if request.instructions:
-        messages.append({"role": "system", "content": request.instructions})
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
         sources.append("instructions")
     for i, item in enumerate(items):
         if isinstance(item, FunctionCallItem):
@@ -229,7 +255,7 @@ def chat_messages(request: ResponsesRequest, items: list[InputItem]) -> tuple[li
 def chat_body(request: ResponsesRequest, items: list[InputItem]) -> tuple[dict[str, Any], list[str]]:
     """The chat completion request this Responses request is served as (checked then as a chat's
     is, ``in_responses_terms`` renaming what an error names), and its messages' sources."""
-    messages, sources = chat_messages(request, items)
+    messages, sources = chat_messages(request.instructions, items)
     body: dict[str, Any] = {
         "model": request.model, "messages": messages, "max_completion_tokens": request.max_output_tokens,
         "temperature": request.temperature, "top_p": request.top_p, "metadata": request.metadata,

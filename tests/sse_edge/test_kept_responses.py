@@ -6,9 +6,16 @@ import json
 
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn
-from tokenbus.sse_edge.plumbing.kept_responses import KeptResponse, chain_of, conversation_of, listed_items
+from tokenbus.sse_edge.plumbing.kept_responses import (
+    KeptResponse,
+    chain_of,
+    conversation_of,
+    conversation_turns,
+    listed_items,
+)
 from tokenbus.sse_edge.protocol.response_objects import function_call_item, message_item
 from tokenbus.sse_edge.protocol.responses import FunctionCallOutputItem, MessageItem
+from tokenbus.stores.conversations import ConversationStore, StoredConversation, group_field, new_conversation_id
 from tokenbus.stores.responses import ResponseStore, new_response_id
 
 
@@ -28,7 +35,7 @@ async def test_a_response_started_is_ended_by_any_reader_from_what_was_stored(ea
     assert chain_of(started) is None  # under way: nothing continues it yet
     assert [i["type"] for i in json.loads(started.input_items)] == ["message", "function_call_output"]
 
-    reader = KeptResponse.of_stored(store, started, chain_turns=3)  # another edge, from the store alone
+    reader = KeptResponse.of_stored(store, started, 3, ConversationStore(client, prefix))  # another edge, from the store alone
     assert reader is not None and reader.pending == kept.pending and reader.earlier == earlier
     assert reader.conversation == "resp_first" == conversation_of(started)
     output = [message_item("msg_1", "Let me look.", "completed"),
@@ -36,9 +43,53 @@ async def test_a_response_started_is_ended_by_any_reader_from_what_was_stored(ea
     await reader.ended({"id": response_id, "status": "completed", "output": output})
     ended = await store.get("acme", response_id)
     chain = chain_of(ended)
-    assert KeptResponse.of_stored(store, ended, chain_turns=3) is None  # ended: nothing to finish
+    assert KeptResponse.of_stored(store, ended, 3, ConversationStore(client, prefix)) is None  # ended: nothing to finish
     assert [t.request_id for t in chain] == ["resp_1", "resp_2", response_id]  # the newest 3
     assert chain[-1].messages == (ChatMessage("user", "weather?"),
                                   ChatMessage("assistant", "Let me look.",
                                               (ToolCall("call_1", "weather", '{"city": "Oslo"}'),)))
     assert json.loads(ended.body)["status"] == "completed" and conversation_of(ended) == "resp_first"
+
+
+async def test_a_turn_in_a_conversation_adds_its_items_once_whoever_reads_it_to_the_end(each_redis):
+    """A turn in a conversation object: prompted with its items as turns (calls joined to the
+    assistant's message), and once it ends, its input and output added as one group, under its own
+    start and id, however many readers store its end; a failed turn adds nothing."""
+    client, prefix = each_redis
+    store, conversations = ResponseStore(client, prefix, ttl_s=60), ConversationStore(client, prefix, ttl_s=60)
+    conversation_id = new_conversation_id()
+    made = [message_item("msg_a", "Checking.", "completed"),
+            function_call_item("fc_a", "call_a", "weather", "{}", "completed"),
+            {"id": "fco_a", "type": "function_call_output", "call_id": "call_a", "output": "rain",
+             "status": "completed"}]
+    await conversations.create(StoredConversation(conversation_id, "acme", 1, "{}", [
+        (group_field(1_000, "first"), listed_items([MessageItem(role="user", content="weather?")])),
+        (group_field(2_000, "second"), json.dumps(made))]))
+    [asked, answered] = conversation_turns(await conversations.get("acme", conversation_id))
+    assert (asked.request_id, asked.turn_at_ms, asked.messages) == ("first", 1_000, (ChatMessage("user", "weather?"),))
+    assert answered.messages == (ChatMessage("assistant", "Checking.", (ToolCall("call_a", "weather", "{}"),)),
+                                 ChatMessage("tool", "rain", (), "call_a"))
+
+    response_id = new_response_id()
+    kept = KeptResponse(store, "acme", listed_items([MessageItem(role="user", content="and tomorrow?")]), False,
+                        [asked, answered], StoredTurn(response_id, 3_000, (ChatMessage("user", "and tomorrow?"),)),
+                        chain_turns=8, conversation=conversation_id, adds_to=conversations)
+    await kept.started({"id": response_id, "status": "in_progress", "output": []})
+    response = {"id": response_id, "status": "completed", "output": [message_item("msg_b", "Sun.", "completed")]}
+    await kept.ended(response)
+    again = KeptResponse.of_stored(store, await store.get("acme", response_id), 8, conversations)
+    assert again is None  # ended: a reader after it has nothing to finish
+    second_reader = KeptResponse(store, "acme", kept.items, False, kept.earlier, kept.pending, 8, conversation_id,
+                                 conversations)
+    await second_reader.ended(response)  # (one that raced the first to the end)
+    stored = await conversations.get("acme", conversation_id)
+    assert [StoredConversation.group_id(f) for f, _ in stored.groups] == ["first", "second", response_id]
+    added = json.loads(stored.groups[-1][1])
+    assert [(i["type"], i.get("role")) for i in added] == [("message", "user"), ("message", "assistant")]
+    assert added[1]["id"] == "msg_b" and added[0]["content"][0]["text"] == "and tomorrow?"
+
+    failed_id = new_response_id()
+    failed = KeptResponse(store, "acme", "[]", False, [], StoredTurn(failed_id, 4_000, ()), 8, conversation_id,
+                          conversations)
+    await failed.ended({"id": failed_id, "status": "failed", "output": []})
+    assert len((await conversations.get("acme", conversation_id)).groups) == 3

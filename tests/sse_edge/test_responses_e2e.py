@@ -509,5 +509,11 @@ async def test_an_edge_that_stores_no_responses_serves_each_as_not_stored(stack,
         with pytest.raises(openai.BadRequestError) as refused:
             await client.responses.create(model=MODEL, input="Later.", background=True)
         assert refused.value.body["param"] == "background"
+        with pytest.raises(openai.BadRequestError) as refused:  # nor a conversation kept
+            await client.responses.create(model=MODEL, input="Later.", conversation=f"conv_{uuid.uuid4().hex}")
+        assert refused.value.body["param"] == "conversation"
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.conversations.create()
+        assert refused.value.body["code"] == "conversations_not_stored"
     finally:
         edge.signal(signal.SIGTERM)

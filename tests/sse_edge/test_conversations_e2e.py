@@ -1,0 +1,150 @@
+"""OpenAI's Conversations API through the real embedded stack, with the official openai client: a
+conversation made with items, a Responses turn in it prompted with them and adding its own, items
+listed, added, read and deleted, metadata set, the conversation deleted; a tenant's conversations
+its own; and the errors a client gets for what is refused."""
+
+import uuid
+
+import httpx
+import openai
+import pytest
+from openai.types.conversations import Conversation, ConversationItemList
+from openai.types.responses import Response
+
+from tests.conftest import MODEL, SLOW_MODEL
+from tests.expected import expected_output
+from tests.sse_edge.test_history_e2e import requests_on_the_bus
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture
+def client(edge_url, api_key):
+    return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def said(role: str, text: str) -> dict:
+    return {"role": role, "content": text}
+
+
+async def all_items(client, conversation_id: str) -> list:
+    return [item async for item in client.conversations.items.list(conversation_id, order="asc")]
+
+
+async def test_a_turn_in_a_conversation_is_prompted_with_its_items_and_adds_its_own(client, stack):
+    conversation = await client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "My name is Ada."},
+               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello Ada."}]}],
+        metadata={"topic": "names"})
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "names"}
+
+    first = await client.responses.create(model=MODEL, input="What is my name?", conversation=conversation.id,
+                                          instructions="Be brief.", extra_body={"seed": 41})
+    history = [said("user", "My name is Ada."), said("assistant", "Hello Ada."), said("user", "What is my name?")]
+    expected = await expected_output([said("system", "Be brief."), *history], seed=41)
+    assert first.output_text == expected.text and first.usage.input_tokens == expected.prompt_tokens
+    assert first.conversation.id == conversation.id and first.previous_response_id is None
+
+    items = await all_items(client, conversation.id)  # the turn's input and output, after the items it was made with
+    assert [(i.type, i.role) for i in items] == [("message", "user"), ("message", "assistant"),
+                                                 ("message", "user"), ("message", "assistant")]
+    assert items[2].content[0].text == "What is my name?" and items[3].id == first.output[0].id
+    assert items[3].content[0].text == first.output_text  # (the instructions are not the conversation's)
+
+    # The next turn, streamed, sees all four; on the bus it is keyed by the conversation.
+    stream = await client.responses.create(model=MODEL, input="Say it again.", conversation={"id": conversation.id},
+                                           stream=True, extra_body={"seed": 42})
+    second = [event async for event in stream][-1].response
+    longer = [*history, said("assistant", first.output_text), said("user", "Say it again.")]
+    assert second.output_text == (await expected_output(longer, seed=42)).text
+    assert len(await all_items(client, conversation.id)) == 6
+    published = await requests_on_the_bus(stack, {second.id}, MODEL)
+    assert published[second.id].conversation_id == conversation.id
+
+    newest = await client.conversations.items.list(conversation.id, limit=2)  # newest first, OpenAI's default
+    assert [i.id for i in newest.data] == [second.output[0].id, (await all_items(client, conversation.id))[4].id]
+    assert newest.has_more
+
+
+async def test_items_are_added_read_and_deleted_and_the_next_turn_sees_what_is_left(client):
+    conversation = await client.conversations.create()
+    added = await client.conversations.items.create(conversation.id, items=[
+        {"type": "message", "role": "user", "content": "Remember: the code is 1234."},
+        {"type": "message", "role": "user", "content": "Also: the door is blue."}])
+    assert isinstance(added, ConversationItemList) and len(added.data) == 2
+    code, door = added.data
+    assert (await client.conversations.items.retrieve(door.id, conversation_id=conversation.id)).id == door.id
+
+    left = await client.conversations.items.delete(code.id, conversation_id=conversation.id)
+    assert isinstance(left, Conversation) and left.id == conversation.id
+    with pytest.raises(openai.NotFoundError):
+        await client.conversations.items.retrieve(code.id, conversation_id=conversation.id)
+    answer = await client.responses.create(model=MODEL, input="What do you know?", conversation=conversation.id,
+                                           extra_body={"seed": 43})
+    expected = await expected_output([said("user", "Also: the door is blue."), said("user", "What do you know?")],
+                                     seed=43)
+    assert answer.output_text == expected.text
+
+    updated = await client.conversations.update(conversation.id, metadata={"stage": "2"})
+    assert updated.metadata == {"stage": "2"}
+    assert (await client.conversations.retrieve(conversation.id)).metadata == {"stage": "2"}
+    deleted = await client.conversations.delete(conversation.id)
+    assert deleted.deleted and deleted.id == conversation.id
+    with pytest.raises(openai.NotFoundError):
+        await client.conversations.retrieve(conversation.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model=MODEL, input="Still there?", conversation=conversation.id)
+    assert refused.value.body["param"] == "conversation" and refused.value.body["code"] == "conversation_not_found"
+
+
+async def test_a_turn_that_is_cancelled_adds_nothing_to_its_conversation(client):
+    conversation = await client.conversations.create(items=[{"role": "user", "content": "Count slowly."}])
+    stream = await client.responses.create(model=SLOW_MODEL, input="Go on.", conversation=conversation.id,
+                                           stream=True)
+    events = []
+    async for event in stream:
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    cancelled = await client.responses.cancel(events[0].response.id)
+    assert cancelled.status == "cancelled"
+    assert [e async for e in stream][-1].response.status == "cancelled"
+    assert [i.content[0].text for i in await all_items(client, conversation.id)] == ["Count slowly."]
+
+
+async def test_a_tenants_conversations_are_its_own(client, stack, edge_url):
+    conversation = await client.conversations.create(items=[{"role": "user", "content": "Private."}])
+    other_key = await stack.create_key(f"conv-{uuid.uuid4().hex[:6]}", "standard")
+    other = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=other_key, max_retries=0, timeout=30)
+    with pytest.raises(openai.NotFoundError):
+        await other.conversations.retrieve(conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.conversations.items.list(conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.conversations.delete(conversation.id)
+    with pytest.raises(openai.BadRequestError):
+        await other.responses.create(model=MODEL, input="Read it.", conversation=conversation.id)
+    assert len(await all_items(client, conversation.id)) == 1  # nothing the other tenant did reached it
+
+
+async def test_what_is_refused_gets_an_openai_error_naming_it(edge_url, auth, client):
+    conversation = await client.conversations.create()
+    earlier: Response = await client.responses.create(model=MODEL, input="Hi.", extra_body={"seed": 44})
+    refused = [
+        ("conversation", "/responses", {"model": MODEL, "input": "x", "conversation": conversation.id,
+                                        "previous_response_id": earlier.id}),
+        ("conversation", "/responses", {"model": MODEL, "input": "x", "conversation": conversation.id,
+                                        "store": False}),
+        ("items", "/conversations", {"items": [{"role": "user", "content": "x"}] * 21}),
+        ("items[0].type", f"/conversations/{conversation.id}/items", {"items": [{"type": "reasoning"}]}),
+        ("items[1].content[0].type", f"/conversations/{conversation.id}/items", {"items": [
+            {"role": "user", "content": "x"},
+            {"role": "user", "content": [{"type": "input_image", "image_url": "https://x"}]}]}),
+        ("metadata", "/conversations", {"metadata": {"k": "v" * 513}}),
+    ]
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
+        for param, path, body in refused:
+            answered = await http.post(path, json=body)
+            assert answered.status_code == 400, (param, answered.text)
+            assert answered.json()["error"]["param"] == param, answered.text
+        assert len((await http.get(f"/conversations/{conversation.id}/items")).json()["data"]) == 0

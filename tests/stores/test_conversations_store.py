@@ -1,0 +1,49 @@
+"""The conversation store against the real Redis (one server, and a Redis Cluster): a conversation
+is read back by its tenant only, its groups of items in the order they were added; a group written
+again is one group; a group added to a deleted conversation does not bring it back; and every
+write renews its TTL."""
+
+from tokenbus.stores.conversations import (
+    CONVERSATION_ID,
+    ConversationStore,
+    StoredConversation,
+    group_field,
+    new_conversation_id,
+)
+
+
+async def test_a_conversation_is_its_tenants_with_its_groups_in_the_order_added(each_redis):
+    client, prefix = each_redis
+    conversations = ConversationStore(client, prefix, ttl_s=60)
+    made = StoredConversation(new_conversation_id(), "acme", 1_700_000_000, '{"k": "v"}',
+                              [(group_field(1_700_000_000_000, "first"), '[{"id": "msg_1"}]')])
+    assert CONVERSATION_ID.fullmatch(made.id)
+    await conversations.create(made)
+    assert await conversations.get("acme", made.id) == made
+    assert await conversations.get("globex", made.id) is None
+    assert not await conversations.delete("globex", made.id)
+
+    await client.expire(f"{prefix}conversation:{made.id}", 5)
+    later, earlier = group_field(1_700_000_000_900, "turn-b"), group_field(1_700_000_000_500, "turn-a")
+    assert await conversations.put_group(made.id, later, '[{"id": "msg_3"}]')
+    assert await conversations.put_group(made.id, earlier, '[{"id": "msg_2"}]')
+    assert await conversations.put_group(made.id, later, '[{"id": "msg_3"}]')  # a second reader: the same group
+    assert 5 < await client.ttl(f"{prefix}conversation:{made.id}") <= 60  # renewed by the write
+    stored = await conversations.get("acme", made.id)
+    assert [(StoredConversation.group_id(f), items) for f, items in stored.groups] == [
+        ("first", '[{"id": "msg_1"}]'), ("turn-a", '[{"id": "msg_2"}]'), ("turn-b", '[{"id": "msg_3"}]')]
+
+    await conversations.set_metadata(made.id, "{}")
+    await conversations.remove_group(made.id, earlier)
+    stored = await conversations.get("acme", made.id)
+    assert stored.metadata == "{}" and [StoredConversation.group_id(f) for f, _ in stored.groups] == ["first", "turn-b"]
+    assert await conversations.delete("acme", made.id)
+    assert not await conversations.put_group(made.id, later, "[]")  # a turn ending after the delete adds nothing
+    assert await conversations.get("acme", made.id) is None
+    assert await client.exists(f"{prefix}conversation:{made.id}") == 0
+
+
+async def test_ids_that_are_not_conversation_ids_are_not_looked_up(each_redis):
+    client, prefix = each_redis
+    await client.hset(f"{prefix}conversation:conv_x", mapping={"tenant": "acme", "created_at": "1", "metadata": "{}"})
+    assert await ConversationStore(client, prefix).get("acme", "conv_x") is None
