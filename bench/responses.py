@@ -7,7 +7,9 @@ noisy machine), ``TURNS`` of each, every one the same prompt and seed (so the sa
 - ``responses`` and ``responses_stream``: ``POST /v1/responses``, stored (its default);
 - ``responses_unstored``: ``store: false`` (what storing costs is the difference);
 - ``responses_chained``: ``previous_response_id`` of the kind's turn before (a chain of up to
-  ``CHAIN`` turns, then a new one): loading the chain, and a longer prompt.
+  ``CHAIN`` turns, then a new one): loading the chain, and a longer prompt;
+- ``responses_conversation``: ``conversation``, a conversation object of up to ``CHAIN`` turns
+  (then a new one, made before the turn is timed): loading its items, adding the turn's.
 
 Reported: each kind's latency p50 and p99 and the edge's CPU time per turn (read around each
 turn), and each as a ratio of the chat turn of the same delivery (whole or streamed).
@@ -27,9 +29,10 @@ TURNS = 400
 CHAIN = 8
 PROMPT = "Tell me about the rivers of Europe."
 SIM = SimulatedEngineSettings(seed=1, ttft_ms=5, tokens_per_s=4000, min_tokens=64, max_tokens=64)
-KINDS = ("chat", "chat_stream", "responses", "responses_stream", "responses_unstored", "responses_chained")
+KINDS = ("chat", "chat_stream", "responses", "responses_stream", "responses_unstored", "responses_chained",
+         "responses_conversation")
 REFERENCE = {"chat": "chat", "chat_stream": "chat_stream", "responses": "chat", "responses_stream": "chat_stream",
-             "responses_unstored": "chat", "responses_chained": "chat"}
+             "responses_unstored": "chat", "responses_chained": "chat", "responses_conversation": "chat"}
 
 
 class Turns:
@@ -37,6 +40,15 @@ class Turns:
         self.http = http
         self.previous: str | None = None  # the chain's last response
         self.chained = 0  # turns in the chain
+        self.conversation: str | None = None
+        self.in_conversation = 0  # turns in it
+
+    async def prepare(self, kind: str) -> None:
+        """What a turn needs made before it is timed: a new conversation, once the last is full."""
+        if kind == "responses_conversation" and (self.conversation is None or self.in_conversation == CHAIN):
+            made = await self.http.post("/v1/conversations", json={})
+            made.raise_for_status()
+            self.conversation, self.in_conversation = made.json()["id"], 0
 
     async def one(self, kind: str) -> None:
         if kind.startswith("chat"):
@@ -47,6 +59,9 @@ class Turns:
             path = "/v1/responses"
             if kind == "responses_chained" and self.previous is not None:
                 body["previous_response_id"] = self.previous
+            if kind == "responses_conversation":
+                body["conversation"] = self.conversation
+                self.in_conversation += 1
         if kind.endswith("_stream"):
             async with self.http.stream("POST", path, json={**body, "stream": True}) as streamed:
                 streamed.raise_for_status()
@@ -65,9 +80,11 @@ async def alternate(edge_url: str, api_key: str, edge_pid: int) -> dict[str, dic
     async with httpx.AsyncClient(base_url=edge_url, timeout=60, headers={"Authorization": f"Bearer {api_key}"}) as http:
         turns = Turns(http)
         for kind in KINDS:
+            await turns.prepare(kind)
             await turns.one(kind)  # warm-up
         for _ in range(TURNS):
             for kind in KINDS:
+                await turns.prepare(kind)
                 before, started = cpu_seconds(edge_pid), time.perf_counter()
                 await turns.one(kind)
                 measured[kind]["latency"].append((time.perf_counter() - started) * 1000)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -139,7 +140,8 @@ def added_items(raw: list[dict[str, Any]]) -> str:
 
 
 def item_group_id() -> str:
-    return new_conversation_id().replace("conv_", "items_", 1)
+    """The group of items a client adds at once (a turn's group is named by its response)."""
+    return f"items_{uuid.uuid4().hex}"
 
 
 def last_added_ms(stored: StoredConversation) -> int:
