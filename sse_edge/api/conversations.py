@@ -61,8 +61,7 @@ async def retrieve_conversation(request: Request) -> Response:
 async def update_conversation(request: Request) -> Response:
     edge, _, stored = await tenant_conversation(request)
     asked = parse_body(await body_of(request, edge), UpdateConversationRequest)
-    metadata = compact(asked.metadata)
-    await kept(edge.conversations.set_metadata(stored.id, metadata))
+    await kept(edge.conversations.set_metadata(stored.id, compact(asked.metadata)))
     return JSONResponse({**conversation_object(stored), "metadata": asked.metadata})
 
 
