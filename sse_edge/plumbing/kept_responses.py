@@ -30,6 +30,7 @@ from tokenbus.sse_edge.protocol.responses import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
+    TextPart,
     chat_messages,
     parse_items,
 )
@@ -150,6 +151,11 @@ def answer_message(response: dict[str, Any]) -> ChatMessage:
     return ChatMessage("assistant", text, calls)
 
 
+def listed_part(part: TextPart) -> dict[str, Any]:
+    """A message's text part as OpenAI lists it: an answer's with its (here always no) annotations."""
+    return {"type": part.type, "text": part.text, **({"annotations": []} if part.type == "output_text" else {})}
+
+
 def listed_items(items: list[InputItem]) -> str:
     """Input items as the input item list shows them (JSON): each with an id, a message's content as parts."""
     listed = []
@@ -157,13 +163,13 @@ def listed_items(items: list[InputItem]) -> str:
         if isinstance(item, FunctionCallItem):
             listed.append({"id": item_id("fc"), **item.model_dump(), "status": "completed"})
         elif isinstance(item, FunctionCallOutputItem):
-            output = item.output if isinstance(item.output, str) else [p.model_dump() for p in item.output]
+            output = item.output if isinstance(item.output, str) else [listed_part(p) for p in item.output]
             listed.append({"id": item_id("fco"), "type": item.type, "call_id": item.call_id, "output": output,
                            "status": "completed"})
         else:
-            kind = "output_text" if item.role == "assistant" else "input_text"
-            content = ([{"type": kind, "text": item.content}] if isinstance(item.content, str)
-                       else [p.model_dump() for p in item.content])
+            parts = [TextPart(type="output_text" if item.role == "assistant" else "input_text", text=item.content)] \
+                if isinstance(item.content, str) else item.content
+            content = [listed_part(p) for p in parts]
             listed.append({"id": item_id("msg"), "type": "message", "role": item.role, "content": content,
                            "status": "completed"})
     return compact(listed)

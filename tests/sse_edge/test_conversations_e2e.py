@@ -31,7 +31,7 @@ async def all_items(client, conversation_id: str) -> list:
     return [item async for item in client.conversations.items.list(conversation_id, order="asc")]
 
 
-async def test_a_turn_in_a_conversation_is_prompted_with_its_items_and_adds_its_own(client, stack):
+async def test_a_turn_in_a_conversation_is_prompted_with_its_items_and_adds_its_own(client, stack, edge_url, auth):
     conversation = await client.conversations.create(
         items=[{"type": "message", "role": "user", "content": "My name is Ada."},
                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello Ada."}]}],
@@ -61,6 +61,9 @@ async def test_a_turn_in_a_conversation_is_prompted_with_its_items_and_adds_its_
     published = await requests_on_the_bus(stack, {second.id}, MODEL)
     assert published[second.id].conversation_id == conversation.id
 
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
+        listed = (await http.get(f"/conversations/{conversation.id}/items", params={"order": "asc"})).json()
+    ConversationItemList.model_validate(listed)  # (openai's models, validated: every field as they type it)
     newest = await client.conversations.items.list(conversation.id, limit=2)  # newest first, OpenAI's default
     assert [i.id for i in newest.data] == [second.output[0].id, (await all_items(client, conversation.id))[4].id]
     assert newest.has_more
@@ -148,3 +151,28 @@ async def test_what_is_refused_gets_an_openai_error_naming_it(edge_url, auth, cl
             assert answered.status_code == 400, (param, answered.text)
             assert answered.json()["error"]["param"] == param, answered.text
         assert len((await http.get(f"/conversations/{conversation.id}/items")).json()["data"]) == 0
+
+
+async def test_an_agents_sdk_session_keeps_its_history_in_a_conversation(client):
+    """OpenAI's Agents SDK as it is: an agent on the Responses API whose session is a conversation
+    object (``OpenAIConversationsSession``) reads the session's items before each run, sends them
+    as the run's input and adds the run's new items after; its second run is prompted with the
+    first."""
+    from agents import Agent, ModelSettings, Runner, set_tracing_disabled
+    from agents.memory import OpenAIConversationsSession
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)  # (nothing is sent anywhere but the edge)
+    agent = Agent(name="helper", instructions="Be brief.", model=OpenAIResponsesModel(MODEL, client),
+                  model_settings=ModelSettings(extra_body={"seed": 45}))
+    session = OpenAIConversationsSession(openai_client=client)
+    first = await Runner.run(agent, "My name is Ada.", session=session)
+    second = await Runner.run(agent, "What is my name?", session=session)
+    asked = [said("system", "Be brief."), said("user", "My name is Ada.")]
+    assert first.final_output == (await expected_output(asked, seed=45)).text
+    again = [*asked, said("assistant", first.final_output), said("user", "What is my name?")]
+    assert second.final_output == (await expected_output(again, seed=45)).text
+    items = await all_items(client, session.session_id)
+    assert [(i.role, i.content[0].text) for i in items] == [
+        ("user", "My name is Ada."), ("assistant", first.final_output), ("user", "What is my name?"),
+        ("assistant", second.final_output)]
