@@ -14,6 +14,7 @@ from openai.types.responses import Response
 from tests.conftest import MODEL, SLOW_MODEL
 from tests.expected import expected_output
 from tests.sse_edge.test_history_e2e import requests_on_the_bus
+from tests.sse_edge.test_responses_e2e import until_ended, up_to_the_first_delta
 
 pytestmark = pytest.mark.stack
 
@@ -104,15 +105,22 @@ async def test_a_turn_that_is_cancelled_adds_nothing_to_its_conversation(client)
     conversation = await client.conversations.create(items=[{"role": "user", "content": "Count slowly."}])
     stream = await client.responses.create(model=SLOW_MODEL, input="Go on.", conversation=conversation.id,
                                            stream=True)
-    events = []
-    async for event in stream:
-        events.append(event)
-        if event.type == "response.output_text.delta":
-            break
+    events = await up_to_the_first_delta(stream)
     cancelled = await client.responses.cancel(events[0].response.id)
     assert cancelled.status == "cancelled"
     assert [e async for e in stream][-1].response.status == "cancelled"
     assert [i.content[0].text for i in await all_items(client, conversation.id)] == ["Count slowly."]
+
+
+async def test_a_background_turn_adds_its_items_without_its_client(client):
+    conversation = await client.conversations.create(items=[{"role": "user", "content": "Work on this."}])
+    started = await client.responses.create(model=MODEL, input="Go.", conversation=conversation.id, background=True,
+                                            extra_body={"seed": 46})
+    assert started.status == "in_progress" and started.conversation.id == conversation.id
+    done = await until_ended(client, started.id)
+    expected = await expected_output([said("user", "Work on this."), said("user", "Go.")], seed=46)
+    assert done.status == "completed" and done.output_text == expected.text
+    assert [i.id for i in await all_items(client, conversation.id)][-1] == done.output[0].id
 
 
 async def test_a_tenants_conversations_are_its_own(client, stack, edge_url):

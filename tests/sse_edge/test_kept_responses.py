@@ -75,6 +75,8 @@ async def test_a_turn_in_a_conversation_adds_its_items_once_whoever_reads_it_to_
                         [asked, answered], StoredTurn(response_id, 3_000, (ChatMessage("user", "and tomorrow?"),)),
                         chain_turns=8, conversation=conversation_id, adds_to=conversations)
     await kept.started({"id": response_id, "status": "in_progress", "output": []})
+    taken_over = KeptResponse.of_stored(store, await store.get("acme", response_id), 8, conversations)
+    assert taken_over.adds_to is conversations  # (an edge reading it on from the store alone adds it too)
     response = {"id": response_id, "status": "completed", "output": [message_item("msg_b", "Sun.", "completed")]}
     await kept.ended(response)
     again = KeptResponse.of_stored(store, await store.get("acme", response_id), 8, conversations)

@@ -39,6 +39,16 @@ def another_edge(stack, api_key: str, name: str, reply_partitions: str, env: dic
                                        timeout=30)
 
 
+async def up_to_the_first_delta(stream) -> list:
+    """A stream's events read up to its first text delta (the stream left open)."""
+    events = []
+    async for event in stream:
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    return events
+
+
 @pytest.fixture
 def client(edge_url, api_key):
     return openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=api_key, max_retries=0, timeout=60)
@@ -280,11 +290,7 @@ async def test_an_idempotency_key_answers_a_repeat_with_the_same_response(client
 
 async def test_cancel_stops_a_streamed_turn_and_stores_it_cancelled(client):
     stream = await client.responses.create(model=SLOW_MODEL, input="Take your time.", stream=True)
-    events = []
-    async for event in stream:
-        events.append(event)
-        if event.type == "response.output_text.delta":
-            break
+    events = await up_to_the_first_delta(stream)
     response_id = events[0].response.id
     cancelled = await client.responses.cancel(response_id)
     events += [e async for e in stream]
@@ -336,11 +342,7 @@ async def test_a_background_response_is_generated_without_its_client(client):
     # Streamed in the background: the client may go; the response is generated and stored all the same.
     stream = await client.responses.create(model=SLOW_MODEL, input="Go on without me.", max_output_tokens=30,
                                            background=True, stream=True, extra_body={"seed": 34})
-    events = []
-    async for event in stream:
-        events.append(event)
-        if event.type == "response.output_text.delta":
-            break
+    events = await up_to_the_first_delta(stream)
     await stream.close()
     response_id = events[0].response.id
     with pytest.raises(openai.BadRequestError) as refused:  # (SLOW_MODEL: 30 tokens take 0.6 s)
@@ -435,11 +437,7 @@ async def test_a_streamed_response_whose_client_goes_is_stored_as_it_ended_unask
     is cancelled after the grace window, and the edge that served it, reading on from the log,
     stores the response cancelled, with what was generated; nobody has to ask about it."""
     stream = await client.responses.create(model=SLOW_MODEL, input="Leave me.", stream=True, extra_body={"seed": 38})
-    got = []
-    async for event in stream:
-        got.append(event)
-        if event.type == "response.output_text.delta":
-            break
+    got = await up_to_the_first_delta(stream)
     await stream.close()
     response_id = got[0].response.id
 
