@@ -180,7 +180,11 @@ async def test_an_agents_sdk_session_keeps_its_history_in_a_conversation(client)
     assert first.final_output == (await expected_output(asked, seed=45)).text
     again = [*asked, said("assistant", first.final_output), said("user", "What is my name?")]
     assert second.final_output == (await expected_output(again, seed=45)).text
+    streamed = Runner.run_streamed(agent, "Bye.", session=session)  # the Responses API's events, read by the SDK
+    kinds = {event.type async for event in streamed.stream_events()}
+    last = [*again, said("assistant", second.final_output), said("user", "Bye.")]
+    assert "raw_response_event" in kinds and streamed.final_output == (await expected_output(last, seed=45)).text
     items = await all_items(client, session.session_id)
     assert [(i.role, i.content[0].text) for i in items] == [
         ("user", "My name is Ada."), ("assistant", first.final_output), ("user", "What is my name?"),
-        ("assistant", second.final_output)]
+        ("assistant", second.final_output), ("user", "Bye."), ("assistant", streamed.final_output)]
