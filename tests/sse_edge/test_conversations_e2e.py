@@ -188,3 +188,31 @@ async def test_an_agents_sdk_session_keeps_its_history_in_a_conversation(client)
     assert [(i.role, i.content[0].text) for i in items] == [
         ("user", "My name is Ada."), ("assistant", first.final_output), ("user", "What is my name?"),
         ("assistant", second.final_output), ("user", "Bye."), ("assistant", streamed.final_output)]
+
+
+async def test_an_agent_with_a_tool_in_a_server_managed_conversation(client):
+    """The Agents SDK's server-managed conversation (``Runner.run(..., conversation_id=...)``): each
+    model call sends only what is new, naming the conversation, and the edge prompts it with the
+    conversation's items and adds the turn's. A function tool goes round: the model calls it, the
+    SDK runs it and sends its output, and the next call answers in words."""
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    called = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        called.append(city)
+        return f"rain in {city}"
+
+    agent = Agent(name="forecaster", model=OpenAIResponsesModel(MODEL, client), tools=[get_weather],
+                  model_settings=ModelSettings(extra_body={"seed": 47}))
+    conversation = await client.conversations.create()
+    result = await Runner.run(agent, "Weather in Oslo?", conversation_id=conversation.id)
+    items = await all_items(client, conversation.id)
+    assert len(called) == 1 and result.final_output
+    assert [i.type for i in items] == ["message", "function_call", "function_call_output", "message"]
+    assert items[1].name == "get_weather" and items[2].call_id == items[1].call_id
+    assert items[2].output == f"rain in {called[0]}" and items[3].content[0].text == result.final_output
