@@ -25,9 +25,13 @@ class RedisCluster:
         for port in self.ports:
             folder = root / str(port)
             folder.mkdir(parents=True)
+            # The cluster bus port is named too: by default it is the port + 10000, which lands in
+            # the range outgoing connections take their ports from, and a node whose bus port is
+            # taken does not start.
             self._processes.append(subprocess.Popen(
-                [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no"],
+                [server, "--port", str(port), "--cluster-port", str(free_port()), "--bind", "127.0.0.1",
+                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--save", "",
+                 "--appendonly", "no"],
                 cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     @property
