@@ -8,7 +8,7 @@ import uuid
 import httpx
 import openai
 import pytest
-from openai.types.conversations import Conversation, ConversationItemList
+from openai.types.conversations import Conversation, ConversationDeletedResource, ConversationItemList
 from openai.types.responses import Response
 
 from tests.conftest import MODEL, SLOW_MODEL
@@ -92,7 +92,10 @@ async def test_items_are_added_read_and_deleted_and_the_next_turn_sees_what_is_l
     updated = await client.conversations.update(conversation.id, metadata={"stage": "2"})
     assert updated.metadata == {"stage": "2"}
     assert (await client.conversations.retrieve(conversation.id)).metadata == {"stage": "2"}
-    deleted = await client.conversations.delete(conversation.id)
+    raw = await client.conversations.with_raw_response.retrieve(conversation.id)
+    Conversation.model_validate(raw.http_response.json())  # (validated as openai's models type it)
+    raw = await client.conversations.with_raw_response.delete(conversation.id)
+    deleted = ConversationDeletedResource.model_validate(raw.http_response.json())
     assert deleted.deleted and deleted.id == conversation.id
     with pytest.raises(openai.NotFoundError):
         await client.conversations.retrieve(conversation.id)

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from openai.pagination import SyncCursorPage
-from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
+from openai.types.responses import Response, ResponseItem, ResponseItemList, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
@@ -165,6 +165,11 @@ async def test_function_calls_and_their_outputs_round_trip(client):
         model=MODEL, previous_response_id=first.id, tools=[FLAT_WEATHER], extra_body={"seed": 11},
         input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "3 C and rain"}])
     assert second.output_text and not [i for i in second.output if i.type == "function_call"]
+    # As typed clients read them (openai's models, validated): the response with its calls, and
+    # the item given back.
+    Response.model_validate((await client.responses.with_raw_response.retrieve(first.id)).http_response.json())
+    given = await client.responses.input_items.with_raw_response.list(second.id)
+    assert ResponseItemList.model_validate(given.http_response.json()).data[0].type == "function_call_output"
 
     # The same, stateless: the calls and their outputs given back as input items (store off).
     streamed = await client.responses.create(model=MODEL, input=question, tools=[FLAT_WEATHER], stream=True,
