@@ -139,6 +139,9 @@ class EdgeSettings(BaseSettings):
     # (made, added to, its metadata set): one in use does not expire. ``store_responses`` false
     # serves none.
     conversation_ttl_s: int = Field(default=30 * 86_400, ge=1)
+    # The edge reading a stored response holds it this long unless it claims it again (each third
+    # of it, as it reads): an edge that dies leaves it to the next edge asked after this long.
+    reader_lease_s: float = Field(default=10.0, ge=0.3)
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",

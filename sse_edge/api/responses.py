@@ -109,7 +109,7 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
     turn.hooks.background = asked.background
     in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed())
-    kept, lease = None, ReaderLease(edge.responses, response_id)
+    kept, lease = None, ReaderLease(edge.responses, response_id, edge.settings.reader_lease_s)
     if asked.store:
         this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
         kept = KeptResponse(edge.responses, key.tenant, listed_items(items), asked.logprobs, earlier,
@@ -164,7 +164,7 @@ def handing_over(edge: EdgeState, key: ApiKey, response_id: str, response: dict[
 async def read_on(edge: EdgeState, key: ApiKey, response_id: str, response: dict[str, Any], logprobs: bool) -> None:
     """A stored response under way that no reader holds (its client went, or its edge stopped):
     read its stream from the log to the end, here, and store it."""
-    lease = ReaderLease(edge.responses, response_id)
+    lease = ReaderLease(edge.responses, response_id, edge.settings.reader_lease_s)
     if not await lease.claim():
         return
     try:

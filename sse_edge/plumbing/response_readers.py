@@ -2,7 +2,7 @@
 
 A stored response under way is kept as it started (plumbing/kept_responses.py); whoever meets its
 final event stores it ended. One reader at a time holds it, by a lease in the response store that
-it renews while it reads (``ReaderLease``): the edge serving the turn (its stream, or its whole
+it renews while it reads (``ReaderLease``, ``TOKENBUS_EDGE_READER_LEASE_S``): the edge serving the turn (its stream, or its whole
 answer), or, for a background turn, that edge's background reader.
 
 So that no response stays under way for good, a client's reading that stops before the end (the
@@ -27,24 +27,25 @@ from tokenbus.topics import cancel_task
 
 log = logging.getLogger(__name__)
 
-LEASE_S = 10.0  # a reader holds a response this long, unless it claims it again (each third of it)
 READER = f"edge-{uuid.uuid4().hex[:12]}"  # this process, as a reader of stored responses
 
 
 class ReaderLease:
-    """This edge's lease on reading one stored response. Without Redis, no lease can be claimed:
-    the serving edge reads on regardless, and no other edge takes over."""
+    """This edge's lease on reading one stored response, held ``lease_s`` unless claimed again
+    (each third of it, while it reads). Without Redis, no lease can be claimed: the serving edge
+    reads on regardless, and no other edge takes over."""
 
-    __slots__ = ("store", "response_id")
+    __slots__ = ("store", "response_id", "lease_s")
 
-    def __init__(self, store: ResponseStore, response_id: str) -> None:
+    def __init__(self, store: ResponseStore, response_id: str, lease_s: float) -> None:
         self.store = store
         self.response_id = response_id
+        self.lease_s = lease_s
 
     async def claim(self) -> bool:
         """Whether this edge holds the lease now: no other reader held it, or this edge did."""
         try:
-            return await self.store.claim_reader(self.response_id, READER, LEASE_S)
+            return await self.store.claim_reader(self.response_id, READER, self.lease_s)
         except (redis.RedisError, OSError):
             return False
 
@@ -54,7 +55,7 @@ class ReaderLease:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(LEASE_S / 3)
+            await asyncio.sleep(self.lease_s / 3)
             await self.claim()  # (one another edge took after a lapse is read by both: each stores the same end)
 
     @contextlib.asynccontextmanager

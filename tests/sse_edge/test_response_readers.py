@@ -33,7 +33,7 @@ async def holder(client, prefix: str, response_id: str) -> str | None:
 async def test_a_client_that_goes_before_the_end_hands_the_reading_over(each_redis):
     client, prefix = each_redis
     store, response_id = ResponseStore(client, prefix, ttl_s=60), new_response_id()
-    kept, handed, lease = keeping(store, response_id), [], ReaderLease(store, response_id)
+    kept, handed, lease = keeping(store, response_id), [], ReaderLease(store, response_id, 10.0)
     assert await lease.claim()  # (the serving edge claims it as it stores the response started)
     frames = served_frames(frames_of(kept, response_id, ends=True), kept, lambda: handed.append(1), lease)
     assert await anext(frames) == b"created"
@@ -47,7 +47,7 @@ async def test_a_reading_that_met_the_end_hands_nothing_over(each_redis):
     store, response_id = ResponseStore(client, prefix, ttl_s=60), new_response_id()
     kept, handed = keeping(store, response_id), []
     frames = served_frames(frames_of(kept, response_id, ends=True), kept, lambda: handed.append(1),
-                           ReaderLease(store, response_id))
+                           ReaderLease(store, response_id, 10.0))
     assert [f async for f in frames] == [b"created", b"delta", b"completed"]
     assert handed == [] and kept.has_ended and await holder(client, prefix, response_id) is None
     stream_broke = keeping(store, response_id)  # a stream that ends without the response's end (it failed)
@@ -59,7 +59,7 @@ async def test_a_reading_that_met_the_end_hands_nothing_over(each_redis):
 async def test_a_reader_from_the_log_lets_go_when_its_edge_stops(each_redis):
     client, prefix = each_redis
     store, response_id = ResponseStore(client, prefix, ttl_s=60), new_response_id()
-    lease = ReaderLease(store, response_id)
+    lease = ReaderLease(store, response_id, 10.0)
     assert await lease.claim()
     assert not await store.claim_reader(response_id, "edge-other", 1.0)  # held: no other edge reads it
     never_ends = asyncio.Event()

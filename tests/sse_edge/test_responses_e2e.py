@@ -29,6 +29,7 @@ pytestmark = pytest.mark.stack
 
 FLAT_WEATHER = {"type": "function", **WEATHER["function"]}
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+SHORT_LEASE = {"TOKENBUS_EDGE_READER_LEASE_S": "3"}  # an edge to kill: its responses are taken over 3 s after
 
 
 def another_edge(stack, api_key: str, name: str, reply_partitions: str, env: dict[str, str] | None = None):
@@ -411,7 +412,7 @@ async def test_a_stream_resumes_on_another_edge_after_the_first_is_killed(stack,
 async def test_a_background_response_whose_edge_is_killed_is_finished_by_another(stack, edge_url, api_key):
     """The edge reading a background response dies: once its reader's lease lapses, the next edge
     asked about the response reads its stream from the log to the end and stores it."""
-    doomed, first_edge = another_edge(stack, api_key, "edge-background", "3")
+    doomed, first_edge = another_edge(stack, api_key, "edge-background", "3", SHORT_LEASE)
     started = await first_edge.responses.create(model=SLOW_MODEL, input="Work on without me.", max_output_tokens=40,
                                                 background=True, extra_body={"seed": 36})
     doomed.signal(signal.SIGKILL)
@@ -486,7 +487,7 @@ async def test_a_whole_answer_whose_client_goes_is_stored_as_it_ended(stack, edg
 async def test_a_streamed_response_whose_edge_is_killed_is_finished_by_the_next_edge_asked(stack, edge_url, api_key):
     """The edge serving a stored, streamed turn dies and its client does not resume: once the dead
     edge's lease lapses, the next edge asked about the response reads it from the log to the end."""
-    doomed, first_edge = another_edge(stack, api_key, "edge-foreground", "5")
+    doomed, first_edge = another_edge(stack, api_key, "edge-foreground", "5", SHORT_LEASE)
     stream = await first_edge.responses.create(model=SLOW_MODEL, input="Do not wait for me.", max_output_tokens=40,
                                                stream=True, extra_body={"seed": 40})
     first = await anext(aiter(stream))
