@@ -27,7 +27,6 @@ from tokenbus.schemas import (
     TOOL_CHOICE_FUNCTION,
     ChatMessage,
     ChatRequest,
-    ToolCall,
     ToolSpec,
 )
 from tokenbus.sse_edge.api.resume import parse_last_event_id, relay_existing
@@ -45,7 +44,7 @@ from tokenbus.sse_edge.plumbing.relay import Choices, collect_completion, sse_fr
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
-from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ChatMessageParam, GenerationRequest
+from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, GenerationRequest
 from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.settings import EdgeSettings
@@ -317,7 +316,7 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
     return ChatRequest(
         **generation_fields(chat, edge, key, request_id),
         conversation_id=chat.conversation_id,
-        messages=[bus_message(m) for m in chat.messages],
+        messages=[m.on_the_bus() for m in chat.messages],
         tools=[ToolSpec(t.function.name, t.function.description or "",
                         json.dumps(t.function.parameters or EMPTY_PARAMETERS, separators=(",", ":")))
                for t in chat.tools or []],
@@ -331,11 +330,6 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
 
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
-
-
-def bus_message(message: ChatMessageParam) -> ChatMessage:
-    calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or [])
-    return ChatMessage(message.role, message.text(), calls, message.tool_call_id)
 
 
 def tool_choice_of(chat: ChatCompletionRequest) -> str:

@@ -49,7 +49,7 @@ async def create_conversation(request: Request) -> Response:
     conversation_id = new_conversation_id()
     groups = [(group_field(now_ms, conversation_id), added_items(asked.items))] if asked.items else []
     stored = StoredConversation(conversation_id, key.tenant, now_ms // 1000, compact(asked.metadata or {}), groups)
-    await kept(edge.conversations.create(stored))
+    await in_store(edge.conversations.create(stored))
     return JSONResponse(conversation_object(stored))
 
 
@@ -61,13 +61,13 @@ async def retrieve_conversation(request: Request) -> Response:
 async def update_conversation(request: Request) -> Response:
     edge, _, stored = await tenant_conversation(request)
     asked = parse_body(await body_of(request, edge), UpdateConversationRequest)
-    await kept(edge.conversations.set_metadata(stored.id, compact(asked.metadata)))
+    await in_store(edge.conversations.set_metadata(stored.id, compact(asked.metadata)))
     return JSONResponse({**conversation_object(stored), "metadata": asked.metadata})
 
 
 async def delete_conversation(request: Request) -> Response:
     edge, key, stored = await tenant_conversation(request)
-    await kept(edge.conversations.delete(key.tenant, stored.id))
+    await in_store(edge.conversations.delete(key.tenant, stored.id))
     return JSONResponse(deleted_object(stored.id))
 
 
@@ -87,7 +87,7 @@ async def add_items(request: Request) -> Response:
     asked = parse_body(await body_of(request, edge), AddItemsRequest)
     items = added_items(asked.items)
     at_ms = max(int(time.time() * 1000), last_added_ms(stored) + 1)  # (after the last, whatever the clocks)
-    if not await kept(edge.conversations.put_group(stored.id, group_field(at_ms, item_group_id()), items)):
+    if not await in_store(edge.conversations.put_group(stored.id, group_field(at_ms, item_group_id()), items)):
         raise conversation_not_found(stored.id)
     return JSONResponse(list_body(json.loads(items), False))
 
@@ -105,9 +105,9 @@ async def delete_item(request: Request) -> Response:
     field, index, items = find_item(stored, request.path_params["item_id"])
     del items[index]
     if items:
-        await kept(edge.conversations.put_group(stored.id, field, compact(items)))
+        await in_store(edge.conversations.put_group(stored.id, field, compact(items)))
     else:
-        await kept(edge.conversations.remove_group(stored.id, field))
+        await in_store(edge.conversations.remove_group(stored.id, field))
     return JSONResponse(conversation_object(stored))
 
 
@@ -123,7 +123,7 @@ async def served(request: Request) -> tuple[EdgeState, ApiKey]:
 async def tenant_conversation(request: Request) -> tuple[EdgeState, ApiKey, StoredConversation]:
     edge, key = await served(request)
     conversation_id = request.path_params["conversation_id"]
-    stored = await kept(edge.conversations.get(key.tenant, conversation_id))
+    stored = await in_store(edge.conversations.get(key.tenant, conversation_id))
     if stored is None:
         raise conversation_not_found(conversation_id)
     return edge, key, stored
@@ -162,7 +162,7 @@ def conversation_not_found(conversation_id: str) -> NotFound:
                     code="conversation_not_found")
 
 
-async def kept(operation: Awaitable[Stored]) -> Stored:
+async def in_store(operation: Awaitable[Stored]) -> Stored:
     """A store operation, answered as unavailable while Redis is."""
     try:
         return await operation

@@ -31,6 +31,7 @@ from tokenbus.sse_edge.api.chat import (
     start_turn,
     to_bus_request,
 )
+from tokenbus.sse_edge.api.conversations import in_store
 from tokenbus.sse_edge.api.resume import find_stream
 from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
@@ -262,11 +263,7 @@ async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) 
     """The turns of the chain ``previous_response_id`` ends, or of the conversation object the turn
     is in, and the conversation it is (none without either)."""
     if asked.conversation_id is not None:
-        try:
-            conversation = await edge.conversations.get(key.tenant, asked.conversation_id)
-        except (redis.RedisError, OSError):
-            raise Unavailable("Conversations are unavailable right now; retry shortly.",
-                              "conversations_unavailable") from None
+        conversation = await in_store(edge.conversations.get(key.tenant, asked.conversation_id))
         if conversation is None:
             raise InvalidRequest(f"Conversation with id '{asked.conversation_id}' not found.", param="conversation",
                                  code="conversation_not_found")

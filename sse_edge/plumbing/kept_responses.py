@@ -24,6 +24,7 @@ import redis.asyncio as redis
 
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn, turn_from_json, turn_to_json
+from tokenbus.sse_edge.protocol.chat import ChatMessageParam
 from tokenbus.sse_edge.protocol.conversations import turn_items
 from tokenbus.sse_edge.protocol.response_objects import item_id, output_text
 from tokenbus.sse_edge.protocol.responses import (
@@ -126,15 +127,8 @@ def conversation_turns(stored: StoredConversation) -> list[StoredTurn]:
     for field, items in stored.groups:
         messages, _ = chat_messages(None, parse_items(json.loads(items), "items"))
         turns.append(StoredTurn(StoredConversation.group_id(field), added_at_ms(field),
-                                tuple(bus_message(m) for m in messages)))
+                                tuple(ChatMessageParam.model_validate(m).on_the_bus() for m in messages)))
     return turns
-
-
-def bus_message(message: dict[str, Any]) -> ChatMessage:
-    """A chat message (chat_messages' shape) as the bus carries it."""
-    calls = tuple(ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
-                  for c in message.get("tool_calls", ()))
-    return ChatMessage(message["role"], message.get("content") or "", calls, message.get("tool_call_id"))
 
 
 def conversation_of(stored: StoredResponse) -> str:

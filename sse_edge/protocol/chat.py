@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.schemas.request_checks import (
     ALLOWED_TOKEN_IDS_MAX,
     BAD_WORD_CHARS_MAX,
@@ -57,6 +58,11 @@ class ChatMessageParam(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def on_the_bus(self) -> ChatMessage:
+        """The message as a request on the bus carries it."""
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or [])
+        return ChatMessage(self.role, self.text(), calls, self.tool_call_id)
 
 
 class JsonSchemaFormat(BaseModel):
