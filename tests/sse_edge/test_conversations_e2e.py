@@ -13,8 +13,8 @@ from openai.types.responses import Response
 
 from tests.conftest import MODEL, SLOW_MODEL
 from tests.expected import expected_output
+from tests.sse_edge.responses_helpers import until_ended, up_to_the_first_delta
 from tests.sse_edge.test_history_e2e import requests_on_the_bus
-from tests.sse_edge.test_responses_e2e import until_ended, up_to_the_first_delta
 
 pytestmark = pytest.mark.stack
 
