@@ -129,14 +129,16 @@ async def test_a_group_cancel_stops_the_whole_group_and_what_is_fetched_of_it_la
             TokenbusClient(bus, idle_timeout=30) as client:
         group = [await client.submit(request(f"batch_g1-{line}")) for line in range(5)]
         other = await client.submit(request("batch_g2-0", max_tokens=3))
-        await anext(aiter(group[0].events(idle_timeout=30)))  # two of the group hold both slots
+        await anext(aiter(group[0].events(idle_timeout=30)))  # the group holds the slots (two at most)
         await client.cancel(group_cancel_id("batch_g1"), "cancelled with its batch")
         late = await client.submit(request("batch_g1-5"))
         finals = [[r.event async for r in stream.events(idle_timeout=30)][-1] for stream in [*group, late]]
         other_final = [r.event async for r in other.events(idle_timeout=30)][-1]
     assert [f.finish_reason for f in finals] == ["cancelled"] * 6
     assert all(f.completion_tokens < 200 for f in finals) and finals[-1].completion_tokens == 0
-    assert [f.completion_tokens for f in finals[2:]] == [0, 0, 0, 0]  # waiting ones: nothing generated
+    # Those that waited generated nothing: three of the five at least (two slots; the requests sit
+    # on four partitions, so which were fetched first is not the order they were sent in).
+    assert sorted(f.completion_tokens for f in finals[:5])[:3] == [0, 0, 0]
     assert other_final.finish_reason == "length" and other_final.completion_tokens == 3
 
 
