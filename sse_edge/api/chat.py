@@ -32,6 +32,7 @@ from tokenbus.schemas import (
 from tokenbus.sse_edge.api.resume import parse_last_event_id, relay_existing
 from tokenbus.sse_edge.errors import (
     ApiError,
+    ClientClosed,
     Conflict,
     InvalidRequest,
     NotFound,
@@ -101,8 +102,10 @@ async def answer(request: Request, parse: Callable[[bytes, EdgeSettings], Asked]
             return await serve(request, edge, key, made, asked.stream, asked.include_usage, digest, started)
         return await serve(request, edge, key, choice_requests(made, asked.n, request_id), asked.stream,
                            asked.include_usage, digest, started, response_id=request_id, per_prompt=asked.n)
+    except ClientClosed:
+        raise  # its turn goes on for the grace window: a retry with this key takes it up, whole
     except ApiError:
-        if idempotency_key:  # never published: a retry with this key must be able to try again
+        if idempotency_key:  # not published, or failed: a retry with this key must be able to try again
             await edge.streams.release(key.tenant, idempotency_key, request_id)
         raise
 

@@ -33,7 +33,7 @@ from tokenbus.sse_edge.api.chat import (
 )
 from tokenbus.sse_edge.api.conversations import in_store
 from tokenbus.sse_edge.api.resume import find_stream
-from tokenbus.sse_edge.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
+from tokenbus.sse_edge.errors import ApiError, ClientClosed, Conflict, InvalidRequest, NotFound, ServerError, Unavailable
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
 from tokenbus.sse_edge.plumbing.kept_responses import (
     KeptResponse,
@@ -42,7 +42,7 @@ from tokenbus.sse_edge.plumbing.kept_responses import (
     conversation_turns,
     listed_items,
 )
-from tokenbus.sse_edge.plumbing.relay import collect_choices
+from tokenbus.sse_edge.plumbing.relay import collect_choices, unless_disconnected
 from tokenbus.sse_edge.plumbing.response_readers import ReaderLease, read_to_the_end, served_frames, serving
 from tokenbus.sse_edge.plumbing.response_relay import Ending, response_frames
 from tokenbus.sse_edge.plumbing.stream_response import StreamEnd, StreamFormat, sse_response
@@ -91,6 +91,10 @@ async def create_response(request: Request) -> Response:
             return await answered_before(request, edge, key, earlier.request_id, asked.stream)
     try:
         return await respond(request, edge, key, asked, items, chat, response_id, digest, started)
+    except ClientClosed:
+        if idempotency_key and not asked.store:  # (one not stored cannot be taken up: a retry is a new turn)
+            await edge.streams.release(key.tenant, idempotency_key, response_id)
+        raise  # a stored one goes on, and is stored as it ends: a retry with this key is answered it
     except ApiError:
         if idempotency_key:  # not published, or failed: a retry with this key may try again
             await edge.streams.release(key.tenant, idempotency_key, response_id)
@@ -196,11 +200,29 @@ async def answered_before(request: Request, edge: EdgeState, key: ApiKey, respon
     response = json.loads(stored.body)
     if not stream:
         if response["status"] == "in_progress":
-            raise Conflict(f"The response bound to this Idempotency-Key, {response_id}, is still under way; retrieve "
-                           "it once it has ended, or stream it.", param="Idempotency-Key",
-                           code="idempotency_key_in_use")
+            stored = await waited_for(request, edge, key, stored)
         return Response(stored.body, media_type="application/json", headers={REQUEST_ID_HEADER: response_id})
     return await stream_again(request, edge, key, response_id, response, scores_asked(stored), -1)
+
+
+async def waited_for(request: Request, edge: EdgeState, key: ApiKey, stored: StoredResponse) -> StoredResponse:
+    """A stored response under way, once it has ended: its stream read from the log to the end by
+    this client (a turn whose client went is not cancelled while one reads it), then read back."""
+    response = json.loads(stored.body)
+    frames = await frames_from_log(edge, key, stored.id, response, scores_asked(stored), -1)
+    if frames is None:
+        raise NotFound(f"The stream of '{stored.id}' is no longer kept and cannot be read again.",
+                       param="response_id", code="stream_expired")
+    await unless_disconnected(request, read_through(frames))
+    ended = await stored_response(edge, key, stored.id)
+    if ended is None or json.loads(ended.body)["status"] == "in_progress":
+        raise ServerError(f"The response {stored.id} ended, but could not be stored; retrieve it later.")
+    return ended
+
+
+async def read_through(frames: AsyncGenerator[bytes, None]) -> None:
+    async for _ in frames:
+        pass
 
 
 async def stream_again(request: Request, edge: EdgeState, key: ApiKey, response_id: str, response: dict[str, Any],

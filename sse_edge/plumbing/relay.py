@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -21,11 +21,12 @@ from tokenbus.sse_edge.plumbing.metrics import EdgeMetrics
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamEnd, StreamFormat
 from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter, choices_body, completion_body
 from tokenbus.sse_edge.protocol.logprobs import content_logprobs
-from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError
+from tokenbus.topics import STREAM_IDLE, ReplyEvent, ReplyStreamError, cancel_task
 from tokenbus.topics.reply_stream import ROUTER_STOPPED
 
 CLIENT_FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls"}
 REFUSED_AS_ASKED = f"{INVALID_REQUEST}: "
+T = TypeVar("T")
 
 
 def frame(body: dict[str, Any] | str, event_id: str | None = None) -> bytes:
@@ -282,16 +283,11 @@ async def collect_choices(request: Request, events: AsyncGenerator[ReplyEvent, N
                           hooks: RelayHooks) -> list[CollectedChoice]:
     """Every choice's events, delivered whole once each has ended (the hooks told of each final
     event); a client that disconnects first abandons them (``ClientClosed``)."""
-    collecting = asyncio.ensure_future(_collect(events, choices))
-    disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
-    done, _ = await asyncio.wait({collecting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-    disconnected.cancel()
-    if collecting not in done:
-        collecting.cancel()
-        hooks.on_abandoned()
-        raise ClientClosed()
     try:
-        collected = collecting.result()
+        collected = await unless_disconnected(request, _collect(events, choices))
+    except ClientClosed:
+        hooks.on_abandoned()
+        raise
     except ReplyStreamError as exc:
         if exc.code == STREAM_IDLE:
             hooks.on_stalled()
@@ -328,6 +324,19 @@ async def _collect(events: AsyncGenerator[ReplyEvent, None], choices: Choices) -
     finally:
         await events.aclose()
     return [CollectedChoice(events_of) for events_of in delivered.values()]
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """What ``work`` comes to, for a client that waits for it whole; ``ClientClosed`` (the work
+    cancelled) if the client goes first."""
+    working = asyncio.ensure_future(work)
+    disconnected = asyncio.ensure_future(_wait_for_disconnect(request))
+    done, _ = await asyncio.wait({working, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    disconnected.cancel()
+    if working not in done:
+        await cancel_task(working)
+        raise ClientClosed()
+    return working.result()
 
 
 async def _wait_for_disconnect(request: Request) -> None:

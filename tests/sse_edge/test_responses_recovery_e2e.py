@@ -14,10 +14,13 @@ import pytest
 
 from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
+from tests.gpu_consumers.helpers import read_written
 from tests.sse_edge.responses_helpers import another_edge, until_ended, up_to_the_first_delta
 from tests.stream_processors.helpers import eventually
+from tokenbus.schemas import AvroCodec, ChatRequest
 from tokenbus.stores.redis_client import redis_client
 from tokenbus.stores.responses import ResponseStore
+from tokenbus.topics import TopicCatalog
 
 pytestmark = pytest.mark.stack
 
@@ -171,6 +174,40 @@ async def test_a_whole_answer_whose_client_goes_is_stored_as_it_ended(stack, edg
     assert response["status"] == "cancelled" and response["error"] is None
     (message,) = response["output"]
     assert 0 < response["usage"]["output_tokens"] < 300 and message["content"][0]["text"]
+
+
+async def test_a_retry_after_a_timeout_with_the_same_key_gets_the_same_response_whole(stack, edge_url):
+    """A whole answer's client that timed out and retries with the same Idempotency-Key within the
+    grace window gets the response its first request made, once it has ended: not cancelled, and
+    no second turn published. A retry of a response not stored cannot take it up: it is a new turn."""
+    tenant = f"patient-{uuid.uuid4().hex[:8]}"
+    headers = {"Authorization": f"Bearer {await stack.create_key(tenant, 'standard')}"}
+    body = {"model": SLOW_MODEL, "input": "Take your time.", "max_output_tokens": 120}
+    async with httpx.AsyncClient(base_url=f"{edge_url}/v1", timeout=30, headers=headers) as http:
+        once = {"Idempotency-Key": f"slow-{uuid.uuid4().hex}"}
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/responses", json=body, headers=once, timeout=0.5)
+        retried = await http.post("/responses", json=body, headers=once)
+        unstored = {"Idempotency-Key": f"slow-{uuid.uuid4().hex}"}
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/responses", json={**body, "store": False}, headers=unstored, timeout=0.5)
+        anew = await http.post("/responses", json={**body, "store": False}, headers=unstored)
+    assert retried.status_code == 200, retried.text
+    response = retried.json()
+    assert response["status"] == "incomplete" and response["usage"]["output_tokens"] == 120
+    assert response["id"] == retried.headers["x-request-id"]
+    assert anew.status_code == 200 and anew.json()["id"] != response["id"]
+    turns = await published_for(stack, tenant)
+    assert turns.count(response["id"]) == 1 and anew.json()["id"] in turns and len(turns) == 3
+
+
+async def published_for(stack, tenant: str) -> list[str]:
+    """The ids of the tenant's turns published to the slow model's requests topic."""
+    bus = stack.bus_settings()
+    codec = AvroCodec()
+    requests = [codec.decode(r.value, ChatRequest)
+                for r in await read_written(bus, TopicCatalog(bus).requests(SLOW_MODEL, "standard"))]
+    return [r.request_id for r in requests if r.tenant == tenant]
 
 
 async def test_a_streamed_response_whose_edge_is_killed_is_finished_by_the_next_edge_asked(stack, edge_url, api_key):

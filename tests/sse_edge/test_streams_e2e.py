@@ -291,3 +291,26 @@ async def test_a_plain_client_reads_the_default_stream_and_resumes_by_chunk_coun
     expected = await expected_output(body["messages"], seed=33, max_tokens=30, settings=SLOW_SETTINGS)
     assert text_of(before) + text_of(naive_chunks(resumed.text)) == expected.text
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "after_chunks"
+
+
+async def test_a_retry_after_a_timeout_with_the_same_key_gets_the_same_generation_whole(stack, edge_url):
+    """A client whose request timed out (it went away, the generation under way) and who retries
+    with the same Idempotency-Key within the grace window gets that generation, whole: it is not
+    cancelled, and none is published again."""
+    tenant = f"patient-{uuid.uuid4().hex[:8]}"
+    body = {"model": SLOW_MODEL, "messages": [{"role": "user", "content": "take your time"}]}
+    headers = {"Authorization": f"Bearer {await stack.create_key(tenant, 'standard')}",
+               "Idempotency-Key": f"slow-{uuid.uuid4().hex}"}
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(f"{edge_url}{CHAT}", json=body, timeout=0.5)
+        retried = await http.post(f"{edge_url}{CHAT}", json=body)
+    assert retried.status_code == 200, retried.text
+    answer = retried.json()
+    assert answer["usage"]["completion_tokens"] == SLOW_SETTINGS.max_tokens
+    (completion,) = await completions_for(stack, answer["id"])
+    assert not completion.cancelled and completion.completion_tokens == SLOW_SETTINGS.max_tokens
+    bus = stack.bus_settings()
+    codec = AvroCodec()
+    written = [codec.decode(r.value, Completion) for r in await read_written(bus, TopicCatalog(bus).completions)]
+    assert [c.request_id for c in written if c.tenant == tenant] == [answer["id"]]  # one generation, not two
