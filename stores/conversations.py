@@ -7,7 +7,13 @@ One hash a conversation: its tenant, creation time and metadata, and a field per
 A turn adds its group under its own response id and start time: whoever reads the turn to its end
 adds it, and a second reader writes the same field again, not a second group. The store keeps
 each group as the edge's JSON text and reads none of it. Every write renews the conversation's
-TTL: one in use does not expire."""
+TTL: one in use does not expire.
+
+One turn at a time: a turn holds its conversation (fields ``turn`` and ``turn_since_ms``) from
+before it reads the items until whoever reads it to its end adds its group, which lets go of it in
+the same step (``end_turn``); a turn that finds it held is refused, as OpenAI refuses it, unless
+the holder is stale (the edge decides that, and takes it over in one step, ``hold_turn``'s
+``replacing``)."""
 
 from __future__ import annotations
 
@@ -19,6 +25,28 @@ from tokenbus.stores.redis_client import RedisClient
 
 CONVERSATION_ID = re.compile(r"conv_[0-9a-f]{32}")
 GROUP = "group:"
+# Holds a tenant's (ARGV[1]) conversation (KEYS[1]) for the turn ARGV[2], since ARGV[3] (ms), where
+# no turn holds it or ARGV[4] does (the stale holder it replaces); the holder then, nil where the
+# tenant has no such conversation.
+HOLD_TURN = """
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return false end
+local holder = redis.call('HMGET', KEYS[1], 'turn', 'turn_since_ms')
+if holder[1] and holder[1] ~= ARGV[4] then return holder end
+redis.call('HSET', KEYS[1], 'turn', ARGV[2], 'turn_since_ms', ARGV[3])
+return {ARGV[2], ARGV[3]}
+"""
+# Adds a group (field ARGV[2], items ARGV[3]; none where ARGV[2] is empty) to a conversation
+# (KEYS[1]) that exists, and lets go of it where the turn ARGV[4] holds it; renews its TTL (ARGV[1]).
+# 0 where the conversation is gone: nothing brings it back.
+ADD_GROUP = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
+if ARGV[4] ~= '' and redis.call('HGET', KEYS[1], 'turn') == ARGV[4] then
+  redis.call('HDEL', KEYS[1], 'turn', 'turn_since_ms')
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
 
 
 def new_conversation_id() -> str:
@@ -47,11 +75,21 @@ class StoredConversation:
         return field.split(":", 2)[2]
 
 
+@dataclass(frozen=True, slots=True)
+class TurnHolder:
+    """The turn that holds a conversation, and since when (ms)."""
+
+    response_id: str
+    since_ms: int
+
+
 class ConversationStore:
     def __init__(self, client: RedisClient, prefix: str = "tokenbus:", ttl_s: int = 30 * 86_400) -> None:
         self._redis = client
         self._prefix = prefix
         self._ttl_s = ttl_s
+        self._hold_turn = client.register_script(HOLD_TURN)
+        self._add_group = client.register_script(ADD_GROUP)
 
     def _key(self, conversation_id: str) -> str:
         return f"{self._prefix}conversation:{conversation_id}"
@@ -74,11 +112,24 @@ class ConversationStore:
     async def put_group(self, conversation_id: str, field: str, items: str) -> bool:
         """Add (or write again) a group of items; False where the conversation is gone (deleted,
         or expired), which nothing then brings back."""
-        key = self._key(conversation_id)
-        if not await self._redis.exists(key):
-            return False
-        await self._write(conversation_id, {field: items})
-        return True
+        return bool(await self._add_group(keys=[self._key(conversation_id)], args=[self._ttl_s, field, items, ""]))
+
+    async def hold_turn(self, tenant: str, conversation_id: str, response_id: str, now_ms: int,
+                        replacing: str = "") -> TurnHolder | None:
+        """Hold the conversation for a turn, where no turn holds it (or ``replacing`` does); the
+        turn that holds it then (this one, or another), None where the tenant has no such one."""
+        if not CONVERSATION_ID.fullmatch(conversation_id):
+            return None
+        holder = await self._hold_turn(keys=[self._key(conversation_id)],
+                                       args=[tenant, response_id, now_ms, replacing])
+        return TurnHolder(holder[0].decode(), int(holder[1])) if holder else None
+
+    async def end_turn(self, conversation_id: str, response_id: str, group: tuple[str, str] | None) -> bool:
+        """A turn ended: add its ``group`` (field, items), where it adds one, and let go of the
+        conversation in the same step; False where the conversation is gone."""
+        field, items = group or ("", "")
+        return bool(await self._add_group(keys=[self._key(conversation_id)],
+                                          args=[self._ttl_s, field, items, response_id]))
 
     async def set_metadata(self, conversation_id: str, metadata: str) -> None:
         await self._write(conversation_id, {"metadata": metadata})

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from tokenbus.schemas import ChatMessage
 from tokenbus.sse_edge.api.chat import (
     REQUEST_ID_HEADER,
+    Turn,
     check_model,
     claim_idempotency_key,
     prompt_messages,
@@ -57,11 +58,13 @@ from tokenbus.sse_edge.protocol.response_objects import (
 from tokenbus.sse_edge.protocol.responses import InputItem, ResponsesRequest
 from tokenbus.sse_edge.protocol.validation import body_hash, cursor_page, list_order, parse_responses_request, read_body
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
+from tokenbus.stores.conversations import TurnHolder
 from tokenbus.stores.keys import ApiKey
 from tokenbus.stores.responses import StoredResponse, new_response_id
 from tokenbus.topics import replay
 
 CANCEL_WAIT_S = 3.0  # for a cancelled turn's stream to end and store it
+UNSTARTED_AFTER_S = 60  # a turn that holds its conversation but was not stored as started this long never will be
 # The Responses API's clients read SSE: its heartbeat comments are theirs too.
 EVENT_STREAM = StreamFormat(event_ids=True)
 
@@ -103,26 +106,18 @@ async def create_response(request: Request) -> Response:
 
 async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: ResponsesRequest, items: list[InputItem],
                   chat: ChatCompletionRequest, response_id: str, digest: str, started: float) -> Response:
-    earlier, chain = await previous_turns(edge, key, asked)
-    bus_request = to_bus_request(chat, edge, key, response_id)
-    # A chain's turns are one conversation (its first names it), and a conversation object's are
-    # its; otherwise a client's metadata.conversation_id names its own.
-    if bus_request.conversation_id is None or asked.conversation_id is not None:
-        bus_request.conversation_id = chain
-    own = bus_request.messages
-    bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
-    turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
-    turn.hooks.background = asked.background
-    in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed())
-    kept, lease = None, ReaderLease(edge.responses, response_id, edge.settings.reader_lease_s)
-    if asked.store:
-        this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
-        kept = KeptResponse(edge.responses, key.tenant, listed_items(items), asked.logprobs, earlier,
-                            StoredTurn(turn.response_id, bus_request.created_at_ms, tuple(this_turn)),
-                            edge.settings.history_turns, bus_request.conversation_id or turn.response_id,
-                            edge.conversations if asked.conversation_id else None)
-        await lease.claim()  # (held before anyone can ask about it)
-        await kept.started(in_progress)
+    if asked.conversation_id is None:
+        turn, in_progress, kept, lease = await start_response(request, edge, key, asked, items, chat, response_id,
+                                                              digest)
+    else:  # one turn at a time: held from before its items are read until it is stored ended
+        await hold_conversation(edge, key, asked.conversation_id, response_id)
+        try:
+            turn, in_progress, kept, lease = await start_response(request, edge, key, asked, items, chat,
+                                                                  response_id, digest)
+        except BaseException:
+            with contextlib.suppress(redis.RedisError, OSError):
+                await edge.conversations.end_turn(asked.conversation_id, response_id, None)
+            raise
     on_end = kept.ended if kept is not None else nothing_kept
     hand_over = handing_over(edge, key, response_id, in_progress, asked.logprobs)
     if asked.background:
@@ -150,6 +145,34 @@ async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: Respons
     if ending.failure is not None:
         raise ending.failure
     return JSONResponse(response, headers=turn.headers)
+
+
+async def start_response(request: Request, edge: EdgeState, key: ApiKey, asked: ResponsesRequest,
+                         items: list[InputItem], chat: ChatCompletionRequest, response_id: str,
+                         digest: str) -> tuple[Turn, dict[str, Any], KeptResponse | None, ReaderLease]:
+    """Publish the turn, prompted with the turns it continues, and store it as it starts (where
+    it is stored): the turn, the response as it starts, its keeping and its reader's lease."""
+    earlier, chain = await previous_turns(edge, key, asked)
+    bus_request = to_bus_request(chat, edge, key, response_id)
+    # A chain's turns are one conversation (its first names it), and a conversation object's are
+    # its; otherwise a client's metadata.conversation_id names its own.
+    if bus_request.conversation_id is None or asked.conversation_id is not None:
+        bus_request.conversation_id = chain
+    own = bus_request.messages
+    bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
+    turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
+    turn.hooks.background = asked.background
+    in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed())
+    kept, lease = None, ReaderLease(edge.responses, response_id, edge.settings.reader_lease_s)
+    if asked.store:
+        this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions
+        kept = KeptResponse(edge.responses, key.tenant, listed_items(items), asked.logprobs, earlier,
+                            StoredTurn(turn.response_id, bus_request.created_at_ms, tuple(this_turn)),
+                            edge.settings.history_turns, bus_request.conversation_id or turn.response_id,
+                            edge.conversations if asked.conversation_id else None)
+        await lease.claim()  # (held before anyone can ask about it)
+        await kept.started(in_progress)
+    return turn, in_progress, kept, lease
 
 
 async def nothing_kept(response: dict[str, Any]) -> None:
@@ -287,8 +310,7 @@ async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) 
     if asked.conversation_id is not None:
         conversation = await in_store(edge.conversations.get(key.tenant, asked.conversation_id))
         if conversation is None:
-            raise InvalidRequest(f"Conversation with id '{asked.conversation_id}' not found.", param="conversation",
-                                 code="conversation_not_found")
+            raise no_such_conversation(asked.conversation_id)
         return conversation_turns(conversation), conversation.id
     if asked.previous_response_id is None:
         return [], None
@@ -302,6 +324,37 @@ async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) 
         raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' is still in progress.",
                              param="previous_response_id", code="previous_response_in_progress")
     return chain, conversation_of(stored)
+
+
+async def hold_conversation(edge: EdgeState, key: ApiKey, conversation_id: str, response_id: str) -> None:
+    """Hold the conversation for this turn, where no other turn holds it (or one that no longer
+    does): two turns at once would each be prompted without the other."""
+    now_ms = int(time.time() * 1000)
+    holder = await in_store(edge.conversations.hold_turn(key.tenant, conversation_id, response_id, now_ms))
+    if holder is not None and holder.response_id != response_id and await holds_no_more(edge, key, holder, now_ms):
+        holder = await in_store(edge.conversations.hold_turn(key.tenant, conversation_id, response_id, now_ms,
+                                                             replacing=holder.response_id))
+    if holder is None:
+        raise no_such_conversation(conversation_id)
+    if holder.response_id != response_id:  # (as OpenAI refuses it)
+        raise InvalidRequest("Another process is currently operating on this conversation. Please retry in a "
+                             "few seconds.", param="conversation", code="conversation_locked")
+
+
+def no_such_conversation(conversation_id: str) -> InvalidRequest:
+    return InvalidRequest(f"Conversation with id '{conversation_id}' not found.", param="conversation",
+                          code="conversation_not_found")
+
+
+async def holds_no_more(edge: EdgeState, key: ApiKey, holder: TurnHolder, now_ms: int) -> bool:
+    """Whether the turn holding a conversation no longer does: it has ended (whoever stored it was
+    stopped before letting go), or it never got as far as being stored. One under way still does,
+    and is read on here where no reader holds it: it ends, and lets go, without its client."""
+    stored = await stored_response(edge, key, holder.response_id)
+    if stored is None:
+        return now_ms - holder.since_ms >= UNSTARTED_AFTER_S * 1000
+    read_on_if_unread(edge, key, stored)
+    return bool(json.loads(stored.body)["status"] != "in_progress")
 
 
 async def responses_prompt(edge: EdgeState, key: ApiKey, asked: ResponsesRequest, chat: ChatCompletionRequest,

@@ -80,22 +80,25 @@ class KeptResponse:
                                    "adds_items": self.adds_to is not None})
 
     async def ended(self, response: dict[str, Any]) -> None:
-        """Keep the response as it ended, with the chain's newest turns, this one last."""
+        """Keep the response as it ended, with the chain's newest turns, this one last; in a
+        conversation object, end its turn there first: whoever sees the response ended finds the
+        conversation with its items, and free for the next turn."""
         self.has_ended = True
+        if self.adds_to is not None:
+            await self._end_turn(self.adds_to, response)
         turn = StoredTurn(self.pending.request_id, self.pending.turn_at_ms,
                           (*self.pending.messages, answer_message(response)))
         chain = [*self.earlier, turn][-self.chain_turns:]
         await self._put(response, {"turns": [turn_to_json(t) for t in chain], "logprobs": self.logprobs,
                                    "conversation": self.conversation})
-        if self.adds_to is not None and response["status"] in ADDED_WHEN:
-            await self._add_to_conversation(self.adds_to, response)
 
-    async def _add_to_conversation(self, conversations: ConversationStore, response: dict[str, Any]) -> None:
-        """Under the turn's own group (its start and id): a second reader writes it again, not twice."""
+    async def _end_turn(self, conversations: ConversationStore, response: dict[str, Any]) -> None:
+        """Add the turn's items (where it completed) under its own group (its start and id: a second
+        reader writes it again, not twice), and let go of the conversation."""
+        group = (group_field(self.pending.turn_at_ms, self.pending.request_id), turn_items(self.items, response)) \
+            if response["status"] in ADDED_WHEN else None
         try:
-            added = await conversations.put_group(self.conversation, group_field(self.pending.turn_at_ms,
-                                                                                 self.pending.request_id),
-                                                  turn_items(self.items, response))
+            added = await conversations.end_turn(self.conversation, self.pending.request_id, group)
         except (redis.RedisError, OSError) as exc:
             log.warning("could not add response %s to its conversation: %s", response["id"], type(exc).__name__)
             return

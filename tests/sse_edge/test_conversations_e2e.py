@@ -3,6 +3,7 @@ conversation made with items, a Responses turn in it prompted with them and addi
 listed, added, read and deleted, metadata set, the conversation deleted; a tenant's conversations
 its own; and the errors a client gets for what is refused."""
 
+import time
 import uuid
 
 import httpx
@@ -15,6 +16,8 @@ from tests.conftest import MODEL, SLOW_MODEL
 from tests.expected import expected_output
 from tests.sse_edge.responses_helpers import until_ended, up_to_the_first_delta
 from tests.sse_edge.test_history_e2e import requests_on_the_bus
+from tokenbus.stores.conversations import ConversationStore
+from tokenbus.stores.redis_client import redis_client
 
 pytestmark = pytest.mark.stack
 
@@ -124,6 +127,52 @@ async def test_a_background_turn_adds_its_items_without_its_client(client):
     expected = await expected_output([said("user", "Work on this."), said("user", "Go.")], seed=46)
     assert done.status == "completed" and done.output_text == expected.text
     assert [i.id for i in await all_items(client, conversation.id)][-1] == done.output[0].id
+    # Seen ended, it has let go of its conversation: the next turn, at once, is not refused.
+    after = await client.responses.create(model=MODEL, input="Next.", conversation=conversation.id)
+    assert after.status == "completed"
+
+
+async def test_one_turn_at_a_time_in_a_conversation(stack, edge_url):
+    """A turn asked for while another is under way in its conversation is refused, as OpenAI
+    refuses it (each would be prompted without the other); once that one has ended, the next is
+    prompted with it. A turn that holds a conversation but no longer runs does not keep it: one
+    that ended (its reader stopped before letting go), or one never stored as started a minute on."""
+    tenant = f"turns-{uuid.uuid4().hex[:6]}"
+    client = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=await stack.create_key(tenant, "standard"),
+                                max_retries=0, timeout=60)
+    conversation = await client.conversations.create(items=[said("user", "Count slowly.")])
+    stream = await client.responses.create(model=SLOW_MODEL, input="Go on.", conversation=conversation.id,
+                                           stream=True, max_output_tokens=30)
+    events = await up_to_the_first_delta(stream)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model=MODEL, input="Me too.", conversation=conversation.id)
+    assert refused.value.code == "conversation_locked" and refused.value.param == "conversation"
+    events += [e async for e in stream]
+    assert events[-1].response.status == "incomplete"  # (cut short at 30 tokens: its items are added)
+    after = await client.responses.create(model=MODEL, input="Now me.", conversation=conversation.id,
+                                          extra_body={"seed": 47})
+    first_answer = events[-1].response.output_text
+    expected = await expected_output([said("user", "Count slowly."), said("user", "Go on."),
+                                      said("assistant", first_answer), said("user", "Now me.")], seed=47)
+    assert after.output_text == expected.text
+
+    connection = redis_client(stack.settings.redis_url)
+    try:
+        conversations = ConversationStore(connection, stack.settings.redis_prefix)
+        now_ms = int(time.time() * 1000)
+        await conversations.hold_turn(tenant, conversation.id, after.id, now_ms)  # ended, and still holding
+        assert (await client.responses.create(model=MODEL, input="Stale.", conversation=conversation.id)).status \
+            == "completed"
+        await conversations.hold_turn(tenant, conversation.id, "resp_starting", now_ms)  # not stored yet
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model=MODEL, input="Wait.", conversation=conversation.id)
+        assert refused.value.code == "conversation_locked"
+        await conversations.hold_turn(tenant, conversation.id, "resp_never", now_ms - 61_000, replacing="resp_starting")
+        assert (await client.responses.create(model=MODEL, input="Gone.", conversation=conversation.id)).status \
+            == "completed"
+    finally:
+        await connection.aclose()
+    assert len(await all_items(client, conversation.id)) == 1 + 4 * 2  # the refused turns added nothing
 
 
 async def test_a_tenants_conversations_are_its_own(client, stack, edge_url):
