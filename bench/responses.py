@@ -9,7 +9,10 @@ noisy machine), ``TURNS`` of each, every one the same prompt and seed (so the sa
 - ``responses_chained``: ``previous_response_id`` of the kind's turn before (a chain of up to
   ``CHAIN`` turns, then a new one): loading the chain, and a longer prompt;
 - ``responses_conversation``: ``conversation``, a conversation object of up to ``CHAIN`` turns
-  (then a new one, made before the turn is timed): loading its items, adding the turn's.
+  (then a new one, made before the turn is timed): loading its items, holding it for the turn,
+  adding the turn's;
+- ``responses_compact``: ``POST /v1/responses/compact`` of a two-message context: its summary
+  is the turn's 64 tokens, answered whole with the compaction item.
 
 Reported: each kind's latency p50 and p99 and the edge's CPU time per turn (read around each
 turn), and each as a ratio of the chat turn of the same delivery (whole or streamed).
@@ -30,9 +33,11 @@ CHAIN = 8
 PROMPT = "Tell me about the rivers of Europe."
 SIM = SimulatedEngineSettings(seed=1, ttft_ms=5, tokens_per_s=4000, min_tokens=64, max_tokens=64)
 KINDS = ("chat", "chat_stream", "responses", "responses_stream", "responses_unstored", "responses_chained",
-         "responses_conversation")
+         "responses_conversation", "responses_compact")
 REFERENCE = {"chat": "chat", "chat_stream": "chat_stream", "responses": "chat", "responses_stream": "chat_stream",
-             "responses_unstored": "chat", "responses_chained": "chat", "responses_conversation": "chat"}
+             "responses_unstored": "chat", "responses_chained": "chat", "responses_conversation": "chat",
+             "responses_compact": "chat"}
+CONTEXT = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "The Danube, the Rhine and the Loire."}]
 
 
 class Turns:
@@ -54,6 +59,8 @@ class Turns:
         if kind.startswith("chat"):
             body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "seed": 5}
             path = "/v1/chat/completions"
+        elif kind == "responses_compact":
+            body, path = {"model": MODEL, "input": CONTEXT, "seed": 5}, "/v1/responses/compact"
         else:
             body = {"model": MODEL, "input": PROMPT, "seed": 5, "store": kind != "responses_unstored"}
             path = "/v1/responses"

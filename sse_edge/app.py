@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenbus.sse_edge.api.batches import cancel_batch, create_batch, list_batches, retrieve_batch
 from tokenbus.sse_edge.api.cancel import cancel_completion
 from tokenbus.sse_edge.api.chat import chat_completions
+from tokenbus.sse_edge.api.compaction import compact_response
 from tokenbus.sse_edge.api.completions import completions
 from tokenbus.sse_edge.api.console import console, console_root
 from tokenbus.sse_edge.api.continuation import continue_turn
@@ -106,6 +107,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/compact", compact_response, methods=["POST"]),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),

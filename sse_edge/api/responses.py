@@ -152,7 +152,7 @@ async def start_response(request: Request, edge: EdgeState, key: ApiKey, asked: 
                          digest: str) -> tuple[Turn, dict[str, Any], KeptResponse | None, ReaderLease]:
     """Publish the turn, prompted with the turns it continues, and store it as it starts (where
     it is stored): the turn, the response as it starts, its keeping and its reader's lease."""
-    earlier, chain = await previous_turns(edge, key, asked)
+    earlier, chain = await previous_turns(edge, key, asked.conversation_id, asked.previous_response_id)
     bus_request = to_bus_request(chat, edge, key, response_id)
     # A chain's turns are one conversation (its first names it), and a conversation object's are
     # its; otherwise a client's metadata.conversation_id names its own.
@@ -304,24 +304,25 @@ async def one_frame(written: bytes) -> AsyncGenerator[bytes, None]:
     yield StreamEnd(written)
 
 
-async def previous_turns(edge: EdgeState, key: ApiKey, asked: ResponsesRequest) -> tuple[list[StoredTurn], str | None]:
-    """The turns of the chain ``previous_response_id`` ends, or of the conversation object the turn
-    is in, and the conversation it is (none without either)."""
-    if asked.conversation_id is not None:
-        conversation = await in_store(edge.conversations.get(key.tenant, asked.conversation_id))
+async def previous_turns(edge: EdgeState, key: ApiKey, conversation_id: str | None,
+                         previous_response_id: str | None) -> tuple[list[StoredTurn], str | None]:
+    """The turns of the conversation object a turn is in, or of the chain ``previous_response_id``
+    ends, and the conversation it is (none without either)."""
+    if conversation_id is not None:
+        conversation = await in_store(edge.conversations.get(key.tenant, conversation_id))
         if conversation is None:
-            raise no_such_conversation(asked.conversation_id)
+            raise no_such_conversation(conversation_id)
         return conversation_turns(conversation), conversation.id
-    if asked.previous_response_id is None:
+    if previous_response_id is None:
         return [], None
-    stored = await stored_response(edge, key, asked.previous_response_id)
+    stored = await stored_response(edge, key, previous_response_id)
     if stored is None:
-        raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' not found.",
+        raise InvalidRequest(f"Previous response with id '{previous_response_id}' not found.",
                              param="previous_response_id", code="previous_response_not_found")
     chain = chain_of(stored)
     if chain is None:
         read_on_if_unread(edge, key, stored)
-        raise InvalidRequest(f"Previous response with id '{asked.previous_response_id}' is still in progress.",
+        raise InvalidRequest(f"Previous response with id '{previous_response_id}' is still in progress.",
                              param="previous_response_id", code="previous_response_in_progress")
     return chain, conversation_of(stored)
 

@@ -17,10 +17,10 @@ from typing import Any
 from tokenbus.schemas import ChatMessage, estimate_prompt_tokens, message_text
 from tokenbus.sse_edge.errors import InvalidRequest
 from tokenbus.sse_edge.plumbing.history import History, StoredTurn
+from tokenbus.sse_edge.protocol.compaction import SUMMARY_PREFIX
 from tokenbus.sse_edge.settings import EdgeSettings
 
 MESSAGE_OVERHEAD = 4  # tokens a chat template adds around each message (as the estimate counts)
-SUMMARY_PREFIX = "Summary of the earlier conversation: "
 
 
 class ContextWindows:

@@ -25,6 +25,7 @@ import redis.asyncio as redis
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn, turn_from_json, turn_to_json
 from tokenbus.sse_edge.protocol.chat import ChatMessageParam
+from tokenbus.sse_edge.protocol.compaction import CompactionItem
 from tokenbus.sse_edge.protocol.conversations import turn_items
 from tokenbus.sse_edge.protocol.response_objects import item_id, output_text
 from tokenbus.sse_edge.protocol.responses import (
@@ -157,7 +158,9 @@ def listed_items(items: list[InputItem]) -> str:
     """Input items as the input item list shows them (JSON): each with an id, a message's content as parts."""
     listed = []
     for item in items:
-        if isinstance(item, FunctionCallItem):
+        if isinstance(item, CompactionItem):
+            listed.append(item.listed())
+        elif isinstance(item, FunctionCallItem):
             listed.append({"id": item_id("fc"), **item.model_dump(), "status": "completed"})
         elif isinstance(item, FunctionCallOutputItem):
             output = item.output if isinstance(item.output, str) else [listed_part(p) for p in item.output]

@@ -13,6 +13,7 @@ request.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from aiokafka.errors import KafkaError
 
@@ -37,16 +38,27 @@ def needs_summary(history: History, dropped: list[StoredTurn]) -> bool:
 def summary_request(client: TokenbusClient, model: str, key: ApiKey, conversation_id: str, history: History,
                     dropped: list[StoredTurn], max_tokens: int) -> ChatRequest:
     """Ask ``model`` to summarize ``dropped`` (after the conversation's summary so far)."""
-    lines = [f"Summary so far: {history.summary.content}"] if history.summary else []
-    lines += [f"{m.role}: {m.content}" for turn in dropped for m in turn.messages if m.content]
+    so_far = f"Summary so far: {history.summary.content}\n" if history.summary else ""
     newest = dropped[-1]
     return ChatRequest(
         request_id=new_request_id(), model=model, tier=client.settings.tiers[-1], tenant=key.tenant,
         key_id=key.key_id, max_tokens=max_tokens, reply_topic=client.router.reply_topic,
         reply_partition=client.router.reply_partition,
-        messages=[ChatMessage("system", INSTRUCTION), ChatMessage("user", "\n".join(lines))],
+        messages=[ChatMessage("system", INSTRUCTION),
+                  ChatMessage("user", so_far + transcript(m for turn in dropped for m in turn.messages))],
         annotations=summary_annotations(conversation_id, newest.turn_at_ms, newest.request_id),
     )
+
+
+def transcript(messages: Iterable[ChatMessage]) -> str:
+    """Messages as the text a summarizing model reads: a line each, its role first, and a line for
+    each call an assistant made (what a tool answered is a tool message's line)."""
+    lines = []
+    for m in messages:
+        if m.content:
+            lines.append(f"{m.role}: {m.content}")
+        lines += [f"{m.role} called {call.name}({call.arguments})" for call in m.tool_calls]
+    return "\n".join(lines)
 
 
 async def ask_for_summary(client: TokenbusClient, conversations: ConversationHistory, request: ChatRequest) -> None:

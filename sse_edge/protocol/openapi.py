@@ -6,6 +6,7 @@ from typing import Any
 
 from tokenbus.sse_edge.protocol.batches import CreateBatchRequest
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, ContinueRequest
+from tokenbus.sse_edge.protocol.compaction import CompactRequest
 from tokenbus.sse_edge.protocol.completions import CompletionRequest
 from tokenbus.sse_edge.protocol.conversations import (
     AddItemsRequest,
@@ -98,6 +99,9 @@ RESPONSE = {"type": "object", "required": ["id", "object", "created_at", "status
 CONVERSATION = {"type": "object", "required": ["id", "object", "created_at", "metadata"], "properties": {
     "id": {"type": "string"}, "object": {"const": "conversation"}, "created_at": {"type": "integer"},
     "metadata": {"type": "object", "additionalProperties": {"type": "string"}}}}
+COMPACTED = {"type": "object", "required": ["id", "object", "created_at", "output", "usage"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "response.compaction"}, "created_at": {"type": "integer"},
+    "output": {"type": "array", "items": {"type": "object"}}, "usage": {"type": "object"}}}
 ITEM = {"type": "object", "required": ["id", "type"], "properties": {"id": {"type": "string"}, "type": {"type": "string"}}}
 
 
@@ -154,6 +158,7 @@ def openapi_spec() -> dict[str, Any]:
     create_batch_schema = CreateBatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     moderation_schema = ModerationRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     responses_schema = ResponsesRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    compact_schema = CompactRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     conversation_schemas = {model.__name__: model.model_json_schema(ref_template="#/components/schemas/{model}")
                             for model in (CreateConversationRequest, UpdateConversationRequest, AddItemsRequest)}
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
@@ -163,6 +168,7 @@ def openapi_spec() -> dict[str, Any]:
                   "CreateBatchRequest": create_batch_schema, "File": FILE, "Batch": BATCH,
                   "ModerationRequest": moderation_schema, **moderation_schema.pop("$defs", {}),
                   "ResponsesRequest": responses_schema, **responses_schema.pop("$defs", {}),
+                  "CompactRequest": compact_schema, **compact_schema.pop("$defs", {}),
                   **conversation_schemas, "Conversation": CONVERSATION}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
@@ -226,6 +232,14 @@ def openapi_spec() -> dict[str, Any]:
                                "and generated without the client. Function tools only; a repeat with the same "
                                "Idempotency-Key is answered with the stored response, or its stream read again.",
             }},
+            "/v1/responses/compact": {"post": {
+                "operationId": "compactResponse", "security": secured,
+                "description": "OpenAI's compaction: the `input`, the chain `previous_response_id` ends, or both, "
+                               "summarized by the model in one turn (billed as one), answered as every user message "
+                               "then one `compaction` item, which a later turn's input takes in place of them.",
+                "requestBody": _body("CompactRequest"),
+                "responses": {"200": _json("The compacted response (object: response.compaction)", COMPACTED),
+                              **_errors(400, 401, 403, 404, 408, 413, 429, 503)}}},
             "/v1/responses/{response_id}": {
                 "get": {"operationId": "retrieveResponse", "security": secured,
                         "parameters": [*_path_id("response_id"),

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from tokenbus.schemas.request_checks import TEMPERATURE_MAX, TOP_LOGPROBS_MAX
 from tokenbus.sse_edge.errors import ApiError, InvalidRequest, from_validation_error
+from tokenbus.sse_edge.protocol.compaction import SUMMARY_PREFIX, CompactionItem
 
 # Fields of OpenAI's Responses request that tokenbus does not serve (beyond the hosted tools and
 # non-text input, which are refused where they appear).
@@ -62,9 +63,10 @@ class FunctionCallOutputItem(BaseModel):
     output: str | list[TextPart]
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | CompactionItem
 ITEM_TYPES: dict[str, type[InputItem]] = {
-    "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem}
+    "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
+    "compaction": CompactionItem}
 
 
 class FunctionTool(BaseModel):
@@ -178,11 +180,11 @@ class ResponsesRequest(BaseModel):
         }
 
 
-def parse_input_items(request: ResponsesRequest) -> list[InputItem]:
-    """The ``input`` as items (text alone is one user message), each checked as its type says."""
-    if isinstance(request.input, str):
-        return [MessageItem(role="user", content=request.input)]
-    return parse_items(request.input, "input")
+def parse_input_items(given: str | list[dict[str, Any]]) -> list[InputItem]:
+    """A request's ``input`` as items (text alone is one user message), each checked as its type says."""
+    if isinstance(given, str):
+        return [MessageItem(role="user", content=given)]
+    return parse_items(given, "input")
 
 
 def parse_items(raw_items: list[dict[str, Any]], param: str) -> list[InputItem]:
@@ -196,7 +198,7 @@ def parse_items(raw_items: list[dict[str, Any]], param: str) -> list[InputItem]:
         model = ITEM_TYPES.get(kind) if isinstance(kind, str) else None
         if model is None:
             raise InvalidRequest(f"Input items of type '{kind}' are not supported: tokenbus serves messages, "
-                                 "function calls and their outputs.", param=f"{param}[{i}].type",
+                                 "function calls and their outputs, and compactions.", param=f"{param}[{i}].type",
                                  code="unsupported_value")
         content = raw.get("content")
         for j, part in enumerate(content if isinstance(content, list) else []):
@@ -230,7 +232,8 @@ def text_of(content: str | list[TextPart]) -> str:
 def chat_messages(instructions: str | None, items: list[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
     """The chat messages ``instructions`` and input items read as, and for each the parameter it
     came from (what an error about the message names). Function calls given back join the
-    assistant message before them, as a chat's ``tool_calls``; their outputs are tool messages."""
+    assistant message before them, as a chat's ``tool_calls``; their outputs are tool messages; a
+    compaction is the system message of its summary."""
     messages: list[dict[str, Any]] = []
     sources: list[str] = []
     if instructions:
@@ -246,6 +249,8 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> tuple[lis
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text_of(item.output)})
+        elif isinstance(item, CompactionItem):
+            messages.append({"role": "system", "content": SUMMARY_PREFIX + item.summary})
         else:
             messages.append({"role": item.role, "content": text_of(item.content)})
         sources.append(f"input[{i}]")

@@ -143,7 +143,7 @@ def parse_responses_request(raw: bytes, settings: EdgeSettings) -> tuple[Respons
     body = json_object(raw)
     reject_unsupported(body, RESPONSES_UNSUPPORTED)
     asked = parse_body(body, ResponsesRequest)
-    items = parse_input_items(asked)
+    items = parse_input_items(asked.input)
     chat, sources = chat_body(asked, items)
     try:
         return asked, items, chat_request_of(chat, settings)

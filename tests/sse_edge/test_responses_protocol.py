@@ -22,7 +22,7 @@ EVENTS = TypeAdapter(ResponseStreamEvent)
 
 def chat_of(body: dict) -> tuple[dict, list[str]]:
     asked = ResponsesRequest.model_validate({"model": "m", **body})
-    return chat_body(asked, parse_input_items(asked))
+    return chat_body(asked, parse_input_items(asked.input))
 
 
 def test_input_items_read_as_chat_messages_with_calls_joined_to_the_assistant_turn():
@@ -129,5 +129,5 @@ def test_a_response_that_failed_names_it_as_strict_openai_clients_read_it(finish
 ])
 def test_an_input_items_error_names_it_by_its_place_in_the_request(item, param, message):
     with pytest.raises(InvalidRequest) as refused:
-        parse_input_items(ResponsesRequest(model="m", input=[{"role": "user", "content": "hi"}, item]))
+        parse_input_items([{"role": "user", "content": "hi"}, item])
     assert refused.value.param == param and refused.value.message.startswith(message)
