@@ -31,14 +31,9 @@ from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_ke
 from tokenbus.sse_edge.api.models import list_models, retrieve_model
 from tokenbus.sse_edge.api.moderations import moderations
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
-from tokenbus.sse_edge.api.responses import (
-    cancel_response,
-    create_response,
-    delete_response,
-    list_input_items,
-    retrieve_response,
-)
+from tokenbus.sse_edge.api.responses import create_response
 from tokenbus.sse_edge.api.resume import resume_stream
+from tokenbus.sse_edge.api.stored_responses import cancel_response, delete_response, list_input_items, retrieve_response
 from tokenbus.sse_edge.api.transcripts import list_conversations, list_messages
 from tokenbus.sse_edge.api.usage import tenant_usage
 from tokenbus.sse_edge.errors import HANDLERS

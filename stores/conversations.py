@@ -5,7 +5,7 @@ input and output, or the items a client added at once).
 One hash a conversation: its tenant, creation time and metadata, and a field per group,
 ``group:{added_at_ms:013d}:{group_id}`` (so the fields sort in the order the groups were added).
 A turn adds its group under its own response id and start time: whoever reads the turn to its end
-adds it, and a second reader writes the same field again, not a second group. The store keeps
+adds it, and a second reader finds the field written, not a second group. The store keeps
 each group as the edge's JSON text and reads none of it. Every write renews the conversation's
 TTL: one in use does not expire.
 
@@ -36,11 +36,12 @@ redis.call('HSET', KEYS[1], 'turn', ARGV[2], 'turn_since_ms', ARGV[3])
 return {ARGV[2], ARGV[3]}
 """
 # Adds a group (field ARGV[2], items ARGV[3]; none where ARGV[2] is empty) to a conversation
-# (KEYS[1]) that exists, and lets go of it where the turn ARGV[4] holds it; renews its TTL (ARGV[1]).
-# 0 where the conversation is gone: nothing brings it back.
+# (KEYS[1]) that exists, with ARGV[5] (HSET; HSETNX to leave one written before as it is), and
+# lets go of it where the turn ARGV[4] holds it; renews its TTL (ARGV[1]). 0 where the
+# conversation is gone: nothing brings it back.
 ADD_GROUP = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
+if ARGV[2] ~= '' then redis.call(ARGV[5], KEYS[1], ARGV[2], ARGV[3]) end
 if ARGV[4] ~= '' and redis.call('HGET', KEYS[1], 'turn') == ARGV[4] then
   redis.call('HDEL', KEYS[1], 'turn', 'turn_since_ms')
 end
@@ -112,7 +113,8 @@ class ConversationStore:
     async def put_group(self, conversation_id: str, field: str, items: str) -> bool:
         """Add (or write again) a group of items; False where the conversation is gone (deleted,
         or expired), which nothing then brings back."""
-        return bool(await self._add_group(keys=[self._key(conversation_id)], args=[self._ttl_s, field, items, ""]))
+        return bool(await self._add_group(keys=[self._key(conversation_id)],
+                                          args=[self._ttl_s, field, items, "", "HSET"]))
 
     async def hold_turn(self, tenant: str, conversation_id: str, response_id: str, now_ms: int,
                         replacing: str = "") -> TurnHolder | None:
@@ -126,16 +128,14 @@ class ConversationStore:
 
     async def end_turn(self, conversation_id: str, response_id: str, group: tuple[str, str] | None) -> bool:
         """A turn ended: add its ``group`` (field, items), where it adds one, and let go of the
-        conversation in the same step; False where the conversation is gone."""
+        conversation in the same step; False where the conversation is gone. A second reader of
+        the turn leaves the group as the first wrote it (an item deleted since stays deleted)."""
         field, items = group or ("", "")
         return bool(await self._add_group(keys=[self._key(conversation_id)],
-                                          args=[self._ttl_s, field, items, response_id]))
+                                          args=[self._ttl_s, field, items, response_id, "HSETNX"]))
 
     async def set_metadata(self, conversation_id: str, metadata: str) -> None:
         await self._write(conversation_id, {"metadata": metadata})
-
-    async def remove_group(self, conversation_id: str, field: str) -> None:
-        await self._redis.hdel(self._key(conversation_id), field)
 
     async def delete(self, tenant: str, conversation_id: str) -> bool:
         if await self.get(tenant, conversation_id) is None:

@@ -104,10 +104,8 @@ async def delete_item(request: Request) -> Response:
     edge, _, stored = await tenant_conversation(request)
     field, index, items = find_item(stored, request.path_params["item_id"])
     del items[index]
-    if items:
-        await in_store(edge.conversations.put_group(stored.id, field, compact(items)))
-    else:
-        await in_store(edge.conversations.remove_group(stored.id, field))
+    # (a group left empty stays, empty: a turn's second reader, finding it, adds nothing back)
+    await in_store(edge.conversations.put_group(stored.id, field, compact(items)))
     return JSONResponse(conversation_object(stored))
 
 

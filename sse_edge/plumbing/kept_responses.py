@@ -129,6 +129,8 @@ def conversation_turns(stored: StoredConversation) -> list[StoredTurn]:
     turn's, or items a client added at once) one turn, its messages as the items read."""
     turns = []
     for field, items in stored.groups:
+        if items == "[]":  # every item of it deleted
+            continue
         messages, _ = chat_messages(None, parse_items(json.loads(items), "items"))
         turns.append(StoredTurn(StoredConversation.group_id(field), added_at_ms(field),
                                 tuple(ChatMessageParam.model_validate(m).on_the_bus() for m in messages)))

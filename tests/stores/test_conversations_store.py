@@ -28,16 +28,17 @@ async def test_a_conversation_is_its_tenants_with_its_groups_in_the_order_added(
     later, earlier = group_field(1_700_000_000_900, "turn-b"), group_field(1_700_000_000_500, "turn-a")
     assert await conversations.put_group(made.id, later, '[{"id": "msg_3"}]')
     assert await conversations.put_group(made.id, earlier, '[{"id": "msg_2"}]')
-    assert await conversations.put_group(made.id, later, '[{"id": "msg_3"}]')  # a second reader: the same group
+    assert await conversations.put_group(made.id, later, '[{"id": "msg_3"}]')  # written again: the same group
     assert 5 < await client.ttl(f"{prefix}conversation:{made.id}") <= 60  # renewed by the write
     stored = await conversations.get("acme", made.id)
     assert [(StoredConversation.group_id(f), items) for f, items in stored.groups] == [
         ("first", '[{"id": "msg_1"}]'), ("turn-a", '[{"id": "msg_2"}]'), ("turn-b", '[{"id": "msg_3"}]')]
 
     await conversations.set_metadata(made.id, "{}")
-    await conversations.remove_group(made.id, earlier)
+    await conversations.put_group(made.id, earlier, "[]")  # its items deleted
     stored = await conversations.get("acme", made.id)
-    assert stored.metadata == "{}" and [StoredConversation.group_id(f) for f, _ in stored.groups] == ["first", "turn-b"]
+    assert stored.metadata == "{}" and [items for _, items in stored.groups] == ['[{"id": "msg_1"}]', "[]",
+                                                                                 '[{"id": "msg_3"}]']
     assert await conversations.delete("acme", made.id)
     assert not await conversations.put_group(made.id, later, "[]")  # a turn ending after the delete adds nothing
     assert await conversations.get("acme", made.id) is None
@@ -67,7 +68,11 @@ async def test_one_turn_holds_a_conversation_until_it_ends_or_is_replaced_as_sta
     assert await conversations.end_turn(made.id, "resp_a", (field, '[{"id": "msg_1"}]'))
     assert await conversations.hold_turn("acme", made.id, "resp_b", 3_000) == TurnHolder("resp_b", 3_000)
     stored = await conversations.get("acme", made.id)
-    assert [StoredConversation.group_id(f) for f, _ in stored.groups] == ["resp_a"]  # the hold is no item
+    assert stored.groups == [(field, '[{"id": "msg_1"}]')]  # the hold is no item
+    # An item deleted (the group written without it), then a second reader of the turn: still deleted.
+    assert await conversations.put_group(made.id, field, "[]")
+    assert await conversations.end_turn(made.id, "resp_a", (field, '[{"id": "msg_1"}]'))
+    assert (await conversations.get("acme", made.id)).groups == [(field, "[]")]
 
     # A stale holder is replaced only by a caller that names it: two callers, one wins.
     assert await conversations.hold_turn("acme", made.id, "resp_c", 4_000, replacing="resp_a") == TurnHolder(
