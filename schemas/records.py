@@ -8,6 +8,7 @@ conversions; the codec does the bytes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ TOOL_CHOICE_NONE = "none"
 TOOL_CHOICE_AUTO = "auto"
 TOOL_CHOICE_REQUIRED = "required"
 TOOL_CHOICE_FUNCTION = "function"  # the function named by tool_choice_name
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 # OpenAI's response_format types: the answer as the model writes it, a JSON object, or JSON that a
 # request's json_schema describes (an engine constrains its decoding to it, or refuses the request).
@@ -59,6 +61,16 @@ class ToolSpec:
     name: str
     description: str = ""
     parameters: str = "{}"
+
+    @classmethod
+    def of(cls, name: str, description: str | None, parameters: dict[str, Any] | None) -> ToolSpec:
+        """A function as a request's ``tools`` give it (no parameters: an object of none, as OpenAI takes it)."""
+        return cls(name, description or "", json.dumps(parameters or EMPTY_PARAMETERS, separators=(",", ":")))
+
+    @property
+    def text(self) -> str:
+        """What a prompt holds of it, as the estimates count it."""
+        return f"{self.name} {self.description} {self.parameters}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +253,7 @@ class ChatRequest:
     def estimated_prompt_tokens(self) -> int:
         if self.prompt_token_ids:
             return len(self.prompt_token_ids)
-        texts = [message_text(m) for m in self.messages] + [f"{t.name} {t.description} {t.parameters}" for t in self.tools]
+        texts = [message_text(m) for m in self.messages] + [t.text for t in self.tools]
         return estimate_prompt_tokens(texts)
 
     @property

@@ -27,6 +27,7 @@ from tokenbus.sse_edge.api.conversations import (
     update_conversation,
 )
 from tokenbus.sse_edge.api.files import delete_file, file_content, list_files, retrieve_file, upload_file
+from tokenbus.sse_edge.api.input_tokens import count_input_tokens
 from tokenbus.sse_edge.api.keys import create_key, list_keys, own_key, revoke_key
 from tokenbus.sse_edge.api.models import list_models, retrieve_model
 from tokenbus.sse_edge.api.moderations import moderations
@@ -103,6 +104,7 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/responses/compact", compact_response, methods=["POST"]),
+            Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),

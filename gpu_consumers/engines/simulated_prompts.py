@@ -49,7 +49,7 @@ def template_tokens(inp: GenerationInput) -> tuple[list[int], list[int]]:
         return ids, [len(ids)]
     if inp.offers_tools:
         for t in inp.tools:
-            add("function", f"{t.name} {t.description} {t.parameters}")
+            add("function", t.text)
         ends.append(len(ids))
     for m in inp.messages:
         add(m.role, message_text(m))

@@ -320,9 +320,7 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         **generation_fields(chat, edge, key, request_id),
         conversation_id=chat.conversation_id,
         messages=[m.on_the_bus() for m in chat.messages],
-        tools=[ToolSpec(t.function.name, t.function.description or "",
-                        json.dumps(t.function.parameters or EMPTY_PARAMETERS, separators=(",", ":")))
-               for t in chat.tools or []],
+        tools=[ToolSpec.of(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []],
         tool_choice=tool_choice_of(chat),
         tool_choice_name=None if isinstance(chat.tool_choice, str | None) else chat.tool_choice.function.name,
         parallel_tool_calls=chat.parallel_tool_calls is not False,
@@ -330,9 +328,6 @@ def to_bus_request(chat: ChatCompletionRequest, edge: EdgeState, key: ApiKey, re
         add_generation_prompt=chat.add_generation_prompt,
         continue_final_message=chat.continue_final_message,
     )
-
-
-EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
 def tool_choice_of(chat: ChatCompletionRequest) -> str:

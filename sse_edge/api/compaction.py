@@ -19,9 +19,8 @@ from tokenbus.sse_edge.errors import InvalidRequest
 from tokenbus.sse_edge.plumbing.relay import collect_choices
 from tokenbus.sse_edge.plumbing.response_relay import Ending
 from tokenbus.sse_edge.plumbing.summaries import transcript
-from tokenbus.sse_edge.protocol.chat import ChatMessageParam
 from tokenbus.sse_edge.protocol.compaction import INSTRUCTION, CompactRequest, compacted_object
-from tokenbus.sse_edge.protocol.responses import chat_messages, parse_input_items
+from tokenbus.sse_edge.protocol.responses import bus_messages, parse_input_items
 from tokenbus.sse_edge.protocol.validation import body_hash, chat_request_of, json_object, parse_body, read_body
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.responses import new_response_id
@@ -38,9 +37,7 @@ async def compact_response(request: Request) -> Response:
     items = [] if asked.input is None else parse_input_items(asked.input)
     check_model(edge, key, asked.model)
     earlier, conversation = await previous_turns(edge, key, None, asked.previous_response_id)
-    given, _ = chat_messages(asked.instructions, items)
-    compacted = [*(m for turn in earlier for m in turn.messages),
-                 *(ChatMessageParam.model_validate(m).on_the_bus() for m in given)]
+    compacted = [*(m for turn in earlier for m in turn.messages), *bus_messages(asked.instructions, items)]
     chat = chat_request_of({"model": asked.model, "seed": asked.seed,
                             "max_completion_tokens": edge.settings.history_summary_max_tokens,
                             "messages": [{"role": "system", "content": INSTRUCTION},

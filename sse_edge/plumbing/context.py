@@ -41,10 +41,14 @@ class ContextWindows:
         return model in self._windows
 
     def count(self, model: str, messages: Sequence[ChatMessage]) -> int:
+        return self.count_texts(model, [message_text(m) for m in messages])
+
+    def count_texts(self, model: str, texts: Sequence[str]) -> int:
+        """The tokens of a prompt's parts (a message's text, a tool's), each with its template's."""
         tokenizer = self._tokenizers.get(model)
         if tokenizer is None:
-            return estimate_prompt_tokens(message_text(m) for m in messages)
-        return sum(len(tokenizer.encode(message_text(m)).ids) + MESSAGE_OVERHEAD for m in messages)
+            return estimate_prompt_tokens(texts)
+        return sum(len(tokenizer.encode(text).ids) + MESSAGE_OVERHEAD for text in texts)
 
     def decode(self, model: str, token_ids: Sequence[int]) -> str:
         """A prompt given as ``model``'s token ids, as text (special tokens included): what moderation,

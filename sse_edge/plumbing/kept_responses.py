@@ -24,7 +24,6 @@ import redis.asyncio as redis
 
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn, turn_from_json, turn_to_json
-from tokenbus.sse_edge.protocol.chat import ChatMessageParam
 from tokenbus.sse_edge.protocol.compaction import CompactionItem
 from tokenbus.sse_edge.protocol.conversations import turn_items
 from tokenbus.sse_edge.protocol.response_objects import item_id, output_text
@@ -33,7 +32,7 @@ from tokenbus.sse_edge.protocol.responses import (
     FunctionCallOutputItem,
     InputItem,
     TextPart,
-    chat_messages,
+    bus_messages,
     parse_items,
 )
 from tokenbus.stores.conversations import ConversationStore, StoredConversation, added_at_ms, group_field
@@ -131,9 +130,8 @@ def conversation_turns(stored: StoredConversation) -> list[StoredTurn]:
     for field, items in stored.groups:
         if items == "[]":  # every item of it deleted
             continue
-        messages, _ = chat_messages(None, parse_items(json.loads(items), "items"))
         turns.append(StoredTurn(StoredConversation.group_id(field), added_at_ms(field),
-                                tuple(ChatMessageParam.model_validate(m).on_the_bus() for m in messages)))
+                                tuple(bus_messages(None, parse_items(json.loads(items), "items")))))
     return turns
 
 

@@ -15,7 +15,7 @@ from tokenbus.sse_edge.protocol.conversations import (
 )
 from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
 from tokenbus.sse_edge.protocol.moderations import ModerationRequest
-from tokenbus.sse_edge.protocol.responses import ResponsesRequest
+from tokenbus.sse_edge.protocol.responses import InputTokensRequest, ResponsesRequest
 
 ERROR = {
     "type": "object",
@@ -102,6 +102,8 @@ CONVERSATION = {"type": "object", "required": ["id", "object", "created_at", "me
 COMPACTED = {"type": "object", "required": ["id", "object", "created_at", "output", "usage"], "properties": {
     "id": {"type": "string"}, "object": {"const": "response.compaction"}, "created_at": {"type": "integer"},
     "output": {"type": "array", "items": {"type": "object"}}, "usage": {"type": "object"}}}
+INPUT_TOKENS = {"type": "object", "required": ["object", "input_tokens"], "properties": {
+    "object": {"const": "response.input_tokens"}, "input_tokens": {"type": "integer", "minimum": 0}}}
 ITEM = {"type": "object", "required": ["id", "type"], "properties": {"id": {"type": "string"}, "type": {"type": "string"}}}
 
 
@@ -159,6 +161,7 @@ def openapi_spec() -> dict[str, Any]:
     moderation_schema = ModerationRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     responses_schema = ResponsesRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     compact_schema = CompactRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    count_schema = InputTokensRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     conversation_schemas = {model.__name__: model.model_json_schema(ref_template="#/components/schemas/{model}")
                             for model in (CreateConversationRequest, UpdateConversationRequest, AddItemsRequest)}
     components = {"Error": ERROR, "ChatCompletionRequest": request_schema, **request_schema.pop("$defs", {}),
@@ -169,6 +172,7 @@ def openapi_spec() -> dict[str, Any]:
                   "ModerationRequest": moderation_schema, **moderation_schema.pop("$defs", {}),
                   "ResponsesRequest": responses_schema, **responses_schema.pop("$defs", {}),
                   "CompactRequest": compact_schema, **compact_schema.pop("$defs", {}),
+                  "InputTokensRequest": count_schema, **count_schema.pop("$defs", {}),
                   **conversation_schemas, "Conversation": CONVERSATION}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
@@ -240,6 +244,14 @@ def openapi_spec() -> dict[str, Any]:
                 "requestBody": _body("CompactRequest"),
                 "responses": {"200": _json("The compacted response (object: response.compaction)", COMPACTED),
                               **_errors(400, 401, 403, 404, 408, 413, 429, 503)}}},
+            "/v1/responses/input_tokens": {"post": {
+                "operationId": "countInputTokens", "security": secured,
+                "description": "The input tokens a Responses turn would be prompted with (instructions, input, "
+                               "tools, the chain or conversation it continues), counted as the edge counts a prompt "
+                               "against the context window; nothing is published.",
+                "requestBody": _body("InputTokensRequest"),
+                "responses": {"200": _json("The count (object: response.input_tokens)", INPUT_TOKENS),
+                              **_errors(400, 401, 403, 404, 408, 413, 503)}}},
             "/v1/responses/{response_id}": {
                 "get": {"operationId": "retrieveResponse", "security": secured,
                         "parameters": [*_path_id("response_id"),

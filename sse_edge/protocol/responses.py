@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from tokenbus.schemas import ChatMessage
 from tokenbus.schemas.request_checks import TEMPERATURE_MAX, TOP_LOGPROBS_MAX
 from tokenbus.sse_edge.errors import ApiError, InvalidRequest, from_validation_error
+from tokenbus.sse_edge.protocol.chat import ChatMessageParam
 from tokenbus.sse_edge.protocol.compaction import SUMMARY_PREFIX, CompactionItem
 
 # Fields of OpenAI's Responses request that tokenbus does not serve (beyond the hosted tools and
@@ -180,6 +182,33 @@ class ResponsesRequest(BaseModel):
         }
 
 
+class InputTokensRequest(BaseModel):
+    """OpenAI's ``POST /v1/responses/input_tokens``: what a turn would be prompted with (its input,
+    instructions, tools, and the conversation or chain it continues), counted rather than sent."""
+
+    model_config = ConfigDict(extra="ignore")  # text, reasoning, tool_choice, ...: they add no input here
+
+    model: str = Field(min_length=1, max_length=256)
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    conversation: str | ConversationRef | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    truncation: Literal["auto", "disabled"] | None = None
+
+    @field_validator("conversation")
+    @classmethod
+    def _conversation_alone(cls, value: str | ConversationRef | None,
+                            info: ValidationInfo) -> str | ConversationRef | None:
+        if value is not None and info.data.get("previous_response_id") is not None:  # OpenAI's rule
+            raise ValueError("a turn continues a conversation or a previous response, not both")
+        return value
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
+
+
 def parse_input_items(given: str | list[dict[str, Any]]) -> list[InputItem]:
     """A request's ``input`` as items (text alone is one user message), each checked as its type says."""
     if isinstance(given, str):
@@ -212,9 +241,9 @@ def parse_items(raw_items: list[dict[str, Any]], param: str) -> list[InputItem]:
     return items
 
 
-def function_tools(request: ResponsesRequest) -> list[FunctionTool]:
+def function_tools(given: list[dict[str, Any]] | None) -> list[FunctionTool]:
     tools = []
-    for i, raw in enumerate(request.tools or []):
+    for i, raw in enumerate(given or []):
         if raw.get("type") != "function":
             raise InvalidRequest(f"Tools of type '{raw.get('type')}' are not supported: tokenbus serves function "
                                  "tools.", param=f"tools[{i}].type", code="unsupported_value")
@@ -257,6 +286,12 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> tuple[lis
     return messages, sources
 
 
+def bus_messages(instructions: str | None, items: list[InputItem]) -> list[ChatMessage]:
+    """``instructions`` and input items as the messages a turn is prompted with on the bus."""
+    messages, _ = chat_messages(instructions, items)
+    return [ChatMessageParam.model_validate(m).on_the_bus() for m in messages]
+
+
 def chat_body(request: ResponsesRequest, items: list[InputItem]) -> tuple[dict[str, Any], list[str]]:
     """The chat completion request this Responses request is served as (checked then as a chat's
     is, ``in_responses_terms`` renaming what an error names), and its messages' sources."""
@@ -266,7 +301,7 @@ def chat_body(request: ResponsesRequest, items: list[InputItem]) -> tuple[dict[s
         "temperature": request.temperature, "top_p": request.top_p, "metadata": request.metadata,
         "user": request.user, "parallel_tool_calls": request.parallel_tool_calls, "seed": request.seed,
     }
-    tools = function_tools(request)
+    tools = function_tools(request.tools)
     if tools:
         body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                          for t in tools]

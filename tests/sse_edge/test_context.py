@@ -56,3 +56,6 @@ def test_a_configured_tokenizer_counts_exactly(tmp_path):
     text = "The bus carries every token to the edge."
     assert windows.count("m", [ChatMessage("user", text)]) == len(Tokenizer.from_file(str(path)).encode(text).ids) + 4
     assert windows.count("other", [ChatMessage("user", text)]) == len(text) // 4 + 4  # the estimate elsewhere
+    tool = '{"name": "weather", "parameters": {"type": "object"}}'
+    assert windows.count_texts("m", [text, tool]) == windows.count("m", [ChatMessage("user", text)]) + \
+        len(Tokenizer.from_file(str(path)).encode(tool).ids) + 4  # a tool's text as a message's
