@@ -26,6 +26,14 @@ def parse_pairs(value: object) -> object:
     return value
 
 
+def parse_aliases(value: object) -> object:
+    """``gpt-4.1=tokenbus-sim,gpt-4o-mini=tokenbus-sim`` as a dict."""
+    if isinstance(value, str):
+        pairs = (item.split("=", 1) for item in csv_items(value))
+        return {alias.strip(): model.strip() for alias, model in pairs}
+    return value
+
+
 def parse_partitions(value: object) -> object:
     """``0,3`` or ``0-7`` (or both, ``0-3,8``) as a list of partition numbers."""
     if not isinstance(value, str):
@@ -102,6 +110,11 @@ class EdgeSettings(BaseSettings):
     # forbid it). Per tier, the share of its max_queue_depth past which requests offering tools
     # are refused (`batch:0.5`): tool definitions make long prompts, and they go first.
     fallback: Annotated[dict[str, str], NoDecode] = {}
+    # Other names a served model answers to (`gpt-4.1=tokenbus-sim,gpt-4o-mini=tokenbus-sim`; `=`
+    # since model names may hold `:`), for clients that name OpenAI's models: a request naming one
+    # is served by that model, as if it had named it (its answer names the model that served it,
+    # as OpenAI's name the snapshot that answered), and `GET /v1/models` lists it.
+    model_aliases: Annotated[dict[str, str], NoDecode] = {}
     shed_tools_at: Annotated[dict[str, float], NoDecode] = {}
     # Context windows in tokens per model (`model:tokens`): a prompt that cannot fit with its
     # max_tokens gets 400 context_length_exceeded, and server-side history fills the window. A
@@ -144,6 +157,7 @@ class EdgeSettings(BaseSettings):
     reader_lease_s: float = Field(default=10.0, ge=0.3)
 
     _split_partitions = field_validator("reply_partitions", mode="before")(parse_partitions)
+    _aliases = field_validator("model_aliases", mode="before")(parse_aliases)
     _pairs = field_validator("max_queue_depth", "fallback", "shed_tools_at", "context_windows", "tokenizers",
                              "history_summaries", mode="before")(parse_pairs)
 
@@ -157,6 +171,10 @@ class EdgeSettings(BaseSettings):
             first = int(ordinal.group(1)) * block
             self.reply_partitions = list(range(first, first + block))
         return self
+
+    def served_model(self, name: str) -> str:
+        """The model a request naming ``name`` is served by (``name`` itself, unless an alias)."""
+        return self.model_aliases.get(name, name)
 
     @property
     def batch_requests_tier(self) -> str:
@@ -174,6 +192,9 @@ class EdgeSettings(BaseSettings):
         for model, fallback in self.fallback.items():
             if model == fallback or fallback not in served:
                 raise ValueError(f"fallback {model}:{fallback} must name another model of TOKENBUS_MODELS")
+        for alias, model in self.model_aliases.items():
+            if alias in served or model not in served:
+                raise ValueError(f"model alias {alias}={model} must name a model of TOKENBUS_MODELS by another name")
         for model, summarizer in self.history_summaries.items():
             if summarizer not in served:
                 raise ValueError(f"history summaries {model}:{summarizer} must name a model of TOKENBUS_MODELS")

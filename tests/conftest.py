@@ -37,6 +37,8 @@ MODEL = "tokenbus-sim"
 SLOW_MODEL = "tokenbus-slow"
 SLOW_SETTINGS = SimulatedEngineSettings(seed=3, ttft_ms=5, tokens_per_s=50, min_tokens=300, max_tokens=300)
 UNSERVED_MODEL = "tokenbus-unserved"
+# An OpenAI model's name, which the stack's edge serves with MODEL (TOKENBUS_EDGE_MODEL_ALIASES).
+ALIAS = "gpt-4.1-mini"
 # The stack's moderation policy: the default one, plus a phrase the simulated engine
 # utters now and then, which output moderation blocks on the interactive tier only (no
 # other test uses that tier on the stack, so no other stream is cut short).
@@ -89,7 +91,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     edge_env = {"TOKENBUS_EDGE_DISCONNECT_GRACE_S": "1", "TOKENBUS_EDGE_KEY_CACHE_TTL_S": "0.5",
                 "TOKENBUS_EDGE_MAX_QUEUE_DEPTH": "interactive:1000,standard:1000,batch:3",
                 "TOKENBUS_EDGE_FALLBACK": f"{UNSERVED_MODEL}:{MODEL}", "TOKENBUS_EDGE_SHED_TOOLS_AT": "interactive:0.002",
-                "TOKENBUS_EDGE_CONTEXT_WINDOWS": f"{SLOW_MODEL}:300"}
+                "TOKENBUS_EDGE_CONTEXT_WINDOWS": f"{SLOW_MODEL}:300", "TOKENBUS_EDGE_MODEL_ALIASES": f"{ALIAS}={MODEL}"}
     policy = settings.run_root / "policy.toml"
     policy.write_text(TEST_POLICY)
     processors_env = {"TOKENBUS_MODERATION_POLICY_FILE": str(policy), "TOKENBUS_PROC_BILLING_BATCH_S": "0.2"}

@@ -35,6 +35,7 @@ async def compact_response(request: Request) -> Response:
         raise InvalidRequest("Give the 'input' to compact, or the 'previous_response_id' whose turns to compact.",
                              param="input", code="missing_required_parameter")
     items = [] if asked.input is None else parse_input_items(asked.input)
+    asked.model = edge.settings.served_model(asked.model)
     check_model(edge, key, asked.model)
     earlier, conversation = await previous_turns(edge, key, None, asked.previous_response_id)
     compacted = [*(m for turn in earlier for m in turn.messages), *bus_messages(asked.instructions, items)]

@@ -34,6 +34,7 @@ async def count_input_tokens(request: Request) -> Response:
     asked = parse_body(json_object(raw), InputTokensRequest)
     items = [] if asked.input is None else parse_input_items(asked.input)
     tools = [ToolSpec.of(t.name, t.description, t.parameters) for t in function_tools(asked.tools)]
+    asked.model = edge.settings.served_model(asked.model)
     check_model(edge, key, asked.model)
     earlier, _ = await previous_turns(edge, key, asked.conversation_id, asked.previous_response_id)
     own = bus_messages(asked.instructions, items)

@@ -1,5 +1,6 @@
-"""``GET /v1/models``: the models this key may use; ``GET /v1/models/{model}``: one of them.
-A model the key may not use is not found, as one that does not exist (the list leaves it out)."""
+"""``GET /v1/models``: the models this key may use (and their aliases); ``GET /v1/models/{model}``:
+one of them. A model the key may not use is not found, as one that does not exist (the list
+leaves it out)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,18 @@ from tokenbus.sse_edge.state import EdgeState
 async def list_models(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
-    return JSONResponse(model_list_body([m for m in edge.settings.bus.models if key.allows(m)]))
+    return JSONResponse(model_list_body([m for m in named(edge) if key.allows(edge.settings.served_model(m))]))
 
 
 async def retrieve_model(request: Request) -> Response:
     edge: EdgeState = request.app.state.edge
     key = await edge.auth.authenticate(request.headers.get("authorization"))
     model = request.path_params["model"]
-    if model not in edge.settings.bus.models or not key.allows(model):
+    if model not in named(edge) or not key.allows(edge.settings.served_model(model)):
         raise model_not_found(model)
     return JSONResponse(model_body(model))
+
+
+def named(edge: EdgeState) -> list[str]:
+    """Every name a request may give a model by: the models served, then their aliases."""
+    return [*edge.settings.bus.models, *edge.settings.model_aliases]

@@ -126,10 +126,11 @@ def parse_chat_request(raw: bytes, settings: EdgeSettings) -> ChatCompletionRequ
 
 def chat_request_of(body: dict[str, Any], settings: EdgeSettings) -> ChatCompletionRequest:
     """A chat completion's body, checked (an ``ApiError`` says what is wrong): an HTTP request's, or
-    a line's of a batch."""
+    a line's of a batch; its model the one that serves it (an alias resolved)."""
     reject_unsupported(body)
     reject_vllm_sampling(body)
     chat = parse_body(body, ChatCompletionRequest)
+    chat.model = settings.served_model(chat.model)
     check_serving_limits(chat, settings)
     check_tools(chat)
     check_tool_messages(chat)
@@ -160,6 +161,7 @@ def completion_request_of(body: dict[str, Any], settings: EdgeSettings) -> Compl
     reject_unsupported(body, TEXT_UNSUPPORTED)
     reject_vllm_sampling(body)
     completion = parse_body(body, CompletionRequest)
+    completion.model = settings.served_model(completion.model)
     prompts = completion.prompts
     if not prompts:
         raise InvalidRequest("The prompt is empty.", param="prompt", code="invalid_value")

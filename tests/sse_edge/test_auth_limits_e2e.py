@@ -3,7 +3,7 @@
 import openai
 import pytest
 
-from tests.conftest import MODEL, SLOW_MODEL
+from tests.conftest import ALIAS, MODEL, SLOW_MODEL
 from tokenbus.stores.keys import Limits
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -40,13 +40,17 @@ async def test_a_revoked_key_stops_working(stack, edge_url):
 async def test_models_are_scoped_to_the_key(stack, edge_url):
     key = await stack.create_key("scoped", "standard", models=(MODEL,))
     client = client_for(edge_url, key)
-    assert [m.id for m in (await client.models.list()).data] == [MODEL]
+    assert [m.id for m in (await client.models.list()).data] == [MODEL, ALIAS]  # (ALIAS is MODEL's other name)
     assert (await client.models.retrieve(MODEL)).id == MODEL
     with pytest.raises(openai.NotFoundError):  # as the list leaves it out
         await client.models.retrieve(SLOW_MODEL)
     with pytest.raises(openai.PermissionDeniedError) as exc:
         await client.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES)
     assert exc.value.code == "model_not_allowed"
+    slow_only = client_for(edge_url, await stack.create_key("scoped-slow", "standard", models=(SLOW_MODEL,)))
+    assert [m.id for m in (await slow_only.models.list()).data] == [SLOW_MODEL]
+    with pytest.raises(openai.PermissionDeniedError):  # an alias is its model: a key that may not use it may not
+        await slow_only.chat.completions.create(model=ALIAS, messages=MESSAGES)
 
 
 async def test_over_the_request_limit_is_a_rate_limit_error_with_retry_after(stack, edge_url):

@@ -10,9 +10,9 @@ import openai
 import pytest
 from openai.types.responses import CompactedResponse
 
-from tests.conftest import MODEL
+from tests.conftest import ALIAS, MODEL
 from tests.expected import expected_output
-from tokenbus.sse_edge.protocol.compaction import INSTRUCTION, SUMMARY_PREFIX
+from tokenbus.sse_edge.protocol.compaction import INSTRUCTION, SUMMARY_PREFIX, decode_summary
 from tokenbus.sse_edge.settings import EdgeSettings
 
 pytestmark = pytest.mark.stack
@@ -103,3 +103,33 @@ async def test_what_is_refused_gets_an_openai_error_naming_it(client, stack, edg
             answered = await http.post(path, json=body)
             assert answered.status_code == status, (param, answered.text)
             assert answered.json()["error"]["param"] == param, answered.text
+
+
+async def test_an_agents_sdk_compaction_session_compacts_its_history_on_the_edge(client, tmp_path):
+    """OpenAI's Agents SDK as it is: ``OpenAIResponsesCompactionSession`` (which takes only OpenAI's
+    model names: the edge serves ALIAS with MODEL) compacts the session's history after a run
+    with ``responses.compact``, and replaces it with the compacted items; the next run sends them,
+    and is prompted with the summary in place of what it compacted."""
+    from agents import Agent, ModelSettings, Runner, SQLiteSession, set_tracing_disabled
+    from agents.memory import OpenAIResponsesCompactionSession
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)  # (nothing is sent anywhere but the edge)
+    agent = Agent(name="helper", model=OpenAIResponsesModel(ALIAS, client),
+                  model_settings=ModelSettings(extra_body={"seed": 57}))
+    session = OpenAIResponsesCompactionSession(
+        "compacted", SQLiteSession("compacted", str(tmp_path / "session.db")), client=client, model=ALIAS,
+        should_trigger_compaction=lambda context: len(context["session_items"]) >= 4)
+    await Runner.run(agent, "My name is Ada.", session=session)
+    assert [i.get("type", "message") for i in await session.get_items()] == ["message", "message"]  # not yet
+    second = await Runner.run(agent, "I like tea.", session=session)
+    kept = await session.get_items()
+    assert [(i.get("type", "message"), i.get("role")) for i in kept] == [
+        ("message", "user"), ("message", "user"), ("compaction", None)]
+    summary = decode_summary(kept[-1]["encrypted_content"])  # (the SDK sends no seed: the text is the model's)
+    assert summary and second.final_output
+
+    third = await Runner.run(agent, "What do I drink?", session=session)
+    prompt = [said("user", "My name is Ada."), said("user", "I like tea."), said("system", SUMMARY_PREFIX + summary),
+              said("user", "What do I drink?")]
+    assert third.final_output == (await expected_output(prompt, seed=57)).text

@@ -10,7 +10,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.conftest import MODEL, SLOW_MODEL, UNSERVED_MODEL
+from tests.conftest import ALIAS, MODEL, SLOW_MODEL, UNSERVED_MODEL
 from tests.expected import expected_output
 from tokenbus.gpu_consumers.engines.simulated_words import VOCABULARY
 
@@ -73,7 +73,18 @@ async def test_max_tokens_limits_the_stream(client):
 
 async def test_models_lists_the_served_model(client):
     models = await client.models.list()
-    assert [m.id for m in models.data] == [MODEL, SLOW_MODEL, UNSERVED_MODEL]
+    assert [m.id for m in models.data] == [MODEL, SLOW_MODEL, UNSERVED_MODEL, ALIAS]
+
+
+async def test_a_model_named_by_its_alias_is_served_as_itself(client):
+    """A client that names an OpenAI model the deployment serves another by (an alias) is served
+    by that model, the same answer as naming it, which its answer names."""
+    aliased = await client.chat.completions.create(model=ALIAS, messages=messages_for(3), seed=71)
+    named = await client.chat.completions.create(model=MODEL, messages=messages_for(3), seed=71)
+    assert aliased.model == MODEL and aliased.choices[0].message.content == named.choices[0].message.content
+    assert (await client.models.retrieve(ALIAS)).id == ALIAS
+    response = await client.responses.create(model=ALIAS, input="Hello.", extra_body={"seed": 72})
+    assert response.model == MODEL and response.status == "completed"
 
 
 async def test_responses_name_their_completion_as_openai_s_request_id(client):

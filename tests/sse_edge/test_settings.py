@@ -26,3 +26,15 @@ def test_a_statefulset_replica_takes_its_reply_partitions_from_its_ordinal(monke
     monkeypatch.setattr("socket.gethostname", lambda: "laptop")
     with pytest.raises(ValidationError, match="ordinal"):
         EdgeSettings()
+
+
+def test_model_aliases_name_served_models_by_other_names(monkeypatch):
+    monkeypatch.setenv("TOKENBUS_MODELS", "tokenbus-sim,ft:sim:org:1")
+    monkeypatch.setenv("TOKENBUS_EDGE_MODEL_ALIASES", "gpt-4.1=tokenbus-sim, gpt-4o-mini=ft:sim:org:1")
+    settings = EdgeSettings()
+    assert settings.served_model("gpt-4o-mini") == "ft:sim:org:1"  # (a name with colons: `=` separates)
+    assert settings.served_model("gpt-4.1") == "tokenbus-sim" and settings.served_model("other") == "other"
+    for refused in ("gpt-4.1=no-such-model", "tokenbus-sim=ft:sim:org:1"):  # a model served by no one; a served name
+        monkeypatch.setenv("TOKENBUS_EDGE_MODEL_ALIASES", refused)
+        with pytest.raises(ValidationError, match="model alias"):
+            EdgeSettings()
