@@ -94,7 +94,7 @@ class KeptResponse:
 
     async def _end_turn(self, conversations: ConversationStore, response: dict[str, Any]) -> None:
         """Add the turn's items (where it completed) under its own group (its start and id: a second
-        reader writes it again, not twice), and let go of the conversation."""
+        reader finds it added, not a second group), and let go of the conversation."""
         group = (group_field(self.pending.turn_at_ms, self.pending.request_id), turn_items(self.items, response)) \
             if response["status"] in ADDED_WHEN else None
         try:

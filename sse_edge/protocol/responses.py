@@ -104,6 +104,12 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
+def one_context(conversation: str | ConversationRef | None, info: ValidationInfo) -> None:
+    """OpenAI's rule: a turn continues a conversation object or a previous response, not both."""
+    if conversation is not None and info.data.get("previous_response_id") is not None:
+        raise ValueError("a turn continues a conversation or a previous response, not both")
+
+
 class ResponsesRequest(BaseModel):
     """The part of OpenAI's Responses request that tokenbus serves. ``reasoning``, ``service_tier``
     and the like are accepted and change nothing (the models here do not reason)."""
@@ -148,8 +154,7 @@ class ResponsesRequest(BaseModel):
     @classmethod
     def _conversation_alone(cls, value: str | ConversationRef | None,
                             info: ValidationInfo) -> str | ConversationRef | None:
-        if value is not None and info.data.get("previous_response_id") is not None:  # OpenAI's rule
-            raise ValueError("a turn continues a conversation or a previous response, not both")
+        one_context(value, info)
         if value is not None and info.data.get("store") is False:
             raise ValueError("a turn in a conversation is stored (store: true)")
         return value
@@ -200,8 +205,7 @@ class InputTokensRequest(BaseModel):
     @classmethod
     def _conversation_alone(cls, value: str | ConversationRef | None,
                             info: ValidationInfo) -> str | ConversationRef | None:
-        if value is not None and info.data.get("previous_response_id") is not None:  # OpenAI's rule
-            raise ValueError("a turn continues a conversation or a previous response, not both")
+        one_context(value, info)
         return value
 
     @property

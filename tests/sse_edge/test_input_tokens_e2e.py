@@ -52,6 +52,8 @@ async def test_what_is_refused_gets_an_openai_error_naming_it(client, stack, edg
         (400, "tools[0].type", {"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}),
         (400, "input[0].type", {"model": MODEL, "input": [{"type": "reasoning"}]}),
         (400, "model", {"input": "x"}),
+        (400, "conversation", {"model": MODEL, "input": "x", "previous_response_id": theirs.id,
+                               "conversation": "conv_" + "0" * 32}),
         (404, "model", {"model": "no-such-model", "input": "x"}),
     ]
     async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
