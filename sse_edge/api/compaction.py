@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from tokenbus.sse_edge.api.chat import check_model, start_turn, to_bus_request
 from tokenbus.sse_edge.api.responses import previous_turns
-from tokenbus.sse_edge.errors import InvalidRequest
+from tokenbus.sse_edge.errors import ApiError, InvalidRequest
 from tokenbus.sse_edge.plumbing.relay import collect_choices
 from tokenbus.sse_edge.plumbing.response_relay import Ending
 from tokenbus.sse_edge.plumbing.summaries import transcript
@@ -39,10 +39,14 @@ async def compact_response(request: Request) -> Response:
     check_model(edge, key, asked.model)
     earlier, conversation = await previous_turns(edge, key, None, asked.previous_response_id)
     compacted = [*(m for turn in earlier for m in turn.messages), *bus_messages(asked.instructions, items)]
-    chat = chat_request_of({"model": asked.model, "seed": asked.seed,
-                            "max_completion_tokens": edge.settings.history_summary_max_tokens,
-                            "messages": [{"role": "system", "content": INSTRUCTION},
-                                         {"role": "user", "content": transcript(compacted)}]}, edge.settings)
+    try:
+        chat = chat_request_of({"model": asked.model, "seed": asked.seed,
+                                "max_completion_tokens": edge.settings.history_summary_max_tokens,
+                                "messages": [{"role": "system", "content": INSTRUCTION},
+                                             {"role": "user", "content": transcript(compacted)}]}, edge.settings)
+    except ApiError as exc:  # (the summarizing request is the edge's: what it refuses is the context given)
+        exc.param = "input"
+        raise
     response_id = new_response_id()
     bus_request = to_bus_request(chat, edge, key, response_id)
     bus_request.conversation_id = conversation  # (a chain's: to the GPU consumer holding its prefix)

@@ -97,6 +97,7 @@ async def test_what_is_refused_gets_an_openai_error_naming_it(client, stack, edg
                                                                                  {"type": "reasoning"}]}),
         (400, "input[0].encrypted_content", "/responses", {"model": MODEL, "input": [forged, said("user", "x")]}),
         (404, "model", "/responses/compact", {"model": "no-such-model", "input": "x"}),
+        (400, "input", "/responses/compact", {"model": MODEL, "input": "x" * EdgeSettings().max_prompt_chars}),
     ]
     async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
         for status, param, path, body in refused:
