@@ -25,6 +25,8 @@ from tokenbus.sse_edge.protocol.compaction import SUMMARY_PREFIX, CompactionItem
 RESPONSES_UNSUPPORTED = {
     "prompt": "stored prompt templates",
     "max_tool_calls": "a cap on tool calls (parallel_tool_calls: false allows one)",
+    "context_management": "compaction within a turn (POST /v1/responses/compact compacts a context, and a later "
+                          "turn takes its output)",
 }
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 

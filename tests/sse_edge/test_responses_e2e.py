@@ -207,6 +207,7 @@ async def test_what_is_not_served_gets_an_openai_error_naming_it(edge_url, auth)
                                        {"type": "function_call", "name": "f", "arguments": "{}"}]},
         "input": {"input": []},
         "previous_response_id": {"input": "x", "previous_response_id": "resp_" + "0" * 32},
+        "context_management": {"input": "x", "context_management": [{"type": "compaction", "compact_threshold": 9}]},
     }
     async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
         for param, body in cases.items():
