@@ -81,7 +81,9 @@ async def test_a_chain_compacts_with_its_stored_turns_first(client):
     *users, compaction = compacted.output
     assert [m.content[0].text for m in users] == ["My name is Ada.", "And I like tea."]
     lines = f"user: My name is Ada.\nassistant: {first.output_text}\nuser: And I like tea."
-    assert compacted.usage.output_tokens == (await summary_of(lines, seed=55)).completion_tokens
+    summary = await summary_of(lines, seed=55)
+    assert (compacted.usage.input_tokens, compacted.usage.output_tokens) == (summary.prompt_tokens,
+                                                                             summary.completion_tokens)
     assert compaction.type == "compaction"
 
 
