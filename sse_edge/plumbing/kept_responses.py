@@ -15,6 +15,7 @@ failed or cancelled turn adds nothing."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ from tokenbus.stores.responses import ResponseStore, StoredResponse
 log = logging.getLogger(__name__)
 
 ADDED_WHEN = ("completed", "incomplete")  # the statuses of a turn whose items its conversation takes
+# Conversation groups read as messages, kept per process (the last used): at most 1,024 of up to
+# 16,384 characters each, so tens of MB at worst.
+GROUPS_KEPT = 1024
+GROUP_KEPT_CHARS = 16_384
 
 
 def compact(value: Any) -> str:
@@ -130,9 +135,22 @@ def conversation_turns(stored: StoredConversation) -> list[StoredTurn]:
     for field, items in stored.groups:
         if items == "[]":  # every item of it deleted
             continue
-        turns.append(StoredTurn(StoredConversation.group_id(field), added_at_ms(field),
-                                tuple(bus_messages(None, parse_items(json.loads(items), "items")))))
+        turns.append(StoredTurn(StoredConversation.group_id(field), added_at_ms(field), group_messages(items)))
     return turns
+
+
+def group_messages(items: str) -> tuple[ChatMessage, ...]:
+    """A group's items (as stored, JSON) as the messages a turn is prompted with. A group of up to
+    ``GROUP_KEPT_CHARS`` is kept by its text (the messages are frozen): every turn of a conversation
+    reads all its groups again, and would check each item again (~15 µs an item)."""
+    return _kept_group(items) if len(items) <= GROUP_KEPT_CHARS else _read_group(items)
+
+
+def _read_group(items: str) -> tuple[ChatMessage, ...]:
+    return tuple(bus_messages(None, parse_items(json.loads(items), "items")))
+
+
+_kept_group = functools.lru_cache(maxsize=GROUPS_KEPT)(_read_group)
 
 
 def conversation_of(stored: StoredResponse) -> str:

@@ -7,7 +7,9 @@ import json
 from tokenbus.schemas import ChatMessage, ToolCall
 from tokenbus.sse_edge.plumbing.history import StoredTurn
 from tokenbus.sse_edge.plumbing.kept_responses import (
+    GROUP_KEPT_CHARS,
     KeptResponse,
+    _kept_group,
     chain_of,
     conversation_of,
     conversation_turns,
@@ -95,3 +97,20 @@ async def test_a_turn_in_a_conversation_adds_its_items_once_whoever_reads_it_to_
                           conversations)
     await failed.ended({"id": failed_id, "status": "failed", "output": []})
     assert len((await conversations.get("acme", conversation_id)).groups) == 3
+
+
+def test_a_conversations_groups_are_read_once_each_and_the_same_every_time():
+    """Every turn in a conversation reads all its groups: each is checked and read as messages
+    once a process (kept by its text), but for a large one, read each time."""
+    small = json.dumps([{"id": "msg_a", "type": "message", "role": "user",
+                         "content": [{"type": "input_text", "text": f"hello {new_conversation_id()}"}]}])
+    large = json.dumps([{"id": "msg_b", "type": "message", "role": "user",
+                         "content": [{"type": "input_text", "text": "x" * (GROUP_KEPT_CHARS + 1)}]}])
+    stored = StoredConversation(new_conversation_id(), "acme", 1, "{}",
+                                [(group_field(1_000, "items_a"), small), (group_field(2_000, "items_b"), large)])
+    before = _kept_group.cache_info()
+    first, again = conversation_turns(stored), conversation_turns(stored)
+    after = _kept_group.cache_info()
+    assert first == again and [m.content for t in first for m in t.messages] == [
+        json.loads(small)[0]["content"][0]["text"], "x" * (GROUP_KEPT_CHARS + 1)]
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)  # the small one, kept; the large, not
