@@ -107,18 +107,16 @@ async def create_response(request: Request) -> Response:
 
 async def respond(request: Request, edge: EdgeState, key: ApiKey, asked: ResponsesRequest, items: list[InputItem],
                   chat: ChatCompletionRequest, response_id: str, digest: str, started: float) -> Response:
-    if asked.conversation_id is None:
+    if asked.conversation_id is not None:  # one turn at a time: held from before its items are read until it ends
+        await hold_conversation(edge, key, asked.conversation_id, response_id)
+    try:
         turn, in_progress, kept, lease = await start_response(request, edge, key, asked, items, chat, response_id,
                                                               digest)
-    else:  # one turn at a time: held from before its items are read until it is stored ended
-        await hold_conversation(edge, key, asked.conversation_id, response_id)
-        try:
-            turn, in_progress, kept, lease = await start_response(request, edge, key, asked, items, chat,
-                                                                  response_id, digest)
-        except BaseException:
+    except BaseException:
+        if asked.conversation_id is not None:  # (it never started: let go at once)
             with contextlib.suppress(redis.RedisError, OSError):
                 await edge.conversations.end_turn(asked.conversation_id, response_id, None)
-            raise
+        raise
     on_end = kept.ended if kept is not None else nothing_kept
     hand_over = handing_over(edge, key, response_id, in_progress, asked.logprobs)
     if asked.background:
