@@ -1,8 +1,9 @@
 """KV-cache-aware routing: many conversations sharing a few long system prompts, against several GPU
 consumers whose engines keep a prefix cache, through two edges of one stack: one places requests
-where their prefix is cached (the default), the other by conversation key, as before
-(``TOKENBUS_PREFIX_ROUTING=false``). Rounds alternate between the two, each round with system
-prompts of its own, so no round inherits another's cache. Per mode: TTFT p50/p99, the share of
+where their prefix is cached (the default), the other by key (``TOKENBUS_PREFIX_ROUTING=false``),
+each conversation's own, or (``cache_key``) the ``prompt_cache_key`` its client names, here its
+system prompt's name, as OpenAI's guide asks of clients. Rounds take the three in turn, each round
+with system prompts of its own, so no round inherits another's cache. Per mode: TTFT p50/p99, the share of
 prompt tokens served from cache, requests per consumer (the busiest over the mean), how the router
 decided, and what billing charged (read back from the usage rollups, a tenant per mode).
 
@@ -41,18 +42,18 @@ from tokenbus.producers import PrefixIndex
 from tokenbus.schemas import AvroCodec, CachedPrefix, CacheReport, ChatMessage, ChatRequest, Completion
 from tokenbus.topics import TopicCatalog, make_consumer, topic_partitions
 
-MODES = ("key", "prefix")
+MODES = ("key", "prefix", "cache_key")
 # Each consumer's cache holds about two of a round's system prompts: by key every consumer sees
 # all of them and evicts, by prefix each keeps its own. An uncached prompt prefills in ~300 ms.
 SIM = SimulatedEngineSettings(seed=7, ttft_ms=10, tokens_per_s=100, min_tokens=8, max_tokens=8, kv_block_tokens=16,
                               prefix_cache_tokens=3_000, prefill_tokens_per_s=4_000)
 SHAPES = {
     # engine, consumers, system prompts per round, words per prompt, requests per round, concurrency, rounds
-    "simulated": dict(engine="simulated", consumers=3, prompts=6, words=1_200, requests=150, concurrency=8, rounds=4),
+    "simulated": dict(engine="simulated", consumers=3, prompts=6, words=1_200, requests=150, concurrency=8, rounds=6),
     # SmolLM2's 64 cache blocks of 32 tokens on the CPU hold two of these prompts per consumer ...
-    "hf": dict(engine="hf", consumers=2, prompts=4, words=550, requests=24, concurrency=2, rounds=2),
+    "hf": dict(engine="hf", consumers=2, prompts=4, words=550, requests=24, concurrency=2, rounds=3),
     # ... as two slots do (a slot keeps one prompt).
-    "hf-slots": dict(engine="hf", consumers=2, prompts=4, words=550, requests=24, concurrency=2, rounds=2,
+    "hf-slots": dict(engine="hf", consumers=2, prompts=4, words=550, requests=24, concurrency=2, rounds=3,
                      env={"TOKENBUS_HF_BATCHING": "slots", "TOKENBUS_HF_MAX_MODEL_LEN": "1024",
                           "TOKENBUS_WORKER_MAX_NUM_SEQS": "2"}),
 }
@@ -88,10 +89,12 @@ def routing_stack(engine: str, consumers: int, engine_env: dict[str, str]) -> It
             stack.stop()
 
 
-async def run_round(base_url: str, key: str, round_no: int, shape: dict[str, Any]) -> list[tuple[str, RequestResult]]:
+async def run_round(base_url: str, key: str, round_no: int, shape: dict[str, Any],
+                    cache_keys: bool) -> list[tuple[str, RequestResult]]:
+    """A round's requests; with ``cache_keys``, each names its system prompt as its ``prompt_cache_key``."""
     prompts = [system_prompt(round_no, i, shape["words"]) for i in range(shape["prompts"])]
     rng = random.Random(round_no)
-    work = [(f"r{round_no}-c{n}", prompts[rng.randrange(len(prompts))]) for n in range(shape["requests"])]
+    work = [(f"r{round_no}-c{n}", rng.randrange(len(prompts))) for n in range(shape["requests"])]
     results: list[tuple[str, RequestResult]] = []
     headers = {"Authorization": f"Bearer {key}"}
 
@@ -99,8 +102,10 @@ async def run_round(base_url: str, key: str, round_no: int, shape: dict[str, Any
         while work:
             conversation, system = work.pop()
             payload = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 8,
-                       "messages": [{"role": "system", "content": system},
+                       "messages": [{"role": "system", "content": prompts[system]},
                                     {"role": "user", "content": f"question from {conversation}"}]}
+            if cache_keys:
+                payload["prompt_cache_key"] = f"system-{round_no}-{system}"
             started = time.time()
             result = await stream_chat(http, f"{base_url}/v1/chat/completions", payload, headers)
             results.append((conversation, result))
@@ -233,12 +238,12 @@ def measure(name: str) -> dict[str, Any]:
     with routing_stack(shape["engine"], shape["consumers"], shape.get("env", {})) as (stack, key_edge):
         tenants = {mode: f"bench-{mode}-{uuid.uuid4().hex[:4]}" for mode in MODES}
         keys = {mode: asyncio.run(stack.create_key(tenant, "standard")) for mode, tenant in tenants.items()}
-        edges = {"key": key_edge, "prefix": stack.edge_url}
+        edges = {"key": key_edge, "prefix": stack.edge_url, "cache_key": key_edge}
         results: dict[str, list[tuple[str, RequestResult]]] = {mode: [] for mode in MODES}
         began_ms = int(time.time() * 1000)
         for round_no in range(shape["rounds"]):
-            mode = MODES[round_no % 2]
-            results[mode] += asyncio.run(run_round(edges[mode], keys[mode], round_no, shape))
+            mode = MODES[round_no % len(MODES)]
+            results[mode] += asyncio.run(run_round(edges[mode], keys[mode], round_no, shape, mode == "cache_key"))
         traffic = asyncio.run(report_traffic(stack, began_ms, int(time.time() * 1000)))
         ids = {c: r.response_id for mode in MODES for c, r in results[mode] if r.response_id}
         completions = asyncio.run(completions_by_request(stack, len(ids)))
@@ -267,7 +272,7 @@ def table(result: dict[str, Any]) -> str:
     for run_ in result["runs"]:
         lines += ["", f"{run_['engine']} engine, {run_['consumers']} consumers, {run_['prompts']} system prompts of "
                       f"~{run_['words']} words per round, {run_['requests']} requests per round at concurrency "
-                      f"{run_['concurrency']}, {run_['rounds']} rounds alternating", "",
+                      f"{run_['concurrency']}, {run_['rounds']} rounds taking the placements in turn", "",
                   "| placement | done | failed | TTFT p50 | TTFT p99 | cached share | requests with a hit | busiest/mean "
                   "| billed cost (USD) | routes |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -238,6 +238,9 @@ class ChatRequest:
     prompt_billed_with: str | None = None
     # vLLM's: words the output may not hold (engines/bad_words.py reads them with the model's tokenizer).
     bad_words: list[str] = field(default_factory=list)
+    # OpenAI's ``prompt_cache_key``: the client's name for requests that share a prompt's start
+    # (an agent's session, a common system prompt), which share a GPU consumer's cache by it.
+    prompt_cache_key: str | None = None
 
     @property
     def token_biases(self) -> tuple[tuple[int, float], ...]:
@@ -246,7 +249,12 @@ class ChatRequest:
 
     @property
     def partition_key(self) -> str:
-        """Requests of one conversation share a partition, so they share a GPU consumer's caches."""
+        """Requests of one prompt cache key, else of one conversation, share a partition, so they
+        share a GPU consumer's caches. A cache key is the client's own word on what its prompts
+        share, so it comes first; it is scoped by tenant, so that tenants naming theirs alike
+        (``default``, ``v1``) are not all placed on one partition."""
+        if self.prompt_cache_key:
+            return f"{self.tenant}/{self.prompt_cache_key}"
         return self.conversation_id or self.request_id
 
     @property

@@ -140,6 +140,11 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
+# Pydantic's error types for a value over its length limit: what OpenAI calls the value, and its code.
+LENGTH_LIMITS = {"string_too_long": ("string", "a string", "string_above_max_length"),
+                 "too_long": ("array", "an array", "array_above_max_length")}
+
+
 def from_validation_error(exc: ValidationError, within: tuple[int | str, ...] = ()) -> ApiError:
     """Pydantic's error as OpenAI's, naming the parameter; ``within``: where in the request the
     value validated lies (``("input", 3)``), where it is a part of it."""
@@ -154,6 +159,11 @@ def from_validation_error(exc: ValidationError, within: tuple[int | str, ...] = 
     elif kind == "extra_forbidden":
         message = f"Unrecognized request argument supplied: {param}"
         code = "unknown_parameter"
+    elif kind in LENGTH_LIMITS:  # OpenAI's words, which clients (and their authors) look for
+        what, a_what, code = LENGTH_LIMITS[kind]
+        limit, given = first.get("ctx", {}).get("max_length"), first.get("input")
+        message = (f"Invalid '{param}': {what} too long. Expected {a_what} with maximum length {limit}, but got "
+                   f"{a_what} with length {len(given) if hasattr(given, '__len__') else '?'} instead.")
     else:
         message = f"Invalid value for '{param}': {first['msg']}."
         code = "invalid_type" if kind.endswith("_type") or kind.endswith("parsing") else "invalid_value"

@@ -305,7 +305,7 @@ def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, re
                 logit_bias=asked.logit_bias or {}, top_k=max(asked.top_k or 0, 0), min_p=asked.min_p or 0.0,
                 repetition_penalty=asked.repetition_penalty or 1.0, min_tokens=asked.min_tokens,
                 stop_token_ids=asked.stop_token_ids or [], allowed_token_ids=asked.allowed_token_ids or [],
-                bad_words=asked.bad_words or [],
+                bad_words=asked.bad_words or [], prompt_cache_key=asked.prompt_cache_key,
                 include_stop_str_in_output=asked.include_stop_str_in_output,
                 truncate_prompt_tokens=asked.truncate_prompt_tokens,
                 response_format=answer,

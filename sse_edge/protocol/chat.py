@@ -127,6 +127,7 @@ VLLM_SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
 INT64 = 2**63 - 1
 GUIDE_MAX_CHARS = 4096  # a guided_regex's length, and each of guided_choice's
 CHOICES_MAX = 256  # guided_choice's choices
+PROMPT_CACHE_KEY_MAX = 64  # OpenAI's limit on a prompt_cache_key's length
 HISTORY_CLIENT, HISTORY_SERVER = "client", "server"
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -155,6 +156,8 @@ class GenerationRequest(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-PENALTY_MAX, le=PENALTY_MAX)
     frequency_penalty: float | None = Field(default=None, ge=-PENALTY_MAX, le=PENALTY_MAX)
     user: str | None = Field(default=None, max_length=256)
+    # OpenAI's: requests naming one key share a GPU consumer's prefix cache (ChatRequest.partition_key).
+    prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX)
     # vLLM's extension: generate on past the end-of-sequence token, to the token limit (benchmarks
     # ask for it, ``--ignore-eos``, so that every output has the length they set).
     ignore_eos: bool = False

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from tokenbus.schemas import ChatMessage
 from tokenbus.schemas.request_checks import TEMPERATURE_MAX, TOP_LOGPROBS_MAX
 from tokenbus.sse_edge.errors import ApiError, InvalidRequest, from_validation_error
-from tokenbus.sse_edge.protocol.chat import ChatMessageParam
+from tokenbus.sse_edge.protocol.chat import PROMPT_CACHE_KEY_MAX, ChatMessageParam
 from tokenbus.sse_edge.protocol.compaction import SUMMARY_PREFIX, CompactionItem
 
 # Fields of OpenAI's Responses request that tokenbus does not serve (beyond the hosted tools and
@@ -139,6 +139,7 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     text: TextConfig | None = None
     user: str | None = Field(default=None, max_length=256)
+    prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX)
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
@@ -177,7 +178,7 @@ class ResponsesRequest(BaseModel):
             "conversation": {"id": self.conversation_id} if self.conversation_id else None,
             "max_output_tokens": self.max_output_tokens,
             "metadata": self.metadata or {}, "parallel_tool_calls": self.parallel_tool_calls is not False,
-            "previous_response_id": self.previous_response_id,
+            "previous_response_id": self.previous_response_id, "prompt_cache_key": self.prompt_cache_key,
             "reasoning": self.reasoning or {"effort": None, "summary": None}, "store": self.store,
             "temperature": 1.0 if self.temperature is None else self.temperature,
             "text": text or {"format": {"type": "text"}},
@@ -305,7 +306,8 @@ def chat_body(request: ResponsesRequest, items: list[InputItem]) -> tuple[dict[s
     body: dict[str, Any] = {
         "model": request.model, "messages": messages, "max_completion_tokens": request.max_output_tokens,
         "temperature": request.temperature, "top_p": request.top_p, "metadata": request.metadata,
-        "user": request.user, "parallel_tool_calls": request.parallel_tool_calls, "seed": request.seed,
+        "user": request.user, "prompt_cache_key": request.prompt_cache_key,
+        "parallel_tool_calls": request.parallel_tool_calls, "seed": request.seed,
     }
     tools = function_tools(request.tools)
     if tools:

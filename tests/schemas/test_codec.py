@@ -76,7 +76,7 @@ RECORDS = [
     sample_request(text_prompt=True, echo=True, logprobs=True, prompt_token_ids=[5, 0, 2**31 - 1]),
     sample_request(response_format="regex", guided_regex="(yes|no)", include_stop_str_in_output=True,
                    continue_final_message=True, add_generation_prompt=False, prompt_billed_with="chatcmpl-1-0",
-                   bad_words=["red bus", "x"]),
+                   bad_words=["red bus", "x"], prompt_cache_key="agent-7"),
     Control("chatcmpl-1", ControlAction.CANCEL, "client went away"),
     CacheReport("w-1", "m", 1_700_000_000_000, 4, snapshot=True, stored=[CachedPrefix(-(2**63), 64), CachedPrefix(7, 16)],
                 removed=[2**63 - 1], partitions=[("tokenbus.requests.m.standard", 2)], running=3, waiting=1),

@@ -59,6 +59,8 @@ async def test_sse_frames_carry_log_ids_and_end_with_done(edge_url, auth):
                      "metadata": {"conversation_id": "c1"}}).encode(), 400, "n", "invalid_value"),
         (json.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]}).encode(), 404, "model",
          "model_not_found"),
+        (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                     "prompt_cache_key": "k" * 65}).encode(), 400, "prompt_cache_key", "string_above_max_length"),
     ],
 )
 async def test_bad_requests_get_openai_error_bodies(edge_url, auth, payload, status, param, code):
@@ -68,6 +70,21 @@ async def test_bad_requests_get_openai_error_bodies(edge_url, auth, payload, sta
     error = error_of(response)
     assert (error["param"], error["code"]) == (param, code)
     assert error["type"] == "invalid_request_error" and error["message"]
+
+
+async def test_a_value_over_its_length_limit_is_refused_in_openais_words(edge_url, auth):
+    """OpenAI's message and code for a string or an array over its limit, on chat and Responses."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "prompt_cache_key": "k" * 70}
+    turn = {"model": MODEL, "input": "x", "tools": [{"type": "function", "name": f"f{i}"} for i in range(129)]}
+    async with httpx.AsyncClient(base_url=edge_url, timeout=10, headers=auth) as http:
+        long_key, many_tools = await http.post(CHAT, json=chat), await http.post("/v1/responses", json=turn)
+    assert error_of(long_key) == {
+        "message": "Invalid 'prompt_cache_key': string too long. Expected a string with maximum length 64, but got "
+                   "a string with length 70 instead.",
+        "type": "invalid_request_error", "param": "prompt_cache_key", "code": "string_above_max_length"}
+    assert error_of(many_tools)["code"] == "array_above_max_length"
+    assert error_of(many_tools)["message"].startswith("Invalid 'tools': array too long. Expected an array with "
+                                                      "maximum length 128, but got an array with length 129")
 
 
 async def test_oversized_body_is_refused(edge_url, auth):

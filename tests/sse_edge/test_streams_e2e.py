@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 import redis.asyncio as redis
+from aiokafka.partitioner import DefaultPartitioner
 
 from tests.conftest import MODEL, SLOW_MODEL, SLOW_SETTINGS
 from tests.expected import expected_output
@@ -122,6 +123,32 @@ async def test_a_streams_record_names_where_its_request_lies_and_holds_no_prompt
     published = AvroCodec().decode(value, ChatRequest)
     assert published.request_id == answer.id and published.created_at_ms == record.created_at_ms
     assert published.messages[0].content == "Summarise mail from [REDACTED:pii_email] please"
+
+
+async def test_requests_naming_one_prompt_cache_key_share_a_partition(stack, edge_url):
+    """OpenAI's prompt_cache_key, given through the official client to chat completions and to
+    Responses, travels on each request and places them on the partition its tenant-scoped key
+    hashes to (aiokafka's partitioner), whatever conversation each names; a response repeats it."""
+    tenant = f"tenant-{uuid.uuid4().hex[:8]}"
+    client = openai.AsyncOpenAI(base_url=f"{edge_url}/v1", api_key=await stack.create_key(tenant, "standard"))
+    chats = [await client.chat.completions.create(  # prompts with nothing in common: placed by key alone
+        model=MODEL, messages=[{"role": "user", "content": f"{uuid.uuid4().hex} question {i}"}],
+        metadata={"conversation_id": f"conversation-{i}"}, prompt_cache_key="agent-7") for i in range(4)]
+    turn = await client.responses.create(model=MODEL, input=f"{uuid.uuid4().hex} turn", prompt_cache_key="agent-7")
+    assert turn.prompt_cache_key == "agent-7"
+    connection = redis.Redis.from_url(stack.settings.redis_url)
+    try:
+        registry = StreamRegistry(connection, stack.settings.redis_prefix)
+        records = [await registry.get(request_id) for request_id in [c.id for c in chats] + [turn.id]]
+    finally:
+        await connection.aclose()
+    assert all(record is not None for record in records)
+    published = [AvroCodec().decode(await record_at(stack.bus_settings(), r.request_topic, r.request_partition,
+                                                    r.request_offset), ChatRequest) for r in records]
+    assert {(p.prompt_cache_key, p.partition_key) for p in published} == {("agent-7", f"{tenant}/agent-7")}
+    partitions = list(range(stack.bus_settings().request_partitions))  # as the stack provisioned its topics
+    assert {r.request_partition for r in records} == {
+        DefaultPartitioner()(f"{tenant}/agent-7".encode(), partitions, partitions)}
 
 
 async def test_a_record_that_holds_its_request_as_records_once_did_is_still_read(stack):
