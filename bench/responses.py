@@ -1,9 +1,12 @@
-"""Scenario: what a turn costs through the Responses API beside the same turn as a chat completion.
+"""Scenario: what a turn costs through the Responses API, or kept as a stored chat completion, beside
+the same turn as a chat completion.
 
 Through the embedded stack, alternating turn by turn (so each kind sees the same moments of this
 noisy machine), ``TURNS`` of each, every one the same prompt and seed (so the same 64 tokens):
 
 - ``chat`` and ``chat_stream``: ``POST /v1/chat/completions``, whole and streamed: the reference;
+- ``chat_stored`` and ``chat_stored_stream``: the same with ``store: true`` (what keeping the
+  completion costs: a stream's made from its events as they go by, and none written directly);
 - ``responses`` and ``responses_stream``: ``POST /v1/responses``, stored (its default);
 - ``responses_unstored``: ``store: false`` (what storing costs is the difference);
 - ``responses_chained``: ``previous_response_id`` of the kind's turn before (a chain of up to
@@ -32,9 +35,10 @@ TURNS = 400
 CHAIN = 8
 PROMPT = "Tell me about the rivers of Europe."
 SIM = SimulatedEngineSettings(seed=1, ttft_ms=5, tokens_per_s=4000, min_tokens=64, max_tokens=64)
-KINDS = ("chat", "chat_stream", "responses", "responses_stream", "responses_unstored", "responses_chained",
-         "responses_conversation", "responses_compact")
-REFERENCE = {"chat": "chat", "chat_stream": "chat_stream", "responses": "chat", "responses_stream": "chat_stream",
+KINDS = ("chat", "chat_stream", "chat_stored", "chat_stored_stream", "responses", "responses_stream",
+         "responses_unstored", "responses_chained", "responses_conversation", "responses_compact")
+REFERENCE = {"chat": "chat", "chat_stream": "chat_stream", "chat_stored": "chat",
+             "chat_stored_stream": "chat_stream", "responses": "chat", "responses_stream": "chat_stream",
              "responses_unstored": "chat", "responses_chained": "chat", "responses_conversation": "chat",
              "responses_compact": "chat"}
 CONTEXT = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "The Danube, the Rhine and the Loire."}]
@@ -57,7 +61,8 @@ class Turns:
 
     async def one(self, kind: str) -> None:
         if kind.startswith("chat"):
-            body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "seed": 5}
+            body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "seed": 5,
+                                    "store": kind.startswith("chat_stored")}
             path = "/v1/chat/completions"
         elif kind == "responses_compact":
             body, path = {"model": MODEL, "input": CONTEXT, "seed": 5}, "/v1/responses/compact"

@@ -34,6 +34,13 @@ from tokenbus.sse_edge.api.moderations import moderations
 from tokenbus.sse_edge.api.ops import healthz, metrics, openapi, readyz
 from tokenbus.sse_edge.api.responses import create_response
 from tokenbus.sse_edge.api.resume import resume_stream
+from tokenbus.sse_edge.api.stored_completions import (
+    delete_completion,
+    list_completions,
+    list_stored_messages,
+    retrieve_completion,
+    update_completion,
+)
 from tokenbus.sse_edge.api.stored_responses import cancel_response, delete_response, list_input_items, retrieve_response
 from tokenbus.sse_edge.api.transcripts import list_conversations, list_messages
 from tokenbus.sse_edge.api.usage import tenant_usage
@@ -98,6 +105,11 @@ def create_app(settings: EdgeSettings | None = None) -> Starlette:
     app = EdgeApp(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/chat/completions", list_completions, methods=["GET"]),
+            Route("/v1/chat/completions/{completion_id}", retrieve_completion, methods=["GET"]),
+            Route("/v1/chat/completions/{completion_id}", update_completion, methods=["POST"]),
+            Route("/v1/chat/completions/{completion_id}", delete_completion, methods=["DELETE"]),
+            Route("/v1/chat/completions/{completion_id}/messages", list_stored_messages, methods=["GET"]),
             Route("/v1/chat/completions/{completion_id}/stream", resume_stream, methods=["GET"]),
             Route("/v1/chat/completions/{completion_id}/continue", continue_turn, methods=["POST"]),
             Route("/v1/chat/completions/{completion_id}/cancel", cancel_completion, methods=["POST"]),

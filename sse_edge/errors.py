@@ -9,8 +9,10 @@ any status, for the rare one without a class.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
+import redis.asyncio as redis
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -189,3 +191,14 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 
 HANDLERS = {ApiError: handle_api_error, 404: not_found, 405: method_not_allowed, 500: server_error}
+
+
+Result = TypeVar("Result")
+
+
+async def unless_store_down(operation: Awaitable[Result], what: str, code: str) -> Result:
+    """A store operation, answered as unavailable while Redis is (``what`` is: ``Conversations``)."""
+    try:
+        return await operation
+    except (redis.RedisError, OSError):
+        raise Unavailable(f"{what} are unavailable right now; retry shortly.", code) from None

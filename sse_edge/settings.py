@@ -142,10 +142,10 @@ class EdgeSettings(BaseSettings):
     max_batch_requests: int = Field(default=50_000, ge=1)
     batch_tier: str | None = None
     # OpenAI's Responses API: how long a stored response (``store``, the default) is kept, for
-    # retrieval and for turns that continue it (OpenAI's: 30 days). A chain keeps its newest
-    # ``history_turns`` turns. ``store_responses`` false: nothing of a turn is kept at the edge
-    # (every request is served as ``store: false``; a background one, which must be stored, is
-    # refused), for deployments that may not hold prompts.
+    # retrieval and for turns that continue it (OpenAI's: 30 days); a chat completion asked with
+    # ``store: true`` too. A chain keeps its newest ``history_turns`` turns. ``store_responses``
+    # false: nothing of a turn is kept at the edge (every request is served as ``store: false``; a
+    # background one, which must be stored, is refused), for deployments that may not hold prompts.
     response_ttl_s: int = Field(default=30 * 86_400, ge=1)
     store_responses: bool = True
     # A conversation object (the Conversations API) is kept this long after it was last written

@@ -1,6 +1,6 @@
 """Everything one edge process holds: its bus client (the SDK's, with the broker watch), Redis
-(keys, rate limits, stream records, files, batches, stored responses), admission, metrics, and
-the transcript store."""
+(keys, rate limits, stream records, files, batches, stored responses and chat completions),
+admission, metrics, and the transcript store."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from tokenbus.sse_edge.plumbing.relay import Choices, RelayHooks
 from tokenbus.sse_edge.plumbing.streams import StreamRecord, StreamRegistry
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.stores.batches import BatchStore
+from tokenbus.stores.chat_completions import CompletionStore
 from tokenbus.stores.conversations import ConversationStore
 from tokenbus.stores.files import FileStore
 from tokenbus.stores.keys import KeyStore
@@ -63,6 +64,7 @@ class EdgeState:
         self.files = FileStore(self.redis, settings.redis_prefix, settings.file_ttl_s)
         self.batches = BatchStore(self.redis, settings.redis_prefix, settings.file_ttl_s)
         self.responses = ResponseStore(self.redis, settings.redis_prefix, settings.response_ttl_s)
+        self.completions = CompletionStore(self.redis, settings.redis_prefix, settings.response_ttl_s)
         self.conversations = ConversationStore(self.redis, settings.redis_prefix, settings.conversation_ttl_s)
         self.queues = QueueDepthMonitor(settings.bus, gauge=self.metrics.queue_depth)
         self.admission = Admission(self.watch, self.queues, self.auth, self.limiter, settings, self.metrics)

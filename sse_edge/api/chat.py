@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: authenticate, validate, place the conversation's stored turns
 (server-side history), admit (or fall back to another model), publish to the bus, relay the
-token stream. With an ``Idempotency-Key`` seen before (same body), the request is not
+token stream (and keep the completion, where ``store`` asks: stored_completions.py). With an ``Idempotency-Key`` seen before (same body), the request is not
 published again: the client is attached to the first one's stream. A text completion
 (completions.py) is served the same way from ``answer`` on."""
 
@@ -17,7 +17,7 @@ import redis.asyncio as redis
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from tokenbus.producers import new_request_id
 from tokenbus.schemas import (
@@ -41,12 +41,14 @@ from tokenbus.sse_edge.errors import (
     model_not_found,
 )
 from tokenbus.sse_edge.plumbing.history import ConversationNotFound
-from tokenbus.sse_edge.plumbing.relay import Choices, collect_completion, sse_frames
+from tokenbus.sse_edge.plumbing.kept_completions import KeptCompletion
+from tokenbus.sse_edge.plumbing.relay import Choices, sse_frames, whole_completion
 from tokenbus.sse_edge.plumbing.stream_response import DirectWrites, StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, GenerationRequest
 from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
+from tokenbus.sse_edge.protocol.stored_completions import stored_messages
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.settings import EdgeSettings
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
@@ -98,10 +100,12 @@ async def answer(request: Request, parse: Callable[[bytes, EdgeSettings], Asked]
             return await relay_existing(request, edge, key, earlier, parse_last_event_id(request), asked.stream)
     try:
         made = await bus_requests(asked, edge, key, request_id)
+        kept = keeping(edge, key, asked, made[0])
         if len(made) == 1 and asked.n == 1:
-            return await serve(request, edge, key, made, asked.stream, asked.include_usage, digest, started)
+            return await serve(request, edge, key, made, asked.stream, asked.include_usage, digest, started, kept=kept)
         return await serve(request, edge, key, choice_requests(made, asked.n, request_id), asked.stream,
-                           asked.include_usage, digest, started, response_id=request_id, per_prompt=asked.n)
+                           asked.include_usage, digest, started, response_id=request_id, per_prompt=asked.n,
+                           kept=kept)
     except ClientClosed:
         raise  # its turn goes on for the grace window: a retry with this key takes it up, whole
     except ApiError:
@@ -112,20 +116,34 @@ async def answer(request: Request, parse: Callable[[bytes, EdgeSettings], Asked]
 
 async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_requests: list[ChatRequest], stream: bool,
                 include_usage: bool, digest: str, started: float, response_id: str | None = None,
-                per_prompt: int = 1) -> Response:
+                per_prompt: int = 1, kept: KeptCompletion | None = None) -> Response:
     """Start the turn of the response's ``bus_requests`` (``start_turn``) and relay its stream: as
-    SSE, or as one chat.completion."""
+    SSE, or as one chat.completion; and store it where ``kept`` says to."""
     first = bus_requests[0]
     turn = await start_turn(request, edge, key, bus_requests, include_usage, digest, response_id, per_prompt)
     text = first.text_prompt  # answered in a text completion's shapes
     if stream:
         writer = ChunkWriter(turn.response_id, turn.model, include_usage, first.created_at_ms // 1000, text=text)
         stream_format = StreamFormat.for_request(request)
-        frames = sse_frames(turn.events, writer, turn.hooks, edge.metrics, started, stream_format, direct=turn.direct,
+        events, direct = turn.events, turn.direct
+        if kept is not None:  # (every event passes by to be kept: none is written directly)
+            events, direct = kept.reading(events, turn.choices, turn.model), None
+        frames = sse_frames(events, writer, turn.hooks, edge.metrics, started, stream_format, direct=direct,
                             choices=turn.choices)
-        return sse_response(frames, edge.settings.heartbeat_s, stream_format, turn.headers, turn.direct)
-    return await collect_completion(request, turn.events, turn.response_id, turn.model, turn.hooks, turn.headers,
-                                    text_completion=text, choices=turn.choices)
+        return sse_response(frames, edge.settings.heartbeat_s, stream_format, turn.headers, direct)
+    body = await whole_completion(request, turn.events, turn.response_id, turn.model, turn.hooks, text, turn.choices)
+    if kept is not None:
+        await kept.keep(body)
+    return JSONResponse(body, headers=turn.headers)
+
+
+def keeping(edge: EdgeState, key: ApiKey, asked: GenerationRequest, first: ChatRequest) -> KeptCompletion | None:
+    """How a chat completion that asks to be stored is kept (a deployment that stores nothing
+    serves it as one that does not ask)."""
+    if not (isinstance(asked, ChatCompletionRequest) and asked.store and edge.settings.store_responses):
+        return None
+    return KeptCompletion(edge.completions, key.tenant, first.request_id, first.created_at_ms, asked.metadata or {},
+                          stored_messages(first.request_id, asked.messages))
 
 
 @dataclasses.dataclass(slots=True)

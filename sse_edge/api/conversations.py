@@ -18,11 +18,10 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import redis.asyncio as redis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenbus.sse_edge.errors import InvalidRequest, NotFound, Unavailable
+from tokenbus.sse_edge.errors import InvalidRequest, NotFound, unless_store_down
 from tokenbus.sse_edge.plumbing.kept_responses import compact, listed_items
 from tokenbus.sse_edge.protocol.batches import list_body
 from tokenbus.sse_edge.protocol.conversations import (
@@ -161,10 +160,4 @@ def conversation_not_found(conversation_id: str) -> NotFound:
 
 
 async def in_store(operation: Awaitable[Stored]) -> Stored:
-    """A store operation, answered as unavailable while Redis is."""
-    try:
-        return await operation
-    except (redis.RedisError, OSError):
-        raise Unavailable("Conversations are unavailable right now; retry shortly.",
-                          "conversations_unavailable") from None
-
+    return await unless_store_down(operation, "Conversations", "conversations_unavailable")

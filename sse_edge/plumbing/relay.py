@@ -264,19 +264,34 @@ async def collect_completion(
 ) -> JSONResponse:
     """Wait for the whole completion (a ``text_completion`` for a text prompt), every one of its
     ``choices``; a client that disconnects first abandons it."""
+    return JSONResponse(await whole_completion(request, events, request_id, model, hooks, text_completion, choices),
+                        headers=headers)
+
+
+async def whole_completion(
+    request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
+    text_completion: bool = False, choices: Choices | None = None,
+) -> dict[str, Any]:
+    """The body ``collect_completion`` answers with."""
     choices = choices or Choices(request_id)
     collected = await collect_choices(request, events, choices, hooks)
     for choice in collected:
         error = generation_error(choice.final)
         if error is not None:
             raise error
-    bodies = [choice.body(request_id, model, text_completion) for choice in collected]
+    return completion_of(collected, request_id, model, choices, text_completion)
+
+
+def completion_of(collected: list[CollectedChoice], request_id: str, model: str, choices: Choices,
+                  text_completion: bool = False, created: int | None = None) -> dict[str, Any]:
+    """One completion of its ``collected`` choices (each of ``choices``, in index order)."""
+    bodies = [choice.body(request_id, model, text_completion, created) for choice in collected]
     if not choices.several:
-        return JSONResponse(bodies[0], headers=headers)
+        return bodies[0]
+    tally = Choices(request_id, choices.ids, choices.per_prompt)  # (``choices`` may have counted them already)
     for choice in collected:
-        choices.ended(choice.final)
-    return JSONResponse(choices_body(bodies, choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens),
-                        headers=headers)
+        tally.ended(choice.final)
+    return choices_body(bodies, tally.prompt_tokens, tally.completion_tokens, tally.cached_tokens)
 
 
 async def collect_choices(request: Request, events: AsyncGenerator[ReplyEvent, None], choices: Choices,
@@ -307,12 +322,12 @@ class CollectedChoice:
         self.calls = whole_tool_calls(d for e in delivered for d in e.tool_calls)
         self.scored = [t for e in delivered for t in content_logprobs(e)]
 
-    def body(self, request_id: str, model: str, text_completion: bool) -> dict[str, Any]:
+    def body(self, request_id: str, model: str, text_completion: bool, created: int | None = None) -> dict[str, Any]:
         final = self.final
         return completion_body(request_id, model, (self.first.echo or "") + self.text, final.finish_reason or "stop",
                                final.prompt_tokens or 0, final.completion_tokens or 0,
                                [(c.id, c.name, c.arguments) for c in self.calls], final.cached_tokens or 0,
-                               text_completion, self.scored, self.first.prompt_logprobs)
+                               text_completion, self.scored, self.first.prompt_logprobs, created)
 
 
 async def _collect(events: AsyncGenerator[ReplyEvent, None], choices: Choices) -> list[CollectedChoice]:

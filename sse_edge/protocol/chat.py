@@ -140,7 +140,7 @@ def choice_pattern(choices: list[str]) -> str:
 class GenerationRequest(BaseModel):
     """What a chat completion request and a text completion request (protocol/completions.py)
     share: the model, streaming and sampling. Fields OpenAI defines that change nothing here
-    (``metadata``, ``store``, ``service_tier``, ...) are accepted and ignored."""
+    (``service_tier``, ...) are accepted and ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -262,6 +262,8 @@ class ChatCompletionRequest(GenerationRequest):
     modalities: list[str] | None = None
     # OpenAI's request metadata; tokenbus reads `conversation_id` from it to group transcripts.
     metadata: Metadata | None = None
+    # OpenAI's: keep the completion, its messages and metadata for retrieval (stored_completions.py).
+    store: bool = False
     tools: list[ToolParam] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

@@ -16,6 +16,7 @@ from tokenbus.sse_edge.protocol.conversations import (
 from tokenbus.sse_edge.protocol.keys import CreateKeyRequest
 from tokenbus.sse_edge.protocol.moderations import ModerationRequest
 from tokenbus.sse_edge.protocol.responses import InputTokensRequest, ResponsesRequest
+from tokenbus.sse_edge.protocol.stored_completions import UpdateCompletionRequest
 
 ERROR = {
     "type": "object",
@@ -45,6 +46,9 @@ def completion_schema(kind: str, answer: str) -> dict[str, Any]:
 
 
 CHAT_COMPLETION = completion_schema("chat.completion", "message")
+# A stored one: as answered, with its metadata (which its client may change).
+STORED_COMPLETION = {**CHAT_COMPLETION, "properties": {
+    **CHAT_COMPLETION["properties"], "metadata": {"type": "object", "additionalProperties": {"type": "string"}}}}
 TEXT_COMPLETION = completion_schema("text_completion", "text")
 API_KEY = {"type": "object", "required": ["id", "object", "tenant", "tier", "models", "admin", "revoked"], "properties": {
     "id": {"type": "string"}, "object": {"const": "api_key"}, "tenant": {"type": "string"}, "tier": {"type": "string"},
@@ -173,7 +177,9 @@ def openapi_spec() -> dict[str, Any]:
                   "ResponsesRequest": responses_schema, **responses_schema.pop("$defs", {}),
                   "CompactRequest": compact_schema, **compact_schema.pop("$defs", {}),
                   "InputTokensRequest": count_schema, **count_schema.pop("$defs", {}),
-                  **conversation_schemas, "Conversation": CONVERSATION}
+                  **conversation_schemas, "Conversation": CONVERSATION,
+                  "UpdateCompletionRequest": UpdateCompletionRequest.model_json_schema(
+                      ref_template="#/components/schemas/{model}")}
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
@@ -182,9 +188,41 @@ def openapi_spec() -> dict[str, Any]:
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": {
-            "/v1/chat/completions": {"post": _generation(
-                "createChatCompletion", "ChatCompletionRequest", CHAT_COMPLETION, secured,
-                "A completion, or an SSE stream of chunks when stream is true")},
+            "/v1/chat/completions": {
+                "post": _generation("createChatCompletion", "ChatCompletionRequest", CHAT_COMPLETION, secured,
+                                    "A completion, or an SSE stream of chunks when stream is true"),
+                "get": {"operationId": "listChatCompletions", "security": secured,
+                        "description": "The completions asked with `store: true`, oldest first unless `order` is "
+                                       "desc; of one `model`, and whose metadata holds every `metadata[key]=value`.",
+                        "parameters": [*_page_parameters(100),
+                                       {"name": "order", "in": "query", "required": False,
+                                        "schema": {"enum": ["asc", "desc"]}},
+                                       {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
+                                       {"name": "metadata", "in": "query", "required": False, "style": "deepObject",
+                                        "schema": {"type": "object", "additionalProperties": {"type": "string"}}}],
+                        "responses": {"200": _json("A page of stored completions", _list_of(STORED_COMPLETION)),
+                                      **_errors(400, 401, 503)}},
+            },
+            "/v1/chat/completions/{completion_id}": {
+                "get": {"operationId": "retrieveChatCompletion", "security": secured,
+                        "parameters": _path_id("completion_id"),
+                        "responses": {"200": _json("The stored completion", STORED_COMPLETION),
+                                      **_errors(400, 401, 404, 503)}},
+                "post": {"operationId": "updateChatCompletion", "security": secured,
+                         "parameters": _path_id("completion_id"), "requestBody": _body("UpdateCompletionRequest"),
+                         "responses": {"200": _json("The stored completion, its metadata replaced", STORED_COMPLETION),
+                                       **_errors(400, 401, 404, 408, 413, 503)}},
+                "delete": {"operationId": "deleteChatCompletion", "security": secured,
+                           "parameters": _path_id("completion_id"),
+                           "responses": {"200": _json("Deleted (object: chat.completion.deleted)", {"type": "object"}),
+                                         **_errors(400, 401, 404, 503)}},
+            },
+            "/v1/chat/completions/{completion_id}/messages": {"get": {
+                "operationId": "listChatCompletionMessages", "security": secured,
+                "parameters": [*_path_id("completion_id"), *_page_parameters(100),
+                               {"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]}}],
+                "responses": {"200": _json("The messages the completion was asked with", _list_of({"type": "object"})),
+                              **_errors(400, 401, 404, 503)}}},
             "/v1/completions": {"post": {
                 **_generation("createCompletion", "CompletionRequest", TEXT_COMPLETION, secured,
                               "A text_completion, or an SSE stream of them when stream is true"),

@@ -65,9 +65,10 @@ def page_params(request: Request, default_limit: int, max_limit: int = 500) -> t
     return int(raw), request.query_params.get("after") or None
 
 
-def list_order(request: Request) -> str:
-    """A list's ``order`` by creation time: ``desc`` (newest first, the default) or ``asc``."""
-    order = request.query_params.get("order", "desc")
+def list_order(request: Request, default: str = "desc") -> str:
+    """A list's ``order`` by creation time: ``desc`` (newest first; the default unless ``default``
+    says otherwise) or ``asc``."""
+    order = request.query_params.get("order", default)
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be `asc` or `desc`.", param="order", code="invalid_value")
     return order

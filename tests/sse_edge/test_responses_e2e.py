@@ -313,7 +313,8 @@ async def test_text_format_asks_for_json_of_its_schema(client):
 
 async def test_an_edge_that_stores_no_responses_serves_each_as_not_stored(stack, api_key):
     """``TOKENBUS_EDGE_STORE_RESPONSES=false``: nothing of a turn is kept at the edge, whatever the
-    request says; a background response, which must be stored, is refused."""
+    request says (a chat completion's ``store`` too); a background response, which must be stored,
+    is refused."""
     edge, client = another_edge(stack, api_key, "edge-no-store", "4", {"TOKENBUS_EDGE_STORE_RESPONSES": "false"})
     try:
         answered = await client.responses.create(model=MODEL, input="Forget me.", extra_body={"seed": 37})
@@ -329,5 +330,11 @@ async def test_an_edge_that_stores_no_responses_serves_each_as_not_stored(stack,
         with pytest.raises(openai.BadRequestError) as refused:
             await client.conversations.create()
         assert refused.value.body["code"] == "conversations_not_stored"
+        chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Forget."}],
+                                                    max_tokens=4, store=True)  # nor a chat completion
+        assert chat.choices[0].message.content
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.retrieve(chat.id)
+        assert refused.value.body["code"] == "completions_not_stored"
     finally:
         edge.signal(signal.SIGTERM)
