@@ -1,8 +1,9 @@
 """``POST /v1/chat/completions``: authenticate, validate, place the conversation's stored turns
 (server-side history), admit (or fall back to another model), publish to the bus, relay the
-token stream (and keep the completion, where ``store`` asks: stored_completions.py). With an ``Idempotency-Key`` seen before (same body), the request is not
-published again: the client is attached to the first one's stream. A text completion
-(completions.py) is served the same way from ``answer`` on."""
+token stream (and keep the completion where ``store`` asks: stored_completions.py). With an
+``Idempotency-Key`` seen before (same body), the request is not published again: the client is
+attached to the first one's stream. A text completion (completions.py) is served the same way
+from ``answer`` on."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from tokenbus.sse_edge.plumbing.streams import IdempotencyConflict, StreamRecord
 from tokenbus.sse_edge.plumbing.summaries import ask_for_summary, needs_summary, summary_request
 from tokenbus.sse_edge.protocol.chat import ChatCompletionRequest, GenerationRequest
 from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
+from tokenbus.sse_edge.protocol.service_tiers import openai_name, tier_asked, tier_served
 from tokenbus.sse_edge.protocol.stored_completions import stored_messages
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_chat_request, read_body
 from tokenbus.sse_edge.settings import EdgeSettings
@@ -122,16 +124,18 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_requests: li
     first = bus_requests[0]
     turn = await start_turn(request, edge, key, bus_requests, include_usage, digest, response_id, per_prompt)
     text = first.text_prompt  # answered in a text completion's shapes
+    service_tier = None if text else openai_name(first.tier, edge.settings.bus.tiers)
     if stream:
         writer = ChunkWriter(turn.response_id, turn.model, include_usage, first.created_at_ms // 1000, text=text)
         stream_format = StreamFormat.for_request(request)
         events, direct = turn.events, turn.direct
         if kept is not None:  # (every event passes by to be kept: none is written directly)
-            events, direct = kept.reading(events, turn.choices, turn.model), None
+            events, direct = kept.reading(events, turn.choices, turn.model, service_tier), None
         frames = sse_frames(events, writer, turn.hooks, edge.metrics, started, stream_format, direct=direct,
                             choices=turn.choices)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format, turn.headers, direct)
-    body = await whole_completion(request, turn.events, turn.response_id, turn.model, turn.hooks, text, turn.choices)
+    body = await whole_completion(request, turn.events, turn.response_id, turn.model, turn.hooks, text, turn.choices,
+                                  service_tier)
     if kept is not None:
         await kept.keep(body)
     return JSONResponse(body, headers=turn.headers)
@@ -173,7 +177,7 @@ async def start_turn(request: Request, edge: EdgeState, key: ApiKey, bus_request
                          {"tokenbus.request_id": response_id, "tokenbus.tenant": key.tenant})
     try:
         prompt_tokens = sum(r.estimated_prompt_tokens for r in bus_requests if r.prompt_billed_with is None)
-        admitted = await edge.admission.admit(key, first.model, prompt_tokens, first.offers_tools)
+        admitted = await edge.admission.admit(key, first.model, first.tier, prompt_tokens, first.offers_tools)
         for bus_request in bus_requests:
             bus_request.model = admitted.model  # a fallback's, when the requested model's queue is full
         with tracing.current(span):
@@ -313,9 +317,12 @@ async def claim_idempotency_key(edge: EdgeState, key: ApiKey, idempotency_key: s
 
 
 def generation_fields(asked: GenerationRequest, edge: EdgeState, key: ApiKey, request_id: str) -> dict[str, Any]:
-    """The bus request's fields every request has: who asks, for what, sampled how, answered where."""
+    """The bus request's fields every request has: who asks, for what, at which tier, sampled how,
+    answered where."""
     answer, guide = asked.answer_format
-    return dict(request_id=request_id, model=asked.model, tier=key.tier, tenant=key.tenant, key_id=key.key_id,
+    tiers = edge.settings.bus.tiers
+    tier = tier_served(tier_asked(asked.service_tier, tiers), key.tier, tiers)
+    return dict(request_id=request_id, model=asked.model, tier=tier, tenant=key.tenant, key_id=key.key_id,
                 max_tokens=asked.token_limit, temperature=asked.temperature, top_p=asked.top_p, seed=asked.seed,
                 stop=asked.stop_sequences, ignore_eos=asked.ignore_eos,
                 presence_penalty=asked.presence_penalty or 0.0, frequency_penalty=asked.frequency_penalty or 0.0,

@@ -61,6 +61,7 @@ from tokenbus.sse_edge.protocol.response_objects import (
     response_object,
 )
 from tokenbus.sse_edge.protocol.responses import InputItem, ResponsesRequest
+from tokenbus.sse_edge.protocol.service_tiers import openai_name
 from tokenbus.sse_edge.protocol.validation import body_hash, parse_responses_request, read_body
 from tokenbus.sse_edge.state import EdgeState
 from tokenbus.stores.conversations import TurnHolder
@@ -161,7 +162,8 @@ async def start_response(request: Request, edge: EdgeState, key: ApiKey, asked: 
     bus_request.messages = await responses_prompt(edge, key, asked, chat, own, earlier)
     turn = await start_turn(request, edge, key, [bus_request], include_usage=True, digest=digest)
     turn.hooks.background = asked.background
-    in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, asked.echoed())
+    served_as = {**asked.echoed(), "service_tier": openai_name(bus_request.tier, edge.settings.bus.tiers)}
+    in_progress = response_object(turn.response_id, bus_request.created_at_ms // 1000, turn.model, served_as)
     kept, lease = None, ReaderLease(edge.responses, response_id, edge.settings.reader_lease_s)
     if asked.store:
         this_turn = own[1:] if asked.instructions else own  # a turn continuing it gets its own instructions

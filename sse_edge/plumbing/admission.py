@@ -48,12 +48,13 @@ class Admission:
         self._shed_tools_at = settings.shed_tools_at
         self._metrics = metrics
 
-    async def admit(self, key: ApiKey, model: str, prompt_tokens: int, offers_tools: bool = False) -> Admitted:
+    async def admit(self, key: ApiKey, model: str, tier: str, prompt_tokens: int, offers_tools: bool = False) -> Admitted:
+        """Admit a request of ``key``'s for ``model`` at ``tier`` (its key's, or a lower one it asked for)."""
         self._check_bus()
-        served = self._serving_model(key, model)
+        served = self._serving_model(key, model, tier)
         if offers_tools:
-            self._check_tools(served, key.tier)
-        buckets = await self._buckets(key, served, prompt_tokens)
+            self._check_tools(served, tier)
+        buckets = await self._buckets(key, served, tier, prompt_tokens)
         headers = {**await self._charge(buckets), MODEL_HEADER: served}
         if served != model:
             headers[FALLBACK_HEADER] = model
@@ -81,9 +82,8 @@ class Admission:
         limit = self._max_queue_depth.get(tier)
         return limit is not None and self._queues.depth(model, tier) >= limit * share
 
-    def _serving_model(self, key: ApiKey, model: str) -> str:
-        """``model``, or its fallback while ``model``'s queue for the key's tier is full."""
-        tier = key.tier
+    def _serving_model(self, key: ApiKey, model: str, tier: str) -> str:
+        """``model``, or its fallback while ``model``'s queue for ``tier`` is full."""
         if not self._queue_full(model, tier):
             return model
         fallback = self._fallback.get(model)
@@ -120,9 +120,9 @@ class Admission:
         return {"key": (f"key:{key.key_id}", key.limits),
                 "tenant": (f"tenant:{key.tenant}", await self._auth.tenant_limits(key.tenant))}
 
-    async def _buckets(self, key: ApiKey, model: str, prompt_tokens: int) -> list[Bucket]:
-        route = await self._auth.route_limits(model, key.tier)
-        levels = [*(await self._levels(key)).values(), (f"route:{model}:{key.tier}", route)]
+    async def _buckets(self, key: ApiKey, model: str, tier: str, prompt_tokens: int) -> list[Bucket]:
+        route = await self._auth.route_limits(model, tier)
+        levels = [*(await self._levels(key)).values(), (f"route:{model}:{tier}", route)]
         buckets = []
         for name, limits in levels:
             buckets.append(Bucket(f"{name}:rpm", "requests", limits.rpm, 1))

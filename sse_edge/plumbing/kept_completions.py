@@ -47,8 +47,8 @@ class KeptCompletion:
         except (redis.RedisError, OSError) as exc:
             log.warning("completion %s not stored: %s", self.completion_id, type(exc).__name__)
 
-    async def reading(self, events: AsyncGenerator[ReplyEvent, None], choices: Choices,
-                      model: str) -> AsyncGenerator[ReplyEvent, None]:
+    async def reading(self, events: AsyncGenerator[ReplyEvent, None], choices: Choices, model: str,
+                      service_tier: str | None = None) -> AsyncGenerator[ReplyEvent, None]:
         """``events`` as they are, keeping the completion they make once the last has gone by
         (every one of ``choices`` ended well)."""
         delivered: dict[str, list[TokenEvent]] = {request_id: [] for request_id in choices.ids}
@@ -62,4 +62,4 @@ class KeptCompletion:
         if len(collected) == len(choices.ids) and all(c.final.is_final and generation_error(c.final) is None
                                                       for c in collected):
             await self.keep(completion_of(collected, self.completion_id, model, choices,
-                                          created=self.created_at_ms // 1000))
+                                          created=self.created_at_ms // 1000, service_tier=service_tier))

@@ -270,22 +270,23 @@ async def collect_completion(
 
 async def whole_completion(
     request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
-    text_completion: bool = False, choices: Choices | None = None,
+    text_completion: bool = False, choices: Choices | None = None, service_tier: str | None = None,
 ) -> dict[str, Any]:
-    """The body ``collect_completion`` answers with."""
+    """The body ``collect_completion`` answers with (naming ``service_tier``, where given)."""
     choices = choices or Choices(request_id)
     collected = await collect_choices(request, events, choices, hooks)
     for choice in collected:
         error = generation_error(choice.final)
         if error is not None:
             raise error
-    return completion_of(collected, request_id, model, choices, text_completion)
+    return completion_of(collected, request_id, model, choices, text_completion, service_tier=service_tier)
 
 
 def completion_of(collected: list[CollectedChoice], request_id: str, model: str, choices: Choices,
-                  text_completion: bool = False, created: int | None = None) -> dict[str, Any]:
+                  text_completion: bool = False, created: int | None = None,
+                  service_tier: str | None = None) -> dict[str, Any]:
     """One completion of its ``collected`` choices (each of ``choices``, in index order)."""
-    bodies = [choice.body(request_id, model, text_completion, created) for choice in collected]
+    bodies = [choice.body(request_id, model, text_completion, created, service_tier) for choice in collected]
     if not choices.several:
         return bodies[0]
     tally = Choices(request_id, choices.ids, choices.per_prompt)  # (``choices`` may have counted them already)
@@ -322,12 +323,13 @@ class CollectedChoice:
         self.calls = whole_tool_calls(d for e in delivered for d in e.tool_calls)
         self.scored = [t for e in delivered for t in content_logprobs(e)]
 
-    def body(self, request_id: str, model: str, text_completion: bool, created: int | None = None) -> dict[str, Any]:
+    def body(self, request_id: str, model: str, text_completion: bool, created: int | None = None,
+             service_tier: str | None = None) -> dict[str, Any]:
         final = self.final
         return completion_body(request_id, model, (self.first.echo or "") + self.text, final.finish_reason or "stop",
                                final.prompt_tokens or 0, final.completion_tokens or 0,
                                [(c.id, c.name, c.arguments) for c in self.calls], final.cached_tokens or 0,
-                               text_completion, self.scored, self.first.prompt_logprobs, created)
+                               text_completion, self.scored, self.first.prompt_logprobs, created, service_tier)
 
 
 async def _collect(events: AsyncGenerator[ReplyEvent, None], choices: Choices) -> list[CollectedChoice]:

@@ -140,7 +140,7 @@ def choice_pattern(choices: list[str]) -> str:
 class GenerationRequest(BaseModel):
     """What a chat completion request and a text completion request (protocol/completions.py)
     share: the model, streaming and sampling. Fields OpenAI defines that change nothing here
-    (``service_tier``, ...) are accepted and ignored."""
+    (``safety_identifier``, ...) are accepted and ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -158,6 +158,8 @@ class GenerationRequest(BaseModel):
     user: str | None = Field(default=None, max_length=256)
     # OpenAI's: requests naming one key share a GPU consumer's prefix cache (ChatRequest.partition_key).
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX)
+    # OpenAI's: which tier runs it (protocol/service_tiers.py; checked against the deployment's tiers).
+    service_tier: str | None = Field(default=None, max_length=64)
     # vLLM's extension: generate on past the end-of-sequence token, to the token limit (benchmarks
     # ask for it, ``--ignore-eos``, so that every output has the length they set).
     ignore_eos: bool = False

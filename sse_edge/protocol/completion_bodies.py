@@ -114,11 +114,13 @@ def completion_body(
     request_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
     tool_calls: list[tuple[str, str, str]] | None = None, cached_tokens: int = 0, text_completion: bool = False,
     logprobs: Sequence[TokenLogprob] = (), prompt_logprobs: Sequence[TokenLogprob] = (), created: int | None = None,
+    service_tier: str | None = None,
 ) -> dict[str, Any]:
     """A ``chat.completion``; with ``text_completion``, the ``text_completion`` of OpenAI's legacy
     ``/v1/completions`` (a choice's ``text`` in place of its message: with ``echo``, the prompt and
     then the completion). ``logprobs``: its content tokens', where the request asked for them, after
-    an echoed prompt's (``prompt_logprobs``, protocol/logprobs.py). ``created``: now, unless given."""
+    an echoed prompt's (``prompt_logprobs``, protocol/logprobs.py). ``created``: now, unless given.
+    ``service_tier``: the tier it ran at, in OpenAI's words (a chat's, where known)."""
     created = int(time.time()) if created is None else created
     if text_completion:
         scored = TextLogprobs().of(logprobs, prompt_logprobs) if logprobs or prompt_logprobs else None
@@ -129,7 +131,7 @@ def completion_body(
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if tool_calls:
         message.update(content=text or None, tool_calls=tool_calls_body(tool_calls))
-    return {
+    body = {
         "id": request_id,
         "object": "chat.completion",
         "created": created,
@@ -145,6 +147,9 @@ def completion_body(
         ],
         "usage": usage_body(prompt_tokens, completion_tokens, cached_tokens),
     }
+    if service_tier is not None:
+        body["service_tier"] = service_tier
+    return body
 
 
 def choices_body(bodies: Sequence[dict[str, Any]], prompt_tokens: int, completion_tokens: int,

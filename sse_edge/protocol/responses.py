@@ -113,8 +113,9 @@ def one_context(conversation: str | ConversationRef | None, info: ValidationInfo
 
 
 class ResponsesRequest(BaseModel):
-    """The part of OpenAI's Responses request that tokenbus serves. ``reasoning``, ``service_tier``
-    and the like are accepted and change nothing (the models here do not reason)."""
+    """The part of OpenAI's Responses request that tokenbus serves. ``reasoning``,
+    ``safety_identifier`` and the like are accepted and change nothing (the models here do not
+    reason)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -140,6 +141,7 @@ class ResponsesRequest(BaseModel):
     text: TextConfig | None = None
     user: str | None = Field(default=None, max_length=256)
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX)
+    service_tier: str | None = Field(default=None, max_length=64)  # as a chat's (protocol/service_tiers.py)
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
@@ -306,7 +308,7 @@ def chat_body(request: ResponsesRequest, items: list[InputItem]) -> tuple[dict[s
     body: dict[str, Any] = {
         "model": request.model, "messages": messages, "max_completion_tokens": request.max_output_tokens,
         "temperature": request.temperature, "top_p": request.top_p, "metadata": request.metadata,
-        "user": request.user, "prompt_cache_key": request.prompt_cache_key,
+        "user": request.user, "prompt_cache_key": request.prompt_cache_key, "service_tier": request.service_tier,
         "parallel_tool_calls": request.parallel_tool_calls, "seed": request.seed,
     }
     tools = function_tools(request.tools)

@@ -32,6 +32,7 @@ from tokenbus.sse_edge.protocol.responses import (
     in_responses_terms,
     parse_input_items,
 )
+from tokenbus.sse_edge.protocol.service_tiers import tier_asked
 from tokenbus.sse_edge.settings import EdgeSettings
 
 
@@ -221,6 +222,11 @@ def check_generation_limits(request: GenerationRequest, settings: EdgeSettings, 
         raise InvalidRequest(f"'{param}' may be at most {settings.max_output_tokens}.", param=param,
                              code="invalid_value")
     check_response_format(request)
+    try:
+        tier_asked(request.service_tier, settings.bus.tiers)
+    except ValueError as exc:
+        raise InvalidRequest(f"Invalid value for 'service_tier': {exc}.", param="service_tier",
+                             code="invalid_value") from None
     if request.token_limit is not None and request.min_tokens > request.token_limit:
         raise InvalidRequest("'min_tokens' may be at most the token limit.", param="min_tokens", code="invalid_value")
 
