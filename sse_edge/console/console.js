@@ -1,4 +1,4 @@
-// The tokenbus console: five views over the public API, called with the key the user pastes.
+// The tokenbus console: six views over the public API, called with the key the user pastes.
 // The key stays in this tab's sessionStorage (no cookie, never in a URL). Everything shown is set
 // as text (textContent), never parsed as HTML: a prompt holding markup is displayed, not run.
 
@@ -62,7 +62,7 @@ function row(cells, numeric = []) {
 // -- tabs ---------------------------------------------------------------------------------------
 
 const VIEWS = { playground: loadModels, usage: loadUsage, conversations: () => loadConversations(true),
-                batches: loadBatches, keys: loadKeys };
+                stored: () => loadStored(true), batches: loadBatches, keys: loadKeys };
 
 function show(tab) {
   for (const button of document.querySelectorAll("nav button")) {
@@ -95,6 +95,7 @@ function playgroundRequest() {
     max_tokens: Number($("pg-max-tokens").value) || undefined,
     temperature: Number($("pg-temperature").value),
   };
+  if ($("pg-store").checked) request.store = true; // kept: the Stored view shows it
   if ($("pg-tools").value.trim()) {
     try {
       request.tools = JSON.parse($("pg-tools").value);
@@ -362,16 +363,72 @@ async function loadConversations(fromStart) {
 async function loadTurns(conversationId) {
   const page = await (await api(`/v1/conversations/${encodeURIComponent(conversationId)}/messages?limit=100`)).json();
   const turns = page.data.map((m) => {
-    const turn = element("div", null, { class: "turn" });
-    turn.append(element("div", `${m.role} · ${m.status} · ${new Date(m.created_at * 1000).toLocaleString()}`,
-                        { class: "meta" }));
-    turn.append(element("div", m.content, { class: "content" }));
-    for (const call of m.tool_calls || []) {
-      turn.append(element("div", `${call.function.name}(${call.function.arguments})`, { class: "tool-call" }));
-    }
-    return turn;
+    const when = new Date(m.created_at * 1000).toLocaleString();
+    return turnElement(`${m.role} · ${m.status} · ${when}`, m.content, m.tool_calls);
   });
   $("conv-turns").replaceChildren(element("h2", conversationId), ...turns);
+}
+
+function turnElement(meta, content, toolCalls) {
+  const turn = element("div", null, { class: "turn" });
+  turn.append(element("div", meta, { class: "meta" }));
+  turn.append(element("div", content, { class: "content" }));
+  for (const call of toolCalls || []) {
+    turn.append(element("div", `${call.function.name}(${call.function.arguments})`, { class: "tool-call" }));
+  }
+  return turn;
+}
+
+// -- stored completions ------------------------------------------------------------------------
+
+let storedAfter = null;
+let storedLoad = 0; // the latest load: an earlier one still in flight must not add its page
+
+async function loadStored(fromStart) {
+  const load = ++storedLoad;
+  const params = new URLSearchParams({ limit: "20", order: "desc" });
+  const key = $("st-key").value.trim();
+  if (key) params.set(`metadata[${key}]`, $("st-value").value);
+  if (!fromStart && storedAfter) params.set("after", storedAfter);
+  const page = await (await api(`/v1/chat/completions?${params}`)).json();
+  if (load !== storedLoad) return;
+  if (fromStart) {
+    $("st-list").replaceChildren();
+    $("st-detail").replaceChildren();
+  }
+  for (const c of page.data) {
+    const open = element("button", `${c.id} · ${c.model} · ${new Date(c.created * 1000).toLocaleString()}`,
+                         { type: "button" });
+    open.addEventListener("click", () => loadStoredOne(c).catch(showError));
+    const item = element("li");
+    item.append(open);
+    $("st-list").append(item);
+  }
+  storedAfter = page.last_id;
+  $("st-more").hidden = !page.has_more;
+}
+
+async function loadStoredOne(completion) {
+  const path = `/v1/chat/completions/${encodeURIComponent(completion.id)}`;
+  const messages = (await (await api(`${path}/messages?limit=100`)).json()).data;
+  const asked = messages.map((m) => turnElement(m.role, m.content ?? "", m.tool_calls));
+  const answers = completion.choices.map((c) => turnElement(`assistant · ${c.finish_reason}`, c.message.content ?? "",
+                                                            c.message.tool_calls));
+  const metadata = Object.entries(completion.metadata || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  const usage = completion.usage || {};
+  const tokens = `${usage.prompt_tokens} + ${usage.completion_tokens} tokens`;
+  const facts = element("div", `${completion.model} · ${completion.service_tier || "default"} · ${tokens} · ` +
+                        `${metadata || "no metadata"}`, { class: "meta" });
+  const remove = element("button", "Delete", { type: "button", id: "st-delete" });
+  remove.addEventListener("click", async () => {
+    try {
+      await api(path, { method: "DELETE" });
+      await loadStored(true);
+    } catch (error) {
+      showError(error);
+    }
+  });
+  $("st-detail").replaceChildren(element("h2", completion.id), facts, ...asked, ...answers, remove);
 }
 
 // -- keys --------------------------------------------------------------------------------------
@@ -451,6 +508,11 @@ $("usage-show").addEventListener("click", () => loadUsage().catch(showError));
 $("usage-csv").addEventListener("click", downloadCsv);
 $("conv-refresh").addEventListener("click", () => loadConversations(true).catch(showError));
 $("conv-more").addEventListener("click", () => loadConversations(false).catch(showError));
+$("st-filter").addEventListener("submit", (event) => {
+  event.preventDefault();
+  loadStored(true).catch(showError);
+});
+$("st-more").addEventListener("click", () => loadStored(false).catch(showError));
 $("batch-create").addEventListener("submit", (event) => startBatch(event).catch(showError));
 $("batch-refresh").addEventListener("click", () => loadBatches().catch(showError));
 $("keys-create").addEventListener("submit", (event) => createKey(event).catch(showError));

@@ -1,6 +1,6 @@
 """The web console in a real browser (headless Chromium, driven by Playwright) against the
-session's stack: paste a key, stream an answer, stop one, read usage, conversations and keys,
-run a batch and download its output, a prompt of HTML shown as text, and one tenant seeing
+session's stack: paste a key, stream an answer, stop one, read usage, conversations, stored
+completions and keys, run a batch and download its output, a prompt of HTML shown as text, and one tenant seeing
 nothing of another's. Each view's
 screenshot is saved under .artifacts/console/ (not committed; README shows copies)."""
 
@@ -163,6 +163,44 @@ def test_html_in_a_prompt_is_shown_as_text_in_conversations_and_runs_nothing(pag
     screenshot(page, "conversations")
 
 
+def test_stored_completions_are_listed_filtered_shown_as_text_and_deleted(page, stack):
+    """A playground answer asked to be stored, and two stored through the API with metadata: the
+    Stored view lists them newest first, filters by a metadata pair, shows one's messages (a
+    prompt of HTML as text) and answer, and deletes it."""
+    key = new_key(stack)
+    for topic in ("orders", "refunds"):
+        httpx.post(f"{stack.edge_url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": f"About {topic}."}],
+                         "max_tokens": 8, "store": True, "metadata": {"topic": topic}}).raise_for_status()
+    open_console(page, stack, key)
+    page.check("#pg-store")
+    ask(page, XSS)
+    expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
+    page.click("nav button[data-tab=stored]")
+    expect(page.locator("#st-list button")).to_have_count(3)
+    newest = page.locator("#st-list button").first
+    newest.click()
+    page.wait_for_selector("#st-detail .turn")
+    turns = page.locator("#st-detail .turn .content").all_text_contents()
+    assert turns[0] == XSS and turns[1] == page.text_content("#pg-output")  # what was asked, and the answer
+    assert page.locator("#st-detail img").count() == 0 and page.dialogs == []
+    screenshot(page, "stored")
+
+    page.fill("#st-key", "topic")
+    page.fill("#st-value", "refunds")
+    page.click("#st-show")
+    expect(page.locator("#st-list button")).to_have_count(1)
+    page.locator("#st-list button").click()
+    expect(page.locator("#st-detail .meta").first).to_contain_text("topic=refunds")
+    assert page.locator("#st-detail .turn .content").first.text_content() == "About refunds."
+    page.click("#st-delete")
+    expect(page.locator("#st-list button")).to_have_count(0)
+    page.fill("#st-key", "")
+    page.click("#st-show")
+    expect(page.locator("#st-list button")).to_have_count(2)  # the other two stay
+    assert page.is_hidden("#error")
+
+
 def test_usage_shows_the_request_just_made_with_its_cost(page, stack):
     open_console(page, stack, new_key(stack))
     ask(page, "Bill me.")
@@ -231,6 +269,7 @@ def test_a_batch_started_from_a_file_runs_and_its_output_downloads(page, stack, 
 def test_one_tenant_sees_nothing_of_another(page, stack):
     first = new_key(stack)
     open_console(page, stack, first)
+    page.check("#pg-store")  # (a stored completion of its own, too)
     ask(page, "Mine only.")
     expect(page.locator("#pg-state")).to_have_text(re.compile("^done"), timeout=30_000)
     other_tenant = f"console-{uuid.uuid4().hex[:8]}"
@@ -245,6 +284,9 @@ def test_one_tenant_sees_nothing_of_another(page, stack):
     page.click("nav button[data-tab=batches]")
     page.wait_for_timeout(1000)
     assert page.locator("#batch-table tbody tr").count() == 0
+    page.click("nav button[data-tab=stored]")
+    page.wait_for_timeout(1000)
+    assert page.locator("#st-list button").count() == 0
     page.click("nav button[data-tab=keys]")
     page.wait_for_selector("#keys-self dd")
     assert other_tenant in page.text_content("#keys-self") and page.is_hidden("#keys-admin")
