@@ -97,7 +97,7 @@ async def test_oversized_body_is_refused(edge_url, auth):
 async def test_unknown_path_and_method_use_the_error_format(edge_url):
     async with httpx.AsyncClient(base_url=edge_url, timeout=10) as http:
         missing = await http.get("/v1/nothing")
-        wrong_method = await http.get(CHAT)
+        wrong_method = await http.put(CHAT)  # (GET lists stored completions)
     assert missing.status_code == 404 and error_of(missing)["code"] == "not_found"
     assert wrong_method.status_code == 405 and error_of(wrong_method)["code"] == "method_not_allowed"
 
