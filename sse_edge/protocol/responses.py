@@ -24,7 +24,6 @@ from tokenbus.sse_edge.protocol.compaction import SUMMARY_PREFIX, CompactionItem
 # non-text input, which are refused where they appear).
 RESPONSES_UNSUPPORTED = {
     "prompt": "stored prompt templates",
-    "max_tool_calls": "a cap on tool calls (parallel_tool_calls: false allows one)",
     "context_management": "compaction within a turn (POST /v1/responses/compact compacts a context, and a later "
                           "turn takes its output)",
 }
@@ -142,6 +141,9 @@ class ResponsesRequest(BaseModel):
     user: str | None = Field(default=None, max_length=256)
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX)
     service_tier: str | None = Field(default=None, max_length=64)  # as a chat's (protocol/service_tiers.py)
+    # OpenAI's cap on calls to built-in tools: there are none here (hosted tools are refused), so
+    # it caps nothing; a response repeats it. (Function calls are the client's to cap.)
+    max_tool_calls: int | None = Field(default=None, ge=0)
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
@@ -178,7 +180,7 @@ class ResponsesRequest(BaseModel):
         return {
             "background": self.background, "instructions": self.instructions,
             "conversation": {"id": self.conversation_id} if self.conversation_id else None,
-            "max_output_tokens": self.max_output_tokens,
+            "max_output_tokens": self.max_output_tokens, "max_tool_calls": self.max_tool_calls,
             "metadata": self.metadata or {}, "parallel_tool_calls": self.parallel_tool_calls is not False,
             "previous_response_id": self.previous_response_id, "prompt_cache_key": self.prompt_cache_key,
             "reasoning": self.reasoning or {"effort": None, "summary": None}, "store": self.store,

@@ -208,6 +208,7 @@ async def test_what_is_not_served_gets_an_openai_error_naming_it(edge_url, auth)
         "input": {"input": []},
         "previous_response_id": {"input": "x", "previous_response_id": "resp_" + "0" * 32},
         "context_management": {"input": "x", "context_management": [{"type": "compaction", "compact_threshold": 9}]},
+        "max_tool_calls": {"input": "x", "max_tool_calls": -1},
     }
     async with httpx.AsyncClient(base_url=f"{edge_url}/v1", headers=auth, timeout=30) as http:
         for param, body in cases.items():
@@ -217,6 +218,19 @@ async def test_what_is_not_served_gets_an_openai_error_naming_it(edge_url, auth)
         missing = await http.get("/responses/resp_nope")
         items = await http.get("/responses/resp_nope/input_items")
     assert missing.status_code == 404 and items.status_code == 404
+
+
+async def test_a_cap_on_built_in_tool_calls_caps_nothing_here_and_is_repeated(client):
+    """OpenAI's ``max_tool_calls`` counts calls to built-in tools, which tokenbus has none of: a
+    turn offering functions is served as without it, and its response says it back."""
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
+    capped = await client.responses.create(model=MODEL, input="Weather?", tools=tools, tool_choice="required",
+                                           max_tool_calls=1, extra_body={"seed": 9})
+    plain = await client.responses.create(model=MODEL, input="Weather?", tools=tools, tool_choice="required",
+                                          extra_body={"seed": 9})
+    assert capped.max_tool_calls == 1 and plain.max_tool_calls is None
+    assert [(o.type, o.name, o.arguments) for o in capped.output] == [(o.type, o.name, o.arguments) for o in plain.output]
+    assert capped.output[0].type == "function_call"
 
 
 async def test_token_scores_come_when_included(client):
