@@ -69,7 +69,7 @@ async def test_metrics_expose_latency_and_stream_counts(edge_url, auth):
         ({"stop_token_ids": [3, -1]}, "stop_token_ids[1]", "invalid_value"),
         ({"allowed_token_ids": []}, "allowed_token_ids", "invalid_value"),
         ({"bad_words": [" "]}, "bad_words[0]", "invalid_value"),
-        ({"bad_words": ["no"] * 129}, "bad_words", "invalid_value"),
+        ({"bad_words": ["no"] * 129}, "bad_words", "array_above_max_length"),
         ({"repetition_penalty": 0}, "repetition_penalty", "invalid_value"),
         ({"length_penalty": 0.5}, "length_penalty", "unsupported_parameter"),
         ({"guided_json": "{not json"}, "guided_json", "invalid_value"),
