@@ -112,9 +112,8 @@ def one_context(conversation: str | ConversationRef | None, info: ValidationInfo
 
 
 class ResponsesRequest(BaseModel):
-    """The part of OpenAI's Responses request that tokenbus serves. ``reasoning``,
-    ``safety_identifier`` and the like are accepted and change nothing (the models here do not
-    reason)."""
+    """The part of OpenAI's Responses request that tokenbus serves. ``reasoning`` and the like are
+    accepted and change nothing (the models here do not reason)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -144,6 +143,7 @@ class ResponsesRequest(BaseModel):
     # OpenAI's cap on calls to built-in tools: there are none here (hosted tools are refused), so
     # it caps nothing; a response repeats it. (Function calls are the client's to cap.)
     max_tool_calls: int | None = Field(default=None, ge=0)
+    safety_identifier: str | None = Field(default=None, max_length=64)  # OpenAI's end-user id: repeated
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS_MAX)
@@ -183,6 +183,7 @@ class ResponsesRequest(BaseModel):
             "max_output_tokens": self.max_output_tokens, "max_tool_calls": self.max_tool_calls,
             "metadata": self.metadata or {}, "parallel_tool_calls": self.parallel_tool_calls is not False,
             "previous_response_id": self.previous_response_id, "prompt_cache_key": self.prompt_cache_key,
+            "safety_identifier": self.safety_identifier,
             "reasoning": self.reasoning or {"effort": None, "summary": None}, "store": self.store,
             "temperature": 1.0 if self.temperature is None else self.temperature,
             "text": text or {"format": {"type": "text"}},

@@ -225,10 +225,11 @@ async def test_a_cap_on_built_in_tool_calls_caps_nothing_here_and_is_repeated(cl
     turn offering functions is served as without it, and its response says it back."""
     tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
     capped = await client.responses.create(model=MODEL, input="Weather?", tools=tools, tool_choice="required",
-                                           max_tool_calls=1, extra_body={"seed": 9})
+                                           max_tool_calls=1, safety_identifier="user-7", extra_body={"seed": 9})
     plain = await client.responses.create(model=MODEL, input="Weather?", tools=tools, tool_choice="required",
                                           extra_body={"seed": 9})
     assert capped.max_tool_calls == 1 and plain.max_tool_calls is None
+    assert capped.safety_identifier == "user-7"  # (OpenAI's end-user id: repeated, as it is)
     assert [(o.type, o.name, o.arguments) for o in capped.output] == [(o.type, o.name, o.arguments) for o in plain.output]
     assert capped.output[0].type == "function_call"
 
