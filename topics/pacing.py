@@ -172,7 +172,7 @@ class FetchPacer:
             if now >= self._next_quiet_check and self._loop is not None and self._pauses:
                 self._next_quiet_check = now + self.QUIET_CHECK_S
                 self._in_consumer_loop(self._pause_quiet_topics, now)
-        if records:
+        if records or self._held:  # (holding partitions back, it has more than it takes: busy)
             self._last_active = now
             self._in_consumer_loop(self._set, False)
         elif now - self._last_active >= self._idle_after_s:
@@ -223,12 +223,18 @@ class FetchPacer:
     def hold(self, partitions: set[TopicPartition]) -> None:
         """The reader's own pauses (a GPU consumer's full tiers), through the pacer, so that neither
         undoes the other: ``partitions`` stay paused whatever the traffic, and a partition no longer
-        held is resumed, unless the pacer keeps it paused for idleness. Call it from the consumer's
-        event loop."""
+        held is resumed, unless the pacer keeps it paused for idleness. A reader holding partitions
+        is busy, never idle. Call it from the consumer's event loop."""
         consumer = self._consumer
         if consumer is None:
             return
         released, self._held = self._held - partitions, set(partitions)
+        # A held topic has records waiting, and a released one still has: neither is quiet, or
+        # the quiet check would pause one let go before its first fetch, and with its writes rung
+        # long before, it would wait for the periodic fetch (a batch's backlog, 10 s at a time).
+        now = time.monotonic()
+        for tp in (*partitions, *released):
+            self._topic_heard[tp.topic] = now
         assigned, paused = consumer.assignment(), consumer.paused()
         newly_held = [tp for tp in partitions if tp in assigned and tp not in paused]  # a rebalance unpauses
         if newly_held:

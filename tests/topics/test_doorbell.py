@@ -205,6 +205,42 @@ async def test_a_quiet_topic_is_not_fetched_while_a_busy_one_is_read(embedded, m
         await ringing.stop()
 
 
+class HoldingReader(Reader):
+    """A reader that holds back partitions of its own (``held``), as a GPU consumer holds a full tier's."""
+
+    held: frozenset[TopicPartition] = frozenset()
+
+    async def read(self) -> None:
+        while True:
+            self.pacer.hold(set(self.held))
+            batches = await self.consumer.getmany(timeout_ms=100)
+            self.records += [r for batch in batches.values() for r in batch]
+            self.pacer.observed_by_topic(batches)
+
+
+async def test_a_partition_held_past_the_idle_time_is_read_at_once_when_let_go(embedded, monkeypatch):
+    """A GPU consumer holds its full tier's partitions while its backlog waits, for longer than the
+    pacer's idle time when slots free slowly. Holding them, the reader is busy, not idle, and their
+    topic not quiet; let go, what waits there is read at once: its writes rang long before, so a
+    reader that had gone idle meanwhile would wait for its periodic fetch (here an hour)."""
+    with_profile(monkeypatch, idle_after_s=0.3, idle_poll_s=3600.0)
+    backlog, other = await two_fresh_topics(embedded)
+    silent = make_producer(embedded.model_copy(update={"doorbell_url": None}))
+    await silent.start()
+    try:
+        for _ in range(5):
+            await silent.send_and_wait(backlog.topic, b"waiting", partition=0)
+        reader = HoldingReader(embedded, backlog, other, by_topic=True)
+        reader.held = frozenset({backlog})
+        async with reader:
+            await asyncio.sleep(1.2)  # four idle times with nothing read
+            assert reader.records == [] and not reader.pacer.paused
+            reader.held = frozenset()
+            assert await reader.until_records(5, timeout=5), "the backlog let go was not read"
+    finally:
+        await silent.stop()
+
+
 async def test_rings_are_rate_limited_per_topic(embedded):
     client = redis.Redis.from_url(embedded.doorbell_url)
     heard: list[bytes] = []
