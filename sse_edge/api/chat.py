@@ -126,7 +126,8 @@ async def serve(request: Request, edge: EdgeState, key: ApiKey, bus_requests: li
     text = first.text_prompt  # answered in a text completion's shapes
     service_tier = None if text else openai_name(first.tier, edge.settings.bus.tiers)
     if stream:
-        writer = ChunkWriter(turn.response_id, turn.model, include_usage, first.created_at_ms // 1000, text=text)
+        writer = ChunkWriter(turn.response_id, turn.model, include_usage, first.created_at_ms // 1000, text=text,
+                             service_tier=service_tier)
         stream_format = StreamFormat.for_request(request)
         events, direct = turn.events, turn.direct
         if kept is not None:  # (every event passes by to be kept: none is written directly)
@@ -372,7 +373,7 @@ def stream_record(bus_request: ChatRequest, stream_offset: int, landed: RecordMe
                         request_partition=landed.partition if landed else -1,
                         request_offset=landed.offset if landed else -1,
                         created_at_ms=bus_request.created_at_ms, topic=bus_request.reply_topic,
-                        text_prompt=bus_request.text_prompt)
+                        text_prompt=bus_request.text_prompt, tier=bus_request.tier)
 
 
 async def register_streams(edge: EdgeState, records: list[StreamRecord]) -> None:

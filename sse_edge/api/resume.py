@@ -21,6 +21,7 @@ from tokenbus.sse_edge.plumbing.relay import Choices, collect_completion, sse_fr
 from tokenbus.sse_edge.plumbing.stream_response import StreamFormat, sse_response
 from tokenbus.sse_edge.plumbing.streams import StreamRecord
 from tokenbus.sse_edge.protocol.completion_bodies import ChunkWriter
+from tokenbus.sse_edge.protocol.service_tiers import openai_name
 from tokenbus.sse_edge.state import EdgeState, TurnHooks
 from tokenbus.stores.keys import ApiKey
 from tokenbus.topics import replay
@@ -112,18 +113,21 @@ async def relay_existing(request: Request, edge: EdgeState, key: ApiKey, record:
     choices = Choices(record.request_id, record.choices, record.choices_per_prompt)
     # Nothing to charge: the edge that admitted the turn does.
     hooks = TurnHooks(edge, record.request_id, choices=choices)
+    # As the stream first went (a record from before tiers were kept names none).
+    service_tier = openai_name(record.tier, edge.settings.bus.tiers) if record.tier and not record.text_prompt else None
     if stream:
         created_at_ms = record.created_at_ms
         if not created_at_ms and record.request:  # a record written before the request's time was kept
             turn = await edge.turn_request(record)
             created_at_ms = turn.created_at_ms if turn is not None else 0
         created = created_at_ms // 1000 if created_at_ms else None
-        writer = ChunkWriter(record.request_id, record.model, record.include_usage, created, text=record.text_prompt)
+        writer = ChunkWriter(record.request_id, record.model, record.include_usage, created, text=record.text_prompt,
+                             service_tier=service_tier)
         stream_format = StreamFormat.for_request(request, resuming_by_id=last_event is not None,
                                                  skip_in_event=last_event.chunks_to_skip if last_event else 0)
         frames = sse_frames(events, writer, hooks, edge.metrics, time.perf_counter(), stream_format,
                             send_role=last_event is None, choices=choices, delivered_through=written_after)
         return sse_response(frames, edge.settings.heartbeat_s, stream_format)
     return await collect_completion(request, events, record.request_id, record.model, hooks, {},
-                                    text_completion=record.text_prompt, choices=choices)
+                                    text_completion=record.text_prompt, choices=choices, service_tier=service_tier)
 

@@ -261,11 +261,12 @@ def event_chunks(event: TokenEvent, writer: ChunkWriter) -> list[str]:
 async def collect_completion(
     request: Request, events: AsyncGenerator[ReplyEvent, None], request_id: str, model: str, hooks: RelayHooks,
     headers: dict[str, str], text_completion: bool = False, choices: Choices | None = None,
+    service_tier: str | None = None,
 ) -> JSONResponse:
     """Wait for the whole completion (a ``text_completion`` for a text prompt), every one of its
     ``choices``; a client that disconnects first abandons it."""
-    return JSONResponse(await whole_completion(request, events, request_id, model, hooks, text_completion, choices),
-                        headers=headers)
+    return JSONResponse(await whole_completion(request, events, request_id, model, hooks, text_completion, choices,
+                                               service_tier), headers=headers)
 
 
 async def whole_completion(

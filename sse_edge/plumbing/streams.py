@@ -38,6 +38,7 @@ class StreamRecord:
     # in index order, whose events on ``partition`` are its stream; this many choices a prompt.
     choices: list[str] = dataclasses.field(default_factory=list)
     choices_per_prompt: int = 1
+    tier: str = ""  # the tier it ran at, which a stream read again names (unknown in older records)
 
     @property
     def several_choices(self) -> bool:

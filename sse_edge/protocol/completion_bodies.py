@@ -30,20 +30,23 @@ class ChunkWriter:
     ``text_completion`` chunks of a text completion (OpenAI's legacy ``/v1/completions``), whose
     choices carry ``text`` where a chat's carry a ``delta`` (and no role chunk, nor calls)."""
 
-    __slots__ = ("request_id", "model", "created", "include_usage", "text", "index", "_content_head",
-                 "_content_tail", "_text_logprobs")
+    __slots__ = ("request_id", "model", "created", "include_usage", "text", "index", "service_tier",
+                 "_content_head", "_content_tail", "_text_logprobs")
 
     def __init__(self, request_id: str, model: str, include_usage: bool, created: int | None = None,
-                 text: bool = False, index: int = 0) -> None:
+                 text: bool = False, index: int = 0, service_tier: str | None = None) -> None:
         """``created``: the request's time in seconds, so that a stream resumed later carries the
         same ``created`` as the chunks before it (now when unknown). ``index``: the choice whose
-        chunks these are (a response with several, OpenAI's ``n``, has a writer for each)."""
+        chunks these are (a response with several, OpenAI's ``n``, has a writer for each).
+        ``service_tier``: the tier it runs at in OpenAI's words, on every chunk as OpenAI's are
+        (a part of the fixed head: it costs bytes, not time)."""
         self.request_id = request_id
         self.model = model
         self.created = int(time.time()) if created is None else created
         self.include_usage = include_usage
         self.text = text
         self.index = index
+        self.service_tier = service_tier
         # Content chunks are the hot path: everything but the delta and finish reason is fixed.
         head = json.dumps(self._chunk([]), separators=(",", ":"), ensure_ascii=False)
         choice = f'"choices":[{{"index":{index},' + ('"text":' if text else '"delta":')
@@ -57,16 +60,18 @@ class ChunkWriter:
             "object": "text_completion" if self.text else "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
         }
+        if self.service_tier is not None:  # (before the choices: the content chunks' head holds it)
+            body["service_tier"] = self.service_tier
+        body.update(system_fingerprint=None, choices=choices)
         if self.include_usage:
             body["usage"] = usage
         return body
 
     def for_choice(self, index: int) -> ChunkWriter:
         """A writer of the same response's choice ``index``."""
-        return ChunkWriter(self.request_id, self.model, self.include_usage, self.created, self.text, index)
+        return ChunkWriter(self.request_id, self.model, self.include_usage, self.created, self.text, index,
+                           self.service_tier)
 
     def role(self) -> dict[str, Any]:
         return self._chunk([{"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

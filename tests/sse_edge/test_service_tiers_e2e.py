@@ -4,8 +4,10 @@ key's tier is), never above its key's, and its response says which in OpenAI's w
 it is that tier's request (its topic, its moderation policy), and a tier the deployment does not
 have is refused."""
 
+import json
 import uuid
 
+import httpx
 import openai
 import pytest
 import redis.asyncio as redis
@@ -70,7 +72,18 @@ async def test_a_stream_a_stored_completion_and_a_response_run_at_the_tier_asked
                                                   max_tokens=4, service_tier="flex", stream=True, store=True)
     chunks = [chunk async for chunk in stream]
     assert (await published(stack, chunks[0].id))[1].tier == "batch"
+    assert {chunk.service_tier for chunk in chunks} == {"flex"}  # on every chunk, as OpenAI's
     assert (await client.chat.completions.retrieve(chunks[0].id)).service_tier == "flex"
+    async with httpx.AsyncClient(base_url=edge_url, timeout=30, headers={"Authorization": f"Bearer {client.api_key}"}) as http:
+        again = await http.get(f"/v1/chat/completions/{chunks[0].id}/stream")  # read again: as it first went
+        retried = [await http.post("/v1/chat/completions", headers={"Idempotency-Key": "tier-once"}, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Once."}], "max_tokens": 4,
+            "service_tier": "flex"}) for _ in range(2)]
+    replayed = [json.loads(line[len("data: "):]) for line in again.text.splitlines()
+                if line.startswith("data: {")]
+    assert len(replayed) == len(chunks) and {c["service_tier"] for c in replayed} == {"flex"}
+    assert [r.json()["service_tier"] for r in retried] == ["flex", "flex"]  # the second, the first's stream
+    assert retried[0].json()["id"] == retried[1].json()["id"]
 
     response = await client.responses.create(model=MODEL, input="Hi.", max_output_tokens=16, service_tier="flex")
     assert response.service_tier == "flex" and (await published(stack, response.id))[1].tier == "batch"
