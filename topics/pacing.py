@@ -172,7 +172,7 @@ class FetchPacer:
             if now >= self._next_quiet_check and self._loop is not None and self._pauses:
                 self._next_quiet_check = now + self.QUIET_CHECK_S
                 self._in_consumer_loop(self._pause_quiet_topics, now)
-        if records or self._held:  # (holding partitions back, it has more than it takes: busy)
+        if records:
             self._last_active = now
             self._in_consumer_loop(self._set, False)
         elif now - self._last_active >= self._idle_after_s:
@@ -223,15 +223,14 @@ class FetchPacer:
     def hold(self, partitions: set[TopicPartition]) -> None:
         """The reader's own pauses (a GPU consumer's full tiers), through the pacer, so that neither
         undoes the other: ``partitions`` stay paused whatever the traffic, and a partition no longer
-        held is resumed, unless the pacer keeps it paused for idleness. A reader holding partitions
-        is busy, never idle. Call it from the consumer's event loop."""
+        held is resumed, and one let go while the reader is idle wakes it. Call it from the
+        consumer's event loop."""
         consumer = self._consumer
         if consumer is None:
             return
         released, self._held = self._held - partitions, set(partitions)
-        # A held topic has records waiting, and a released one still has: neither is quiet, or
-        # the quiet check would pause one let go before its first fetch, and with its writes rung
-        # long before, it would wait for the periodic fetch (a batch's backlog, 10 s at a time).
+        # A held partition has records waiting (its tier was full), rung for long before: its
+        # topic is not quiet, or the quiet check would pause it again before its first fetch.
         now = time.monotonic()
         for tp in (*partitions, *released):
             self._topic_heard[tp.topic] = now
@@ -240,10 +239,14 @@ class FetchPacer:
         if newly_held:
             self._pause_partitions(newly_held)
         released = {tp for tp in released if tp in assigned}
-        if self._paused and self._pauses:  # idle and paused: they wait for the doorbell like the rest
-            self._paused.update(released)
-        elif released:
+        if released:
             consumer.resume(*released)
+            if self._paused and self._pauses:
+                # Idle meanwhile (a tier can stay full past ``idle_after_s`` while long generations
+                # hold every slot): what it let go of was rung for long ago, so no ring is coming
+                # and it would wait for the periodic fetch (10 s of empty slots). It wakes, as a
+                # ring would wake it.
+                self.wake()
 
     def wake(self) -> None:
         """Records are coming, on any of the reader's topics."""
