@@ -50,8 +50,12 @@ class Reader:
             else:
                 self.pacer.observed(sum(map(len, batches.values())))
 
-    async def until_paused(self) -> None:
+    async def until_paused(self, timeout: float = 20) -> None:
+        """Until the pacer has paused the reader for idleness (failing, not hanging, if it never does)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while not self.pacer.paused:
+            assert loop.time() < deadline, "the reader never went idle"
             await asyncio.sleep(0.05)
 
     async def until_records(self, count: int, timeout: float) -> bool:
