@@ -102,12 +102,18 @@ class StreamRegistry:
         """Bind an idempotency key to a new request; returns the earlier request's id if the key
         was used before with the same body, raises IdempotencyConflict if with another."""
         value = json.dumps({"request_id": request_id, "body_hash": body_hash})
-        if await self._redis.set(self._idempotency(tenant, key), value, nx=True, ex=self._ttl_s):
-            return None
-        earlier = json.loads(await self._redis.get(self._idempotency(tenant, key)) or "{}")
+        while True:
+            if await self._redis.set(self._idempotency(tenant, key), value, nx=True, ex=self._ttl_s):
+                return None
+            raw = await self._redis.get(self._idempotency(tenant, key))
+            if raw is not None:
+                break
+            # Let go of between the two calls (its request failed, or was not stored and its
+            # client went): free again, so it is claimed again, not taken for another body's.
+        earlier = json.loads(raw)
         if earlier.get("body_hash") != body_hash:
             raise IdempotencyConflict(key)
-        return earlier["request_id"]
+        return str(earlier["request_id"])
 
     async def release(self, tenant: str, key: str, request_id: str) -> None:
         """Unbind an idempotency key from a request that was never published (it failed first)."""

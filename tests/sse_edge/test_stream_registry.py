@@ -37,3 +37,23 @@ async def test_control_characters_in_a_key_touch_nothing_but_its_own_entry(regis
     names = [name async for name in client.scan_iter(f"{prefix}*")]
     assert len(names) == 1 and b"\r" not in names[0] and b"*" not in names[0]
     assert await client.get("evil") is None
+
+
+async def test_a_key_let_go_of_while_it_is_claimed_is_claimed_again_not_taken_for_another_body(registry):
+    """The claim is a set-if-absent, then a read of who holds the key: a request that lets the key
+    go in between (it failed, or was not stored and its client went) leaves it free, and the claim
+    takes it, rather than reading nothing there as another body's."""
+    streams, client, _ = registry
+    assert await streams.claim("acme", "retry-me", "body-1", "resp_first") is None
+    real_get = client.get
+
+    async def get_after_the_release(name):
+        client.get = real_get
+        await streams.release("acme", "retry-me", "resp_first")  # the first request lets go just now
+        return await real_get(name)
+
+    client.get = get_after_the_release
+    assert await streams.claim("acme", "retry-me", "body-1", "resp_retry") is None  # claimed, not a conflict
+    with pytest.raises(IdempotencyConflict):
+        await streams.claim("acme", "retry-me", "body-2", "resp_other")
+    assert await streams.claim("acme", "retry-me", "body-1", "resp_third") == "resp_retry"
